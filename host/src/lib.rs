@@ -1,0 +1,1 @@
+//! Pluglet host library (placeholder, replaced by its owner).

@@ -1,0 +1,2 @@
+//! The `pluglet` binary (placeholder).
+fn main() {}

@@ -1,0 +1,66 @@
+//! Generated gRPC code for every protocol Pluglet speaks, one module per proto package.
+//!
+//! - [`pluginregistration`]: the kubelet plugin registration API (plugin watcher flow).
+//! - [`v1beta1`] (alias [`deviceplugin::v1beta1`]): the kubelet device plugin API.
+//! - [`csi::v1`]: the CSI subset a node agent calls at registration.
+//! - [`admin::v1`]: Pluglet's own admin API.
+#![allow(missing_docs)]
+
+/// `package pluginregistration;`
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
+}
+
+/// `package v1beta1;` (the device plugin API). Also reachable as [`deviceplugin::v1beta1`].
+pub mod v1beta1 {
+    tonic::include_proto!("v1beta1");
+}
+
+/// Device plugin API.
+pub mod deviceplugin {
+    pub use crate::v1beta1;
+}
+
+/// CSI API subset.
+pub mod csi {
+    /// `package csi.v1;`
+    pub mod v1 {
+        tonic::include_proto!("csi.v1");
+    }
+}
+
+/// `package pluglet.admin.v1;` (module tree mirrors the proto package). Also reachable as [`admin::v1`].
+pub mod pluglet {
+    /// Pluglet admin API.
+    pub mod admin {
+        /// `package pluglet.admin.v1;`
+        pub mod v1 {
+            tonic::include_proto!("pluglet.admin.v1");
+        }
+    }
+}
+
+/// Pluglet admin API.
+pub mod admin {
+    pub use crate::pluglet::admin::v1;
+}
+
+/// Wire constants of the kubelet protocols.
+pub mod constants {
+    /// Plugin type of CSI drivers in `PluginInfo.type`.
+    pub const CSI_PLUGIN: &str = "CSIPlugin";
+    /// Plugin type of device plugins in `PluginInfo.type`.
+    pub const DEVICE_PLUGIN: &str = "DevicePlugin";
+    /// Plugin type of DRA drivers in `PluginInfo.type`.
+    pub const DRA_PLUGIN: &str = "DRAPlugin";
+    /// Device health: healthy.
+    pub const HEALTHY: &str = "Healthy";
+    /// Device health: unhealthy.
+    pub const UNHEALTHY: &str = "Unhealthy";
+    /// The device plugin API version.
+    pub const DEVICE_PLUGIN_VERSION: &str = "v1beta1";
+    /// File name of the kubelet's registration socket in the device plugins directory.
+    pub const KUBELET_SOCKET: &str = "kubelet.sock";
+    /// File name of the device manager checkpoint in the device plugins directory.
+    pub const CHECKPOINT_FILE: &str = "kubelet_internal_checkpoint";
+}
