@@ -1,1 +1,28 @@
-//! Pluglet host library (placeholder, replaced by its owner).
+//! Pluglet: the kubelet's plugin manager and device manager as a node daemon, with the
+//! per-plugin-type decisions in sandboxed WASM handler modules.
+//!
+//! Start at [`daemon::run`] (what `pluglet run` does) and [`plugin_manager`] (the registration
+//! pipeline). Data flow:
+//!
+//! ```text
+//!  plugins_registry/ ─inotify─▶ plugin_manager::watcher ─▶ desired_state ─▶ reconciler ─plan()─▶ executor
+//!                                                                              │ owns actual_state
+//!                                      one task per socket: operation::register / deregister
+//!                                        │ registration (GetInfo, NotifyRegistrationStatus over uds)
+//!                                        │ HandlerSet (pluglet-handler-runtime): validate/register/deregister hooks
+//!                                        │ plugin_types::csi (NodeGetInfo) · plugin_types::device_plugin (DevicePluginSink)
+//!                                        ▼
+//!  admin::server (pluglet.sock, gRPC) ◀── PluginManagerHandle queries ──  reconciler
+//!  admin::ctl (`pluglet ctl`) ──gRPC──▶ admin::server
+//! ```
+//!
+//! Modules: [`cli`] (clap types), [`config`] (paths and timings), [`daemon`] (wiring, lock,
+//! signals), [`plugin_manager`], [`plugin_types`], [`admin`], [`handler_cmd`] (`pluglet handler`).
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod handler_cmd;
+pub mod plugin_manager;
+pub mod plugin_types;

@@ -1,1 +1,54 @@
-//! Placeholder, replaced by its owner.
+//! Pluglet's WASM handler runtime: the mechanism that runs per-plugin-type logic in sandboxed
+//! WebAssembly components. It knows nothing of gRPC, sockets or plugin types.
+//!
+//! Start at [`Runtime`]: one wasmtime engine (pooling allocator, epoch ticker, no component-model
+//! concurrency) shared by every [`Handler`]. [`Runtime::load`] compiles a component once and admits
+//! it (imports checked against an allow-list, contract version and hook families read from its
+//! exports); each hook call then runs in a fresh `Store` and instance from a shared `InstancePre`,
+//! with a CPU deadline, a memory cap, optional fuel and captured stderr. A guest's refusal is a
+//! normal outcome ([`Refusal`]); a trap, a timeout or a memory blow-up is a [`HandlerError`] naming
+//! the handler, the hook and the cause. [`HandlerSet`] maps plugin types and resources to
+//! handlers from `handlers.toml`.
+//!
+//! Lifetimes (after Spin): engine and linker once ([`engine`]); a compiled component per module
+//! ([`Handler`]); call state per invocation (`call_state`), granting only that call's WASI
+//! context, limits, node name and settings.
+//!
+//! ```no_run
+//! use std::collections::BTreeMap;
+//! use pluglet_handler_runtime::{CallContext, ModuleSource, PluginInfo, Runtime, RuntimeConfig};
+//!
+//! let runtime = Runtime::new(RuntimeConfig::default())?;
+//! let handler = runtime.load(ModuleSource::File("strict-csi.wasm".into()), BTreeMap::new(), None)?;
+//! let plugin = PluginInfo {
+//!     plugin_type: "CSIPlugin".into(),
+//!     name: "csi.example.com".into(),
+//!     endpoint: "/var/lib/kubelet/plugins/csi.example.com/csi.sock".into(),
+//!     supported_versions: vec!["1.5.0".into()],
+//! };
+//! let call = handler.validate(&CallContext { node_name: "node-1".into() }, &plugin, None)?;
+//! match call.value {
+//!     Ok(accepted) => println!("accepted, version {:?}", accepted.version),
+//!     Err(refusal) => println!("refused ({}): {refusal}", refusal.kind),
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod admission;
+mod bindings;
+mod call_state;
+pub mod engine;
+mod error;
+mod handler;
+mod handler_set;
+mod types;
+
+pub use bindings::CONTRACT_VERSION;
+pub use engine::{Limits, MAX_MEMORY_MIB, ModuleSource, Runtime, RuntimeConfig};
+pub use error::{ConfigError, HandlerError, HandlerFault, LoadError};
+pub use handler::Handler;
+pub use handler_set::{HANDLERS_FILE, HandlerEntry, HandlerSet};
+pub use types::{
+    Accepted, AllocationRequest, Call, CallContext, Device, Family, GuestLog, Hook, LogLevel,
+    PluginInfo, Refusal, RefusalKind, RegisteredPlugin, RegistrationFacts,
+};

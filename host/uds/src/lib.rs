@@ -1,1 +1,305 @@
-//! Placeholder, replaced by its owner.
+//! gRPC over unix domain sockets, for every socket Pluglet dials or serves.
+//!
+//! Start here:
+//! - [`connect`] dials a plugin's socket and returns a tonic [`Channel`] whose requests carry
+//!   `:authority: localhost` (what the upstream kubelet sends since PR #112597). It retries the
+//!   short window in which a socket file exists but its owner does not accept yet.
+//! - [`bind`] creates a listening socket (parent directory, stale socket removal, file mode).
+//! - [`incoming`] turns the listener into the stream that
+//!   [`tonic::transport::Server::serve_with_incoming`] wants.
+//! - [`incoming_any_authority`] does the same, but wraps every connection in an
+//!   [`AuthorityRewrite`] layer so that clients sending a socket path as `:authority` (every Go
+//!   device plugin built with grpc-go; see `kubelet-facts.md` §0.1) are served instead of being
+//!   refused by the `h2` crate with `RST_STREAM(PROTOCOL_ERROR)`. Use it for `kubelet.sock`.
+//!
+//! Socket paths here are filesystem paths; no abstract sockets.
+
+mod authority;
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::{Stream, StreamExt, wrappers::UnixListenerStream};
+use tonic::transport::{Channel, Endpoint};
+
+pub use authority::{AuthorityRewrite, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
+
+/// Longest socket path the kernel accepts (`sizeof(sun_path)` is 108 on Linux, including the NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// First pause between two connection attempts while a socket is not accepting yet.
+const RETRY_START: Duration = Duration::from_millis(1);
+/// Longest pause between two connection attempts; the pause doubles from [`RETRY_START`].
+const RETRY_MAX: Duration = Duration::from_millis(50);
+
+/// What can go wrong dialing, binding or serving a unix socket.
+#[derive(Debug, thiserror::Error)]
+pub enum UdsError {
+    /// Nobody accepted a connection on the socket before the deadline; `source` is the last
+    /// failure seen (usually "connection refused" or "no such file or directory").
+    #[error(
+        "could not connect to unix socket {path} within {timeout:?}: check that its owner is running and serving there"
+    )]
+    Connect {
+        /// The socket dialed.
+        path: PathBuf,
+        /// The deadline given to [`connect`].
+        timeout: Duration,
+        /// The last connection failure.
+        #[source]
+        source: io::Error,
+    },
+    /// The socket accepted, but the gRPC channel could not be set up on it.
+    #[error("could not start a gRPC channel on unix socket {path}")]
+    Channel {
+        /// The socket dialed.
+        path: PathBuf,
+        /// What tonic reported.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The socket path does not fit in `sockaddr_un`.
+    #[error(
+        "unix socket path {path} is {len} bytes long, the limit is {MAX_SOCKET_PATH}: choose a shorter directory"
+    )]
+    PathTooLong {
+        /// The offending path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The directory that should hold the socket could not be created.
+    #[error("could not create directory {path} for a unix socket")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Something that is not a socket sits where the socket should go; it is left alone.
+    #[error(
+        "refusing to replace {path}: it exists and is not a unix socket; remove it or choose another socket path"
+    )]
+    NotASocket {
+        /// The path that is occupied.
+        path: PathBuf,
+    },
+    /// A stale socket file could not be inspected or removed before binding.
+    #[error("could not remove stale unix socket {path}")]
+    RemoveStale {
+        /// The stale socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// `bind(2)` or `listen(2)` failed.
+    #[error("could not listen on unix socket {path}")]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The socket was bound but its file mode could not be set; the socket file is removed again.
+    #[error("could not set mode {mode:#o} on unix socket {path}")]
+    SetMode {
+        /// The socket path.
+        path: PathBuf,
+        /// The requested mode.
+        mode: u32,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Dials the unix socket at `path` and returns a connected gRPC channel.
+///
+/// Requests on the channel carry `:authority: localhost` (endpoint URI `http://localhost`), which
+/// every gRPC server accepts. The first connection is made eagerly, so a dead socket fails here
+/// rather than on the first RPC. A socket file appears at `bind(2)`, before its owner calls
+/// `listen(2)`, so "connection refused" and "no such file" are retried quickly (pauses growing
+/// from 1 ms to 50 ms) until `timeout` has passed; other errors fail at once. If the connection
+/// later breaks, the channel redials `path` on the next request (one attempt, no retry loop).
+///
+/// The returned error names the path and carries the last cause.
+pub async fn connect(path: &Path, timeout: Duration) -> Result<Channel, UdsError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let stream = connect_with_retry(path, timeout, deadline).await?;
+
+    // The first connection is the one just made; later ones (after a broken connection) dial again.
+    let first = Arc::new(Mutex::new(Some(stream)));
+    let dial_path = path.to_path_buf();
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let first = first.lock().map(|mut slot| slot.take()).unwrap_or(None);
+        let dial_path = dial_path.clone();
+        async move {
+            let stream = match first {
+                Some(stream) => stream,
+                None => UnixStream::connect(&dial_path).await?,
+            };
+            Ok::<_, io::Error>(TokioIo::new(stream))
+        }
+    });
+
+    let endpoint = Endpoint::from_static("http://localhost");
+    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let channel_error = |source| UdsError::Channel {
+        path: path.to_path_buf(),
+        source,
+    };
+    match tokio::time::timeout(
+        remaining.max(Duration::from_millis(1)),
+        endpoint.connect_with_connector(connector),
+    )
+    .await
+    {
+        Ok(result) => result.map_err(channel_error),
+        Err(_elapsed) => Err(UdsError::Connect {
+            path: path.to_path_buf(),
+            timeout,
+            source: io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the socket accepted but the HTTP/2 connection did not start in time",
+            ),
+        }),
+    }
+}
+
+/// Connects to `path`, retrying the errors of a socket that is not listening yet until `deadline`.
+async fn connect_with_retry(
+    path: &Path,
+    timeout: Duration,
+    deadline: tokio::time::Instant,
+) -> Result<UnixStream, UdsError> {
+    let mut pause = RETRY_START;
+    loop {
+        let last = match UnixStream::connect(path).await {
+            Ok(stream) => return Ok(stream),
+            Err(error) if is_not_listening_yet(&error) => error,
+            Err(source) => {
+                return Err(UdsError::Connect {
+                    path: path.to_path_buf(),
+                    timeout,
+                    source,
+                });
+            }
+        };
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Err(UdsError::Connect {
+                path: path.to_path_buf(),
+                timeout,
+                source: last,
+            });
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(RETRY_MAX);
+    }
+}
+
+/// Errors of a socket whose owner has not bound or not started listening yet.
+fn is_not_listening_yet(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound | io::ErrorKind::WouldBlock
+    )
+}
+
+/// Binds a listening unix socket at `path`.
+///
+/// Creates the parent directory if needed, removes a stale socket file left by an earlier process
+/// (anything else at `path`, such as a regular file or a directory, is refused and left alone),
+/// binds, and sets the file mode to `mode` if given (e.g. `0o600`); otherwise the process umask
+/// applies. Between `bind(2)` and the mode change the socket briefly has the umask's mode.
+///
+/// Must be called from within a Tokio runtime.
+pub fn bind(path: &Path, mode: Option<u32>) -> Result<UnixListener, UdsError> {
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(UdsError::PathTooLong {
+            path: path.to_path_buf(),
+            len,
+        });
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|source| UdsError::CreateDir {
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    }
+    remove_stale_socket(path)?;
+
+    let listener = UnixListener::bind(path).map_err(|source| UdsError::Bind {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if let Some(mode) = mode
+        && let Err(source) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    {
+        drop(listener);
+        let _ = std::fs::remove_file(path);
+        return Err(UdsError::SetMode {
+            path: path.to_path_buf(),
+            mode,
+            source,
+        });
+    }
+    Ok(listener)
+}
+
+/// Removes a socket file at `path`; refuses to touch anything that is not a socket.
+fn remove_stale_socket(path: &Path) -> Result<(), UdsError> {
+    let metadata = match std::fs::symlink_metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(UdsError::RemoveStale {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    if !metadata.file_type().is_socket() {
+        return Err(UdsError::NotASocket {
+            path: path.to_path_buf(),
+        });
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(UdsError::RemoveStale {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// The accepted connections of `listener`, for
+/// [`tonic::transport::Server::serve_with_incoming`].
+///
+/// Connections are passed to tonic as they are, so the `h2` crate's checks apply: a client that
+/// sends a socket path as `:authority` is refused; use [`incoming_any_authority`] for sockets that
+/// Go gRPC clients dial. Accept errors (e.g. too many open files) are yielded as items; tonic
+/// logs them and keeps accepting.
+pub fn incoming(listener: UnixListener) -> impl Stream<Item = io::Result<UnixStream>> {
+    UnixListenerStream::new(listener)
+}
+
+/// Like [`incoming`], but each connection is wrapped in an [`AuthorityRewrite`] so that requests
+/// whose `:authority` is not a valid URI authority (a socket path, raw or percent-encoded, as sent
+/// by grpc-go and grpc-python clients) are served with `:authority: localhost` instead of being
+/// refused. See [`AuthorityRewrite`] for what the layer does and what it costs.
+pub fn incoming_any_authority(
+    listener: UnixListener,
+) -> impl Stream<Item = io::Result<AuthorityRewrite<UnixStream>>> {
+    incoming(listener).map(|accepted| accepted.map(AuthorityRewrite::new))
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Pluglet demo: builds everything, runs the daemon on a temporary root with the example CSI plugin
+# and the example device plugin (both registering through the plugin watcher), shows what
+# registered, then stops everything cleanly.
+#
+# Usage: examples/demo.sh        (from a fresh clone; needs cargo and the wasm32-wasip2 target,
+#                                 which rust-toolchain.toml installs)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+
+echo "==> cargo build --release --workspace --bins"
+cargo build --release --workspace --bins
+
+bin="$here/target/release"
+root="$(mktemp -d /tmp/pluglet-demo.XXXXXX)"
+pids=()
+
+cleanup() {
+    for pid in "${pids[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$root"
+}
+trap cleanup EXIT
+
+# Waits (up to 60 s) until "$@" succeeds.
+wait_until() {
+    local deadline=$((SECONDS + 60))
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            echo "timed out waiting for: $*" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+}
+
+ctl() { "$bin/pluglet" ctl --root "$root" "$@"; }
+
+echo "==> pluglet run --root $root"
+"$bin/pluglet" run --root "$root" 2>"$root/pluglet.log" &
+pids+=($!)
+wait_until ctl plugins
+
+mkdir -p "$root/plugins"
+echo "==> example CSI plugin (registration socket in the registry, CSI socket beside it)"
+"$bin/example-csi-plugin" \
+    --reg-socket "$root/plugins_registry/csi.example.com-reg.sock" \
+    --csi-socket "$root/plugins/csi.example.com.sock" \
+    --name csi.example.com --versions 1.0.0 --node-id "$(hostname)" \
+    --max-volumes 16 --topology topology.kubernetes.io/zone=zone-a \
+    2>"$root/csi-plugin.log" &
+pids+=($!)
+
+echo "==> example device plugin (watcher flow, resource vendor.com/gpu)"
+"$bin/example-device-plugin" \
+    --resource vendor.com/gpu --devices 4 \
+    --reg-socket "$root/plugins_registry/vendor.com-gpu-reg.sock" \
+    --socket "$root/plugins/vendor.com-gpu.sock" \
+    2>"$root/device-plugin.log" &
+pids+=($!)
+
+registered() { [ "$(ctl plugins -o json | grep -c '"registered_at"')" -ge 2 ]; }
+wait_until registered
+
+echo
+echo "==> pluglet ctl plugins"
+ctl plugins
+echo
+echo "==> pluglet ctl sockets -o json"
+ctl sockets -o json
+echo
+echo "==> pluglet ctl handlers"
+ctl handlers
+echo
+echo "==> stopping (SIGTERM)"

@@ -1,0 +1,228 @@
+//! The kubelet's checkpoint checksum: `uint64(FNV-1a-32(S))`, where `S` is go-spew's `%#v`
+//! rendering of the `checkpointData` struct (facts §7.7, §7.9).
+//!
+//! The kubelet computes it with `hashutil.DeepHashObject`, i.e. a `spew.ConfigState` with
+//! `Indent: " "`, `SortKeys`, `DisableMethods`, `SpewKeys`, `DisablePointerAddresses` and
+//! `DisableCapacities`, printing `%#v` into an FNV-1a 32-bit hasher. With `%#v` spew's
+//! *formatter* is used (not its dumper), so the indent never shows. What the formatter prints
+//! for our types:
+//!
+//! - every value that is not an element of a slice or a map, or a map key, is preceded by its Go
+//!   type in parentheses: `(checkpoint.checkpointData)`, `([]checkpoint.PodDevicesEntry)`,
+//!   `(string)`, `(checkpoint.DevicesPerNUMA)`, `([]uint8)`, `(map[string][]string)`;
+//! - a struct is `{Field:value Field:value}`; a slice `[a b]`; a map `map[k:v k:v]` with keys
+//!   sorted (int64 numerically, strings byte-wise); a nil slice or map is `<nil>`, an empty one
+//!   `[]` / `map[]`;
+//! - strings are written raw (no quotes, no escaping); bytes as decimal numbers.
+//!
+//! The renderer writes into a [`Sink`], so the checksum is computed without building `S`.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+
+use crate::format::PodDevicesEntry;
+
+/// FNV-1a 32-bit offset basis.
+const FNV32_OFFSET: u32 = 0x811c_9dc5;
+/// FNV-1a 32-bit prime.
+const FNV32_PRIME: u32 = 0x0100_0193;
+
+/// FNV-1a, 32 bits (Go's `hash/fnv.New32a`), of `bytes`.
+pub fn fnv1a_32(bytes: &[u8]) -> u32 {
+    let mut hasher = Fnv1a32::default();
+    hasher.put(bytes);
+    hasher.0
+}
+
+/// Where the renderer writes: a byte buffer or a running hash.
+pub(crate) trait Sink {
+    /// Appends `bytes`.
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// A running FNV-1a 32-bit hash.
+struct Fnv1a32(u32);
+
+impl Default for Fnv1a32 {
+    fn default() -> Self {
+        Fnv1a32(FNV32_OFFSET)
+    }
+}
+
+impl Sink for Fnv1a32 {
+    fn put(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u32::from(b);
+            self.0 = self.0.wrapping_mul(FNV32_PRIME);
+        }
+    }
+}
+
+/// The checksum of the data part of a checkpoint: `uint64(FNV-1a-32(S))`.
+///
+/// `entries` and `registered` are `None` where the Go value is nil.
+pub(crate) fn checksum(
+    entries: Option<&[PodDevicesEntry]>,
+    registered: Option<&BTreeMap<String, Option<Vec<String>>>>,
+) -> u64 {
+    let mut hasher = Fnv1a32::default();
+    render(&mut hasher, entries, registered);
+    u64::from(hasher.0)
+}
+
+/// go-spew's `%#v` rendering of `checkpoint.checkpointData` (see the module doc).
+pub(crate) fn spew(
+    entries: Option<&[PodDevicesEntry]>,
+    registered: Option<&BTreeMap<String, Option<Vec<String>>>>,
+) -> String {
+    let mut out = Vec::new();
+    render(&mut out, entries, registered);
+    // Every piece written is either ASCII or a whole Rust string, so this is valid UTF-8.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+fn render(
+    out: &mut impl Sink,
+    entries: Option<&[PodDevicesEntry]>,
+    registered: Option<&BTreeMap<String, Option<Vec<String>>>>,
+) {
+    out.put(b"(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)");
+    match entries {
+        None => out.put(b"<nil>"),
+        Some(entries) => {
+            out.put(b"[");
+            for (i, entry) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.put(b" ");
+                }
+                render_entry(out, entry);
+            }
+            out.put(b"]");
+        }
+    }
+    out.put(b" RegisteredDevices:(map[string][]string)");
+    match registered {
+        None => out.put(b"<nil>"),
+        Some(map) => {
+            out.put(b"map[");
+            for (i, (resource, ids)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.put(b" ");
+                }
+                out.put(resource.as_bytes());
+                out.put(b":");
+                render_strings(out, ids.as_deref());
+            }
+            out.put(b"]");
+        }
+    }
+    out.put(b"}");
+}
+
+/// One `PodDevicesEntry` as a slice element: no type prefix for the struct itself.
+fn render_entry(out: &mut impl Sink, entry: &PodDevicesEntry) {
+    out.put(b"{PodUID:(string)");
+    out.put(entry.pod_uid.as_bytes());
+    out.put(b" ContainerName:(string)");
+    out.put(entry.container_name.as_bytes());
+    out.put(b" ResourceName:(string)");
+    out.put(entry.resource_name.as_bytes());
+    out.put(b" DeviceIDs:(checkpoint.DevicesPerNUMA)");
+    match &entry.device_ids {
+        None => out.put(b"<nil>"),
+        Some(map) => {
+            out.put(b"map[");
+            // BTreeMap<i64, _> iterates in numeric order, as spew sorts int keys.
+            for (i, (numa, ids)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.put(b" ");
+                }
+                put_decimal(out, *numa);
+                out.put(b":");
+                render_strings(out, ids.as_deref());
+            }
+            out.put(b"]");
+        }
+    }
+    out.put(b" AllocResp:([]uint8)");
+    match &entry.alloc_resp {
+        None => out.put(b"<nil>"),
+        Some(bytes) => {
+            out.put(b"[");
+            for (i, b) in bytes.iter().enumerate() {
+                if i > 0 {
+                    out.put(b" ");
+                }
+                put_decimal(out, i64::from(*b));
+            }
+            out.put(b"]");
+        }
+    }
+    out.put(b"}");
+}
+
+/// A `[]string` in element position (no type prefix): `<nil>` or `[a b]`.
+fn render_strings(out: &mut impl Sink, ids: Option<&[String]>) {
+    match ids {
+        None => out.put(b"<nil>"),
+        Some(ids) => {
+            out.put(b"[");
+            for (i, id) in ids.iter().enumerate() {
+                if i > 0 {
+                    out.put(b" ");
+                }
+                out.put(id.as_bytes());
+            }
+            out.put(b"]");
+        }
+    }
+}
+
+/// Writes `n` in decimal without allocating.
+fn put_decimal(out: &mut impl Sink, n: i64) {
+    let mut buf = [0u8; 20];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    // 20 bytes hold any i64 ("-9223372036854775808"), so this write cannot fail.
+    let _ = write!(cursor, "{n}");
+    let len = usize::try_from(cursor.position()).unwrap_or(0);
+    out.put(&buf[..len]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_32_known_values() {
+        // Reference values of FNV-1a 32 (draft-eastlake-fnv test vectors).
+        assert_eq!(fnv1a_32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a_32(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a_32(b"foobar"), 0xbf9c_f968);
+    }
+
+    #[test]
+    fn decimal_extremes() {
+        let mut out = Vec::new();
+        put_decimal(&mut out, i64::MIN);
+        out.put(b" ");
+        put_decimal(&mut out, i64::MAX);
+        out.put(b" ");
+        put_decimal(&mut out, -1);
+        assert_eq!(out, b"-9223372036854775808 9223372036854775807 -1");
+    }
+
+    #[test]
+    fn checksum_hashes_the_spew_text() {
+        let text = spew(None, Some(&BTreeMap::new()));
+        assert_eq!(
+            checksum(None, Some(&BTreeMap::new())),
+            u64::from(fnv1a_32(text.as_bytes()))
+        );
+    }
+}

@@ -1,0 +1,646 @@
+//! The data of `kubelet_internal_checkpoint` and its exact Go `encoding/json` form (facts §7.7).
+//!
+//! The kubelet's types (`pkg/kubelet/cm/devicemanager/checkpoint/checkpoint.go`):
+//!
+//! ```go
+//! type DevicesPerNUMA map[int64][]string
+//! type PodDevicesEntry struct {
+//!     PodUID, ContainerName, ResourceName string
+//!     DeviceIDs DevicesPerNUMA
+//!     AllocResp []byte
+//! }
+//! type checkpointData struct {
+//!     PodDeviceEntries  []PodDevicesEntry
+//!     RegisteredDevices map[string][]string
+//! }
+//! type Data struct { Data checkpointData; Checksum checksum.Checksum /* uint64 */ }
+//! ```
+//!
+//! Go distinguishes nil from empty slices and maps, both in JSON (`null` vs `[]`/`{}`/`""`) and
+//! in the checksum (`<nil>` vs `[]`), so every slice and map that can be nil is an `Option` here.
+//!
+//! Encoding is written by hand to match `json.Marshal` byte for byte: fields in declaration
+//! order, map keys sorted as *strings* (so NUMA node `-1` < `0` < `10` < `2`), `[]byte` as padded
+//! standard base64, HTML-sensitive characters escaped (`<` → `\u003c`), no whitespace. Decoding
+//! follows `json.Unmarshal` into the value the kubelet pre-fills (`getCheckpoint`: an empty entry
+//! list and an empty map), so a missing key keeps that empty value while `null` makes it nil.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Deserializer};
+
+use crate::checksum;
+use crate::error::FormatError;
+
+/// Go's `checkpoint.DevicesPerNUMA`: NUMA node id → device ids (`-1` = no topology).
+///
+/// A `None` value is a nil `[]string` (JSON `null`), distinct from an empty list.
+pub type DevicesPerNuma = BTreeMap<i64, Option<Vec<String>>>;
+
+/// What one container holds of one resource (Go's `checkpoint.PodDevicesEntry`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodDevicesEntry {
+    /// The pod's UID (`PodUID`).
+    pub pod_uid: String,
+    /// The container's name (`ContainerName`).
+    pub container_name: String,
+    /// The extended resource name, e.g. `vendor.com/gpu` (`ResourceName`).
+    pub resource_name: String,
+    /// Device ids per NUMA node (`DeviceIDs`); `None` is a nil map (JSON `null`).
+    pub device_ids: Option<DevicesPerNuma>,
+    /// Protobuf bytes of the plugin's `v1beta1.ContainerAllocateResponse` (`AllocResp`), opaque
+    /// here; `None` is a nil slice (JSON `null`), `Some(vec![])` an empty one (JSON `""`).
+    pub alloc_resp: Option<Vec<u8>>,
+}
+
+/// The content of `kubelet_internal_checkpoint` (Go's `checkpoint.checkpointData`).
+///
+/// The file also carries a checksum over this data; it is computed by [`CheckpointData::encode`]
+/// and verified by [`CheckpointData::decode`], never stored here.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointData {
+    /// Allocations (`PodDeviceEntries`); `None` is a nil slice, which the kubelet writes (as
+    /// `null`) when no pod holds devices.
+    pub pod_device_entries: Option<Vec<PodDevicesEntry>>,
+    /// Healthy device ids per resource at write time (`RegisteredDevices`); a `None` value is a
+    /// nil list. The kubelet always writes an object here; a file with `null` is read as empty.
+    pub registered_devices: BTreeMap<String, Option<Vec<String>>>,
+}
+
+impl CheckpointData {
+    /// The checksum the kubelet stores for this data: `uint64(FNV-1a-32(spew))`.
+    pub fn checksum(&self) -> u64 {
+        checksum::checksum(
+            self.pod_device_entries.as_deref(),
+            Some(&self.registered_devices),
+        )
+    }
+
+    /// go-spew's `%#v` rendering of this data, the text the checksum is taken over (for
+    /// diagnostics and tests; [`CheckpointData::checksum`] does not build it).
+    pub fn spew(&self) -> String {
+        checksum::spew(
+            self.pod_device_entries.as_deref(),
+            Some(&self.registered_devices),
+        )
+    }
+
+    /// The whole file, byte for byte as the kubelet's `json.Marshal` writes it, checksum included.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.size_hint());
+        out.extend_from_slice(b"{\"Data\":{\"PodDeviceEntries\":");
+        match &self.pod_device_entries {
+            None => out.extend_from_slice(b"null"),
+            Some(entries) => {
+                out.push(b'[');
+                for (i, entry) in entries.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    encode_entry(&mut out, entry);
+                }
+                out.push(b']');
+            }
+        }
+        out.extend_from_slice(b",\"RegisteredDevices\":{");
+        // BTreeMap<String, _> iterates in byte order, which is Go's string order.
+        for (i, (resource, ids)) in self.registered_devices.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            put_json_string(&mut out, resource);
+            out.push(b':');
+            put_json_strings(&mut out, ids.as_deref());
+        }
+        out.extend_from_slice(b"}},\"Checksum\":");
+        out.extend_from_slice(self.checksum().to_string().as_bytes());
+        out.push(b'}');
+        out
+    }
+
+    /// Parses a whole file and verifies its checksum, as the kubelet's `GetCheckpoint` does.
+    ///
+    /// Fails with [`FormatError::Json`] or [`FormatError::AllocResp`] when it does not parse, and
+    /// with [`FormatError::ChecksumMismatch`] when the stored checksum is not the one of the data.
+    pub fn decode(bytes: &[u8]) -> Result<CheckpointData, FormatError> {
+        let raw: RawFile = serde_json::from_slice(bytes).map_err(FormatError::Json)?;
+        let raw_data = raw.data.unwrap_or_default();
+        let entries = match raw_data.pod_device_entries {
+            // Missing key: the kubelet's pre-filled empty (non-nil) slice stays.
+            None => Some(Vec::new()),
+            Some(None) => None,
+            Some(Some(list)) => Some(
+                list.into_iter()
+                    .map(RawEntry::into_entry)
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        let registered = match raw_data.registered_devices {
+            None => Some(BTreeMap::new()),
+            Some(map) => map,
+        };
+        let stored = raw.checksum.unwrap_or(0);
+        let computed = checksum::checksum(entries.as_deref(), registered.as_ref());
+        if stored != computed {
+            return Err(FormatError::ChecksumMismatch {
+                stored: stored.to_string(),
+                computed: computed.to_string(),
+            });
+        }
+        Ok(CheckpointData {
+            pod_device_entries: entries,
+            registered_devices: registered.unwrap_or_default(),
+        })
+    }
+
+    /// A capacity guess for the encoded file, to write it with one allocation in most cases.
+    fn size_hint(&self) -> usize {
+        let ids = |list: &Option<Vec<String>>| {
+            list.as_ref()
+                .map_or(4, |l| l.iter().map(|s| s.len() + 3).sum::<usize>() + 2)
+        };
+        let entries: usize = self.pod_device_entries.as_ref().map_or(0, |entries| {
+            entries
+                .iter()
+                .map(|e| {
+                    120 + e.pod_uid.len()
+                        + e.container_name.len()
+                        + e.resource_name.len()
+                        + e.alloc_resp.as_ref().map_or(0, |b| b.len() * 4 / 3 + 4)
+                        + e.device_ids
+                            .as_ref()
+                            .map_or(0, |m| m.values().map(|v| ids(v) + 24).sum::<usize>())
+                })
+                .sum()
+        });
+        let registered: usize = self
+            .registered_devices
+            .iter()
+            .map(|(k, v)| k.len() + 4 + ids(v))
+            .sum();
+        96 + entries + registered
+    }
+}
+
+fn encode_entry(out: &mut Vec<u8>, entry: &PodDevicesEntry) {
+    out.extend_from_slice(b"{\"PodUID\":");
+    put_json_string(out, &entry.pod_uid);
+    out.extend_from_slice(b",\"ContainerName\":");
+    put_json_string(out, &entry.container_name);
+    out.extend_from_slice(b",\"ResourceName\":");
+    put_json_string(out, &entry.resource_name);
+    out.extend_from_slice(b",\"DeviceIDs\":");
+    match &entry.device_ids {
+        None => out.extend_from_slice(b"null"),
+        Some(map) => {
+            // Go encodes int64 keys as decimal strings and sorts them as strings.
+            let mut keyed: Vec<(String, &Option<Vec<String>>)> =
+                map.iter().map(|(k, v)| (k.to_string(), v)).collect();
+            keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            out.push(b'{');
+            for (i, (key, ids)) in keyed.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.push(b'"');
+                out.extend_from_slice(key.as_bytes());
+                out.extend_from_slice(b"\":");
+                put_json_strings(out, ids.as_deref());
+            }
+            out.push(b'}');
+        }
+    }
+    out.extend_from_slice(b",\"AllocResp\":");
+    match &entry.alloc_resp {
+        None => out.extend_from_slice(b"null"),
+        Some(bytes) => {
+            out.push(b'"');
+            out.extend_from_slice(BASE64.encode(bytes).as_bytes());
+            out.push(b'"');
+        }
+    }
+    out.push(b'}');
+}
+
+/// A `[]string` as Go encodes it: `null` when nil.
+fn put_json_strings(out: &mut Vec<u8>, list: Option<&[String]>) {
+    match list {
+        None => out.extend_from_slice(b"null"),
+        Some(list) => {
+            out.push(b'[');
+            for (i, s) in list.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                put_json_string(out, s);
+            }
+            out.push(b']');
+        }
+    }
+}
+
+/// A string as Go's `encoding/json` (1.22 and later, `SetEscapeHTML(true)`, the default) writes
+/// it: `"` and `\` backslashed; `\b \f \n \r \t` short; other bytes below 0x20 and `< > &` as
+/// `\u00XX` (lower-case hex); U+2028 and U+2029 as `\u2028`/`\u2029`; everything else raw.
+pub(crate) fn put_json_string(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    out.push(b'"');
+    let mut start = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b >= 0x80 {
+            // U+2028 is E2 80 A8 and U+2029 is E2 80 A9 in UTF-8.
+            if b == 0xE2
+                && bytes.get(i + 1) == Some(&0x80)
+                && matches!(bytes.get(i + 2), Some(0xA8 | 0xA9))
+            {
+                out.extend_from_slice(&bytes[start..i]);
+                out.extend_from_slice(b"\\u202");
+                out.push(HEX[usize::from(bytes[i + 2] & 0x0F)]);
+                i += 3;
+                start = i;
+                continue;
+            }
+            i += 1;
+            continue;
+        }
+        let short: Option<u8> = match b {
+            b'"' => Some(b'"'),
+            b'\\' => Some(b'\\'),
+            0x08 => Some(b'b'),
+            0x0C => Some(b'f'),
+            b'\n' => Some(b'n'),
+            b'\r' => Some(b'r'),
+            b'\t' => Some(b't'),
+            _ => None,
+        };
+        let needs_escape = short.is_some() || b < 0x20 || matches!(b, b'<' | b'>' | b'&');
+        if needs_escape {
+            out.extend_from_slice(&bytes[start..i]);
+            match short {
+                Some(c) => out.extend_from_slice(&[b'\\', c]),
+                None => out.extend_from_slice(&[
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    HEX[usize::from(b >> 4)],
+                    HEX[usize::from(b & 0x0F)],
+                ]),
+            }
+            start = i + 1;
+        }
+        i += 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// `Some(value)` when the key is present (with `value` possibly `None` for `null`), so that
+/// `Option<Option<T>>` with `#[serde(default)]` tells a missing key from `null`.
+fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
+}
+
+/// Go ignores `null` for a string field: it keeps its (here zero) value.
+fn null_as_empty<'de, D>(deserializer: D) -> Result<String, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    Ok(Option::<String>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// Go's `checkpoint.Data` as parsed.
+#[derive(Deserialize)]
+struct RawFile {
+    /// `null` for a struct is ignored by Go, like a missing key.
+    #[serde(rename = "Data", default)]
+    data: Option<RawData>,
+    #[serde(rename = "Checksum", default)]
+    checksum: Option<u64>,
+}
+
+/// Go's `checkpointData` as parsed: outer `None` = key missing, inner `None` = `null`.
+#[derive(Deserialize, Default)]
+struct RawData {
+    #[serde(rename = "PodDeviceEntries", default, deserialize_with = "present")]
+    pod_device_entries: Option<Option<Vec<RawEntry>>>,
+    #[serde(rename = "RegisteredDevices", default, deserialize_with = "present")]
+    registered_devices: Option<Option<BTreeMap<String, Option<Vec<String>>>>>,
+}
+
+/// Go's `PodDevicesEntry` as parsed; each element starts as Go's zero value.
+#[derive(Deserialize)]
+struct RawEntry {
+    #[serde(rename = "PodUID", default, deserialize_with = "null_as_empty")]
+    pod_uid: String,
+    #[serde(rename = "ContainerName", default, deserialize_with = "null_as_empty")]
+    container_name: String,
+    #[serde(rename = "ResourceName", default, deserialize_with = "null_as_empty")]
+    resource_name: String,
+    #[serde(rename = "DeviceIDs", default)]
+    device_ids: Option<DevicesPerNuma>,
+    #[serde(rename = "AllocResp", default)]
+    alloc_resp: Option<String>,
+}
+
+impl RawEntry {
+    fn into_entry(self) -> Result<PodDevicesEntry, FormatError> {
+        let alloc_resp =
+            match self.alloc_resp {
+                None => None,
+                Some(text) => Some(BASE64.decode(text.as_bytes()).map_err(|source| {
+                    FormatError::AllocResp {
+                        pod_uid: self.pod_uid.clone(),
+                        container_name: self.container_name.clone(),
+                        source,
+                    }
+                })?),
+            };
+        Ok(PodDevicesEntry {
+            pod_uid: self.pod_uid,
+            container_name: self.container_name,
+            resource_name: self.resource_name,
+            device_ids: self.device_ids,
+            alloc_resp,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(ids: &[&str]) -> Option<Vec<String>> {
+        Some(ids.iter().map(|s| (*s).to_owned()).collect())
+    }
+
+    /// facts §7.9, vector 1: the empty state the kubelet writes when nothing is allocated.
+    #[test]
+    fn vector_empty_state() {
+        let data = CheckpointData::default();
+        let spew = "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)<nil> RegisteredDevices:(map[string][]string)map[]}";
+        let file =
+            r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3467439661}"#;
+        assert_eq!(data.spew(), spew);
+        assert_eq!(data.checksum(), 3_467_439_661);
+        assert_eq!(String::from_utf8(data.encode()).unwrap(), file);
+        assert_eq!(CheckpointData::decode(file.as_bytes()).unwrap(), data);
+    }
+
+    /// facts §7.9, vector 2: the same with an empty, non-nil entry list.
+    #[test]
+    fn vector_empty_entry_list() {
+        let data = CheckpointData {
+            pod_device_entries: Some(Vec::new()),
+            registered_devices: BTreeMap::new(),
+        };
+        let spew = "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)[] RegisteredDevices:(map[string][]string)map[]}";
+        let file =
+            r#"{"Data":{"PodDeviceEntries":[],"RegisteredDevices":{}},"Checksum":2932075448}"#;
+        assert_eq!(data.spew(), spew);
+        assert_eq!(data.checksum(), 2_932_075_448);
+        assert_eq!(String::from_utf8(data.encode()).unwrap(), file);
+        assert_eq!(CheckpointData::decode(file.as_bytes()).unwrap(), data);
+    }
+
+    fn sample() -> CheckpointData {
+        CheckpointData {
+            pod_device_entries: Some(vec![PodDevicesEntry {
+                pod_uid: "pod-uid-1".into(),
+                container_name: "ctr".into(),
+                resource_name: "example.com/gpu".into(),
+                device_ids: Some(BTreeMap::from([
+                    (0, strings(&["dev0", "dev1"])),
+                    (-1, strings(&["dev9"])),
+                ])),
+                alloc_resp: Some(vec![0x0a, 0x06, 0x0a, 0x01, 0x41, 0x12, 0x01, 0x42]),
+            }]),
+            registered_devices: BTreeMap::from([
+                ("example.com/gpu".into(), strings(&["dev0", "dev1", "dev2"])),
+                ("example.com/nic".into(), Some(Vec::new())),
+            ]),
+        }
+    }
+
+    /// facts §7.9, vector 3: one allocation with two NUMA nodes and an AllocResp.
+    #[test]
+    fn vector_sample() {
+        let data = sample();
+        let spew = "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)[{PodUID:(string)pod-uid-1 ContainerName:(string)ctr ResourceName:(string)example.com/gpu DeviceIDs:(checkpoint.DevicesPerNUMA)map[-1:[dev9] 0:[dev0 dev1]] AllocResp:([]uint8)[10 6 10 1 65 18 1 66]}] RegisteredDevices:(map[string][]string)map[example.com/gpu:[dev0 dev1 dev2] example.com/nic:[]]}";
+        let file = r#"{"Data":{"PodDeviceEntries":[{"PodUID":"pod-uid-1","ContainerName":"ctr","ResourceName":"example.com/gpu","DeviceIDs":{"-1":["dev9"],"0":["dev0","dev1"]},"AllocResp":"CgYKAUESAUI="}],"RegisteredDevices":{"example.com/gpu":["dev0","dev1","dev2"],"example.com/nic":[]}},"Checksum":1819730228}"#;
+        assert_eq!(data.spew(), spew);
+        assert_eq!(data.checksum(), 1_819_730_228);
+        assert_eq!(String::from_utf8(data.encode()).unwrap(), file);
+        assert_eq!(CheckpointData::decode(file.as_bytes()).unwrap(), data);
+    }
+
+    fn edge() -> CheckpointData {
+        CheckpointData {
+            pod_device_entries: Some(vec![
+                PodDevicesEntry {
+                    pod_uid: "u".into(),
+                    container_name: "c d".into(),
+                    resource_name: "x.io/y".into(),
+                    device_ids: None,
+                    alloc_resp: None,
+                },
+                PodDevicesEntry {
+                    pod_uid: "u".into(),
+                    container_name: "c2".into(),
+                    resource_name: "x.io/y".into(),
+                    device_ids: Some(BTreeMap::from([(1, None)])),
+                    alloc_resp: Some(Vec::new()),
+                },
+            ]),
+            registered_devices: BTreeMap::from([("x.io/y".into(), None)]),
+        }
+    }
+
+    /// facts §7.9, vector 4: nil map, nil map value, nil and empty bytes, a space in a name.
+    #[test]
+    fn vector_edge_cases() {
+        let data = edge();
+        let spew = "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)[{PodUID:(string)u ContainerName:(string)c d ResourceName:(string)x.io/y DeviceIDs:(checkpoint.DevicesPerNUMA)<nil> AllocResp:([]uint8)<nil>} {PodUID:(string)u ContainerName:(string)c2 ResourceName:(string)x.io/y DeviceIDs:(checkpoint.DevicesPerNUMA)map[1:<nil>] AllocResp:([]uint8)[]}] RegisteredDevices:(map[string][]string)map[x.io/y:<nil>]}";
+        let file = r#"{"Data":{"PodDeviceEntries":[{"PodUID":"u","ContainerName":"c d","ResourceName":"x.io/y","DeviceIDs":null,"AllocResp":null},{"PodUID":"u","ContainerName":"c2","ResourceName":"x.io/y","DeviceIDs":{"1":null},"AllocResp":""}],"RegisteredDevices":{"x.io/y":null}},"Checksum":3030002773}"#;
+        assert_eq!(data.spew(), spew);
+        assert_eq!(data.checksum(), 3_030_002_773);
+        assert_eq!(String::from_utf8(data.encode()).unwrap(), file);
+        assert_eq!(CheckpointData::decode(file.as_bytes()).unwrap(), data);
+    }
+
+    /// Parse → write gives the identical bytes for every vector.
+    #[test]
+    fn round_trip_is_byte_identical() {
+        for data in [
+            CheckpointData::default(),
+            CheckpointData {
+                pod_device_entries: Some(Vec::new()),
+                ..Default::default()
+            },
+            sample(),
+            edge(),
+        ] {
+            let bytes = data.encode();
+            let again = CheckpointData::decode(&bytes).unwrap().encode();
+            assert_eq!(again, bytes);
+        }
+    }
+
+    #[test]
+    fn numa_keys_sort_as_strings_in_json_and_as_numbers_in_spew() {
+        let data = CheckpointData {
+            pod_device_entries: Some(vec![PodDevicesEntry {
+                pod_uid: "p".into(),
+                container_name: "c".into(),
+                resource_name: "r".into(),
+                device_ids: Some(BTreeMap::from([
+                    (2, strings(&["a"])),
+                    (10, strings(&["b"])),
+                    (-1, strings(&["c"])),
+                    (-10, strings(&["d"])),
+                    (0, strings(&[])),
+                ])),
+                alloc_resp: None,
+            }]),
+            registered_devices: BTreeMap::new(),
+        };
+        let json = String::from_utf8(data.encode()).unwrap();
+        assert!(
+            json.contains(r#""DeviceIDs":{"-1":["c"],"-10":["d"],"0":[],"10":["b"],"2":["a"]}"#),
+            "{json}"
+        );
+        assert!(
+            data.spew()
+                .contains("map[-10:[d] -1:[c] 0:[] 2:[a] 10:[b]]"),
+            "{}",
+            data.spew()
+        );
+        assert_eq!(CheckpointData::decode(json.as_bytes()).unwrap(), data);
+    }
+
+    #[test]
+    fn strings_are_escaped_as_go_does() {
+        let mut out = Vec::new();
+        put_json_string(
+            &mut out,
+            "a<b>&\"\\\u{8}\u{c}\n\r\t\u{1}\u{1f}\u{7f}é\u{2028}\u{2029}\u{2027}/",
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "\"a\\u003cb\\u003e\\u0026\\\"\\\\\\b\\f\\n\\r\\t\\u0001\\u001f\u{7f}é\\u2028\\u2029\u{2027}/\""
+        );
+    }
+
+    #[test]
+    fn escaped_strings_round_trip_and_spew_raw() {
+        let data = CheckpointData {
+            pod_device_entries: None,
+            registered_devices: BTreeMap::from([("a<&>b".into(), strings(&["x\"y", "é\n"]))]),
+        };
+        let bytes = data.encode();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(
+            text.contains(r#""a\u003c\u0026\u003eb":["x\"y","é\n"]"#),
+            "{text}"
+        );
+        assert!(data.spew().contains("map[a<&>b:[x\"y é\n]]"));
+        let back = CheckpointData::decode(&bytes).unwrap();
+        assert_eq!(back, data);
+        assert_eq!(back.encode(), bytes);
+    }
+
+    #[test]
+    fn checksum_mismatch_is_reported_with_both_values() {
+        let file = br#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1}"#;
+        match CheckpointData::decode(file) {
+            Err(FormatError::ChecksumMismatch { stored, computed }) => {
+                assert_eq!(stored, "1");
+                assert_eq!(computed, "3467439661");
+            }
+            other => panic!("expected a checksum mismatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn nil_versus_empty_changes_the_checksum() {
+        // Vector 1's checksum with vector 2's data must fail: `[]` is not `null`.
+        let file =
+            br#"{"Data":{"PodDeviceEntries":[],"RegisteredDevices":{}},"Checksum":3467439661}"#;
+        assert!(matches!(
+            CheckpointData::decode(file),
+            Err(FormatError::ChecksumMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn missing_keys_keep_the_kubelets_prefilled_empty_values() {
+        // The kubelet unmarshals into an empty (non-nil) slice and map, so a missing key means
+        // `[]` / `map[]` in the checksum, and `null` means nil.
+        let empty_list = CheckpointData {
+            pod_device_entries: Some(Vec::new()),
+            ..Default::default()
+        };
+        let file = format!(r#"{{"Data":{{}},"Checksum":{}}}"#, empty_list.checksum());
+        assert_eq!(CheckpointData::decode(file.as_bytes()).unwrap(), empty_list);
+        let file = format!(r#"{{"Checksum":{}}}"#, empty_list.checksum());
+        assert_eq!(CheckpointData::decode(file.as_bytes()).unwrap(), empty_list);
+
+        // `"RegisteredDevices":null` is a nil map for the checksum; read back as empty.
+        let nil_map = checksum::checksum(None, None);
+        let file = format!(
+            r#"{{"Data":{{"PodDeviceEntries":null,"RegisteredDevices":null}},"Checksum":{nil_map}}}"#
+        );
+        assert_eq!(
+            CheckpointData::decode(file.as_bytes()).unwrap(),
+            CheckpointData::default()
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_like_go() {
+        let file = br#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{},"AllDevices":{}},"Checksum":3467439661,"Extra":1}"#;
+        assert_eq!(
+            CheckpointData::decode(file).unwrap(),
+            CheckpointData::default()
+        );
+    }
+
+    #[test]
+    fn garbage_and_bad_base64_do_not_parse() {
+        assert!(matches!(
+            CheckpointData::decode(b"{\"Data\":"),
+            Err(FormatError::Json(_))
+        ));
+        assert!(matches!(
+            CheckpointData::decode(b"\x00\x01garbage"),
+            Err(FormatError::Json(_))
+        ));
+        let file = br#"{"Data":{"PodDeviceEntries":[{"PodUID":"p","ContainerName":"c","AllocResp":"!!"}],"RegisteredDevices":{}},"Checksum":0}"#;
+        match CheckpointData::decode(file) {
+            Err(FormatError::AllocResp {
+                pod_uid,
+                container_name,
+                ..
+            }) => {
+                assert_eq!((pod_uid.as_str(), container_name.as_str()), ("p", "c"));
+            }
+            other => panic!("expected an AllocResp error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn size_hint_covers_typical_files() {
+        for data in [CheckpointData::default(), sample(), edge()] {
+            assert!(data.size_hint() >= data.encode().len());
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! What one hook call is granted: the state of its fresh `Store`, built per call and dropped with
+//! it. It holds only that call's WASI context (empty environment and arguments, captured
+//! stdout/stderr, no preopens, no network), its memory limiter, its node name, its handler's
+//! settings and the log lines it produced. The host imports (`pluglet:handler/host`) are
+//! implemented here, one impl block per WIT interface.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use crate::bindings::pluglet::handler::{host, types as wit_types};
+use crate::types::{GuestLog, LogLevel};
+
+/// At most this many log lines are kept per call; more are counted and dropped, so a chatty or
+/// hostile guest cannot flood the daemon's log.
+pub(crate) const MAX_LOG_LINES: usize = 64;
+/// Longer log lines are cut to this many bytes.
+pub(crate) const MAX_LOG_LINE_BYTES: usize = 4096;
+/// Captured stdout+stderr per call; the panic text of a guest is a few hundred bytes.
+pub(crate) const OUTPUT_CAPTURE_BYTES: usize = 16 << 10;
+
+/// The `Store` data of one call.
+pub(crate) struct CallState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    /// Memory limiter; records a refused growth so the error can say "memory cap exceeded".
+    pub(crate) limiter: CallLimiter,
+    /// The guest's captured stdout and stderr (panic messages land here).
+    pub(crate) output: MemoryOutputPipe,
+    /// Lines logged through the `log` import.
+    pub(crate) logs: Vec<GuestLog>,
+    /// Lines dropped past [`MAX_LOG_LINES`].
+    pub(crate) dropped_logs: usize,
+    node_name: String,
+    settings: Arc<BTreeMap<String, String>>,
+    module: Arc<str>,
+}
+
+impl CallState {
+    /// State for one call of `module`'s hook with a memory cap of `memory_bytes`.
+    pub(crate) fn new(
+        module: Arc<str>,
+        node_name: String,
+        settings: Arc<BTreeMap<String, String>>,
+        memory_bytes: usize,
+    ) -> CallState {
+        let output = MemoryOutputPipe::new(OUTPUT_CAPTURE_BYTES);
+        // The default builder already has no env, no args, no preopens and stdin closed; network
+        // is switched off explicitly (admission refuses wasi:sockets anyway).
+        let wasi = WasiCtxBuilder::new()
+            .stdout(output.clone())
+            .stderr(output.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        CallState {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: CallLimiter::new(memory_bytes),
+            output,
+            logs: Vec::new(),
+            dropped_logs: 0,
+            node_name,
+            settings,
+            module,
+        }
+    }
+
+    /// The guest's captured output as text, without the Rust "note: run with RUST_BACKTRACE" hint,
+    /// lines joined with a space; empty when the guest printed nothing.
+    pub(crate) fn output_text(&self) -> String {
+        let bytes = self.output.contents();
+        let text = String::from_utf8_lossy(&bytes);
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE=1`"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// A memory limiter that refuses growth past the cap by trapping, and remembers that it did.
+pub(crate) struct CallLimiter {
+    memory_bytes: usize,
+    /// Set when a growth past the cap was refused.
+    pub(crate) refused: bool,
+}
+
+impl CallLimiter {
+    fn new(memory_bytes: usize) -> CallLimiter {
+        CallLimiter {
+            memory_bytes,
+            refused: false,
+        }
+    }
+}
+
+/// The trap raised when a guest grows its memory past the cap.
+#[derive(Debug)]
+pub(crate) struct MemoryCapExceeded;
+
+impl std::fmt::Display for MemoryCapExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("memory cap exceeded")
+    }
+}
+
+impl std::error::Error for MemoryCapExceeded {}
+
+impl wasmtime::ResourceLimiter for CallLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            self.refused = true;
+            // Trap rather than return -1: a Rust guest would abort with a bare `unreachable`.
+            return Err(wasmtime::Error::new(MemoryCapExceeded));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+
+    fn instances(&self) -> usize {
+        32
+    }
+
+    fn tables(&self) -> usize {
+        32
+    }
+
+    fn memories(&self) -> usize {
+        4
+    }
+}
+
+impl wit_types::Host for CallState {}
+
+impl host::Host for CallState {
+    fn log(&mut self, level: host::Level, mut message: String) {
+        if self.logs.len() >= MAX_LOG_LINES {
+            self.dropped_logs += 1;
+            return;
+        }
+        if message.len() > MAX_LOG_LINE_BYTES {
+            let mut end = MAX_LOG_LINE_BYTES;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str(" …");
+        }
+        let level = match level {
+            host::Level::Trace => LogLevel::Trace,
+            host::Level::Debug => LogLevel::Debug,
+            host::Level::Info => LogLevel::Info,
+            host::Level::Warn => LogLevel::Warn,
+            host::Level::Error => LogLevel::Error,
+        };
+        let module = &*self.module;
+        match level {
+            LogLevel::Trace => tracing::trace!(target: "pluglet::guest", handler = module, "{message}"),
+            LogLevel::Debug => tracing::debug!(target: "pluglet::guest", handler = module, "{message}"),
+            LogLevel::Info => tracing::info!(target: "pluglet::guest", handler = module, "{message}"),
+            LogLevel::Warn => tracing::warn!(target: "pluglet::guest", handler = module, "{message}"),
+            LogLevel::Error => tracing::error!(target: "pluglet::guest", handler = module, "{message}"),
+        }
+        self.logs.push(GuestLog { level, message });
+    }
+
+    fn node_name(&mut self) -> String {
+        self.node_name.clone()
+    }
+
+    fn setting(&mut self, key: String) -> Option<String> {
+        self.settings.get(&key).cloned()
+    }
+
+    fn settings(&mut self) -> Vec<wit_types::KeyValue> {
+        self.settings
+            .iter()
+            .map(|(key, value)| wit_types::KeyValue {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,361 @@
+//! The engine, linker, epoch ticker and call gate, created once per daemon ([`Runtime`]), and
+//! loading (compile + admission) of modules into [`Handler`]s.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::admission::{self, ExportProblem};
+use crate::bindings::{self, CONTRACT_MAJOR, CONTRACT_VERSION};
+use crate::call_state::CallState;
+use crate::error::LoadError;
+use crate::handler::{ExportIndices, Handler};
+
+/// The largest memory cap a handler may ask for; also the pool's per-memory maximum.
+pub const MAX_MEMORY_MIB: u32 = 256;
+
+/// Core instances, memories and tables one component may hold in the pool. A Rust
+/// `wasm32-wasip2` component has one memory, one main core instance and a few shim instances.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 20;
+const MEMORIES_PER_COMPONENT: u32 = 2;
+const TABLES_PER_COMPONENT: u32 = 8;
+
+/// Per-call budgets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock CPU deadline of one call (epoch interruption; resolution: the epoch tick).
+    pub deadline: Duration,
+    /// Linear memory cap of one call, in MiB (at most [`MAX_MEMORY_MIB`]).
+    pub memory_mib: u32,
+    /// Fuel (instruction budget) of one call; `None`: unlimited.
+    pub fuel: Option<u64>,
+}
+
+impl Default for Limits {
+    /// 50 ms, 16 MiB, 50 million fuel: generous for registration hooks, which run in microseconds.
+    fn default() -> Limits {
+        Limits {
+            deadline: Duration::from_millis(50),
+            memory_mib: 16,
+            fuel: Some(50_000_000),
+        }
+    }
+}
+
+/// Configuration of a [`Runtime`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// How many calls may run at once (pooling allocator slots); more calls wait for a slot.
+    pub pool_size: u32,
+    /// Period of the epoch ticker: the resolution of deadlines.
+    pub epoch_tick: Duration,
+    /// Limits of handlers loaded without their own.
+    pub default_limits: Limits,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> RuntimeConfig {
+        RuntimeConfig {
+            pool_size: 64,
+            epoch_tick: Duration::from_millis(10),
+            default_limits: Limits::default(),
+        }
+    }
+}
+
+/// Where a module comes from. Its id is `builtin:<name>` or the file path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModuleSource {
+    /// A component embedded in the binary.
+    Builtin {
+        /// Short name, e.g. `csi`.
+        name: String,
+        /// The component bytes.
+        bytes: &'static [u8],
+    },
+    /// A component file.
+    File(PathBuf),
+}
+
+impl ModuleSource {
+    /// The module id: `builtin:<name>` or the file path.
+    pub fn id(&self) -> String {
+        match self {
+            ModuleSource::Builtin { name, .. } => format!("builtin:{name}"),
+            ModuleSource::File(path) => path.display().to_string(),
+        }
+    }
+}
+
+/// A counting gate in front of the instance pool: a burst of calls waits for a slot rather than
+/// failing instantiation.
+pub(crate) struct Gate {
+    free: Mutex<u32>,
+    freed: Condvar,
+}
+
+impl Gate {
+    fn new(slots: u32) -> Gate {
+        Gate {
+            free: Mutex::new(slots),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Waits for a free slot and holds it until the permit drops.
+    pub(crate) fn acquire(&self) -> Permit<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+        *free -= 1;
+        Permit { gate: self }
+    }
+}
+
+/// One held slot of the [`Gate`].
+pub(crate) struct Permit<'a> {
+    gate: &'a Gate,
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        let mut free = self.gate.free.lock().unwrap_or_else(|e| e.into_inner());
+        *free += 1;
+        self.gate.freed.notify_one();
+    }
+}
+
+/// What every handler of a runtime shares.
+pub(crate) struct RuntimeInner {
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<CallState>,
+    pub(crate) gate: Gate,
+    pub(crate) config: RuntimeConfig,
+}
+
+/// One wasmtime `Engine` + `Linker` + epoch ticker + call gate. Cheap to clone; the ticker
+/// thread stops once the last clone (and every handler) is gone.
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) inner: Arc<RuntimeInner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Creates the engine (pooling allocator sized by `pool_size`, epoch interruption, fuel,
+    /// no component-model concurrency), links WASI and the host imports, and starts the ticker.
+    pub fn new(config: RuntimeConfig) -> Result<Runtime, LoadError> {
+        let engine_err = |e: wasmtime::Error| LoadError::Engine {
+            message: format!("{e:#}"),
+        };
+        if config.pool_size == 0 {
+            return Err(LoadError::Engine {
+                message: "pool_size must be at least 1".into(),
+            });
+        }
+        if config.epoch_tick.is_zero() {
+            return Err(LoadError::Engine {
+                message: "epoch_tick must be longer than zero".into(),
+            });
+        }
+        check_limits("default", &config.default_limits)?;
+
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(config.pool_size)
+            .total_core_instances(config.pool_size * CORE_INSTANCES_PER_COMPONENT)
+            .total_memories(config.pool_size * MEMORIES_PER_COMPONENT)
+            .total_tables(config.pool_size * TABLES_PER_COMPONENT)
+            .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+            .max_memories_per_component(MEMORIES_PER_COMPONENT)
+            .max_tables_per_component(TABLES_PER_COMPONENT)
+            .max_memory_size((MAX_MEMORY_MIB as usize) << 20);
+
+        let mut cfg = Config::new();
+        cfg.epoch_interruption(true)
+            .consume_fuel(true)
+            .concurrency_support(false)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&cfg).map_err(engine_err)?;
+
+        let mut linker = Linker::<CallState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(engine_err)?;
+        bindings::pluglet::handler::types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(engine_err)?;
+        bindings::pluglet::handler::host::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(engine_err)?;
+
+        spawn_ticker(&engine, config.epoch_tick)?;
+        Ok(Runtime {
+            inner: Arc::new(RuntimeInner {
+                engine,
+                linker,
+                gate: Gate::new(config.pool_size),
+                config,
+            }),
+        })
+    }
+
+    /// The configuration this runtime was created with.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.inner.config
+    }
+
+    /// Compiles and admits one module: refuses non-components, components of another contract and
+    /// components with imports outside the allow-list; reads its families and contract version
+    /// from its exports. `limits`: `None` uses the runtime's defaults.
+    pub fn load(
+        &self,
+        source: ModuleSource,
+        settings: BTreeMap<String, String>,
+        limits: Option<Limits>,
+    ) -> Result<Arc<Handler>, LoadError> {
+        let module = source.id();
+        let limits = limits.unwrap_or(self.inner.config.default_limits);
+        check_limits(&module, &limits)?;
+        let owned;
+        let bytes: &[u8] = match &source {
+            ModuleSource::Builtin { bytes, .. } => bytes,
+            ModuleSource::File(path) => {
+                owned = std::fs::read(path).map_err(|source| LoadError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+                &owned
+            }
+        };
+        if let Some(found) = admission::describe_non_component(bytes) {
+            return Err(LoadError::NotAComponent { module, found });
+        }
+        let sha256 = hex::encode(Sha256::digest(bytes));
+
+        let started = Instant::now();
+        let component =
+            Component::new(&self.inner.engine, bytes).map_err(|e| LoadError::Compile {
+                module: module.clone(),
+                message: format!("{e:#}"),
+            })?;
+        let compile_time = started.elapsed();
+
+        let ty = component.component_type();
+        let engine = &self.inner.engine;
+        let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
+        if let Some(import) = admission::first_forbidden_import(imports.iter().map(String::as_str))
+        {
+            return Err(LoadError::ForbiddenImport {
+                module,
+                import: import.to_string(),
+            });
+        }
+        let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
+        let contract = admission::read_exports(exports.iter().map(String::as_str)).map_err(
+            |problem| match problem {
+                ExportProblem::NoFamily { found } => LoadError::OtherContract {
+                    module: module.clone(),
+                    found,
+                },
+                ExportProblem::Incompatible { found } => LoadError::IncompatibleContract {
+                    module: module.clone(),
+                    found,
+                    host: CONTRACT_VERSION,
+                    host_major: CONTRACT_MAJOR,
+                },
+            },
+        )?;
+
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Link {
+                module: module.clone(),
+                message: format!("{e:#}"),
+            })?;
+        let indices = ExportIndices::new(&component, &contract.families).map_err(|message| {
+            LoadError::OtherContract {
+                module: module.clone(),
+                found: message,
+            }
+        })?;
+        let handler = Handler::new(crate::handler::HandlerParts {
+            runtime: self.inner.clone(),
+            module,
+            sha256,
+            contract_version: contract.version,
+            families: contract.families.keys().copied().collect(),
+            compile_time,
+            pre,
+            indices,
+            settings: Arc::new(settings),
+            limits,
+        });
+        Ok(Arc::new(handler))
+    }
+}
+
+/// Refuses limits the pool cannot honour.
+fn check_limits(module: &str, limits: &Limits) -> Result<(), LoadError> {
+    let invalid = |message: String| LoadError::InvalidLimits {
+        module: module.to_string(),
+        message,
+    };
+    if limits.memory_mib == 0 || limits.memory_mib > MAX_MEMORY_MIB {
+        return Err(invalid(format!(
+            "memory_mib must be between 1 and {MAX_MEMORY_MIB}, not {}",
+            limits.memory_mib
+        )));
+    }
+    if limits.deadline.is_zero() {
+        return Err(invalid("deadline must be longer than zero".into()));
+    }
+    if limits.fuel == Some(0) {
+        return Err(invalid(
+            "fuel must be at least 1 (leave it out for no fuel limit)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Starts the epoch ticker: a dedicated thread holding only a weak reference to the engine, so it
+/// ends once the engine is gone. A late wake-up gives one tick, never a burst (missed ticks are
+/// skipped), so a stalled ticker cannot time calls out spuriously.
+fn spawn_ticker(engine: &Engine, tick: Duration) -> Result<(), LoadError> {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("pluglet-epoch".into())
+        .spawn(move || {
+            let mut next = Instant::now() + tick;
+            loop {
+                let now = Instant::now();
+                if next > now {
+                    std::thread::sleep(next - now);
+                }
+                let Some(engine) = weak.upgrade() else {
+                    return;
+                };
+                engine.increment_epoch();
+                drop(engine);
+                next += tick;
+                let now = Instant::now();
+                if next < now {
+                    next = now + tick;
+                }
+            }
+        })
+        .map_err(|e| LoadError::Engine {
+            message: format!("cannot start the epoch ticker thread: {e}"),
+        })?;
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! Errors of the handler runtime: loading a module ([`LoadError`]), calling a hook
+//! ([`HandlerError`]) and reading `handlers.toml` ([`ConfigError`]).
+//!
+//! A guest's refusal is not an error: it is the `Err` inside a successful [`crate::Call`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::types::{Family, Hook};
+
+/// Why a module could not be loaded (compiled and admitted).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The module file could not be read.
+    #[error("cannot read handler module {path}: {source}; check the path and its permissions")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bytes are not a WebAssembly component.
+    #[error(
+        "handler {module} is not a WebAssembly component ({found}); build it with \
+         `cargo build --target wasm32-wasip2` against the pluglet-guest SDK"
+    )]
+    NotAComponent {
+        /// Module id.
+        module: String,
+        /// What the bytes look like instead.
+        found: String,
+    },
+    /// The component implements no family of the `pluglet:handler` contract.
+    #[error(
+        "handler {module} is a component of another contract: it exports {found}, but a handler \
+         must export `pluglet:handler/registration@1.x` and/or `pluglet:handler/allocation-policy@1.x`; \
+         build it against the pluglet-guest SDK"
+    )]
+    OtherContract {
+        /// Module id.
+        module: String,
+        /// What it exports (names, or "nothing").
+        found: String,
+    },
+    /// The component exports families of an incompatible major version of the contract.
+    #[error(
+        "handler {module} implements contract {found}, which this host (pluglet:handler@{host}) \
+         cannot run; rebuild it against a pluglet-guest SDK of major version {host_major}"
+    )]
+    IncompatibleContract {
+        /// Module id.
+        module: String,
+        /// What it exports, e.g. `pluglet:handler/registration@2.0.0`.
+        found: String,
+        /// The host's contract version.
+        host: &'static str,
+        /// The host's major version.
+        host_major: u64,
+    },
+    /// The component imports something outside the sandbox's allow-list.
+    #[error(
+        "handler {module} imports `{import}`, which handlers may not use (allowed: \
+         pluglet:handler/host and the wasi:io, wasi:cli, wasi:clocks and wasi:random interfaces; \
+         no files, sockets or HTTP); remove the code that uses it"
+    )]
+    ForbiddenImport {
+        /// Module id.
+        module: String,
+        /// The import's name, e.g. `wasi:filesystem/types@0.2.6`.
+        import: String,
+    },
+    /// wasmtime could not compile the component.
+    #[error("handler {module} does not compile: {message}")]
+    Compile {
+        /// Module id.
+        module: String,
+        /// wasmtime's message.
+        message: String,
+    },
+    /// The component's imports do not type-check against what the host links.
+    #[error("handler {module} does not link against the host: {message}")]
+    Link {
+        /// Module id.
+        module: String,
+        /// wasmtime's message.
+        message: String,
+    },
+    /// The limits asked for are out of range.
+    #[error("invalid limits for handler {module}: {message}")]
+    InvalidLimits {
+        /// Module id.
+        module: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The wasmtime engine could not be set up.
+    #[error("cannot set up the WebAssembly engine: {message}")]
+    Engine {
+        /// wasmtime's message.
+        message: String,
+    },
+}
+
+/// The cause of a failed hook call (a fault, not a refusal).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerFault {
+    /// The call ran past its CPU deadline (epoch interruption).
+    #[error("deadline of {} ms exceeded; make the hook faster or raise deadline_ms in handlers.toml", .deadline.as_millis())]
+    Deadline {
+        /// The deadline that was exceeded.
+        deadline: Duration,
+    },
+    /// The call used up its fuel.
+    #[error("fuel budget of {fuel} exhausted; make the hook cheaper or raise fuel in handlers.toml")]
+    Fuel {
+        /// The budget.
+        fuel: u64,
+    },
+    /// The guest tried to grow its memory past the cap.
+    #[error("memory cap {mib} MiB exceeded; use less memory or raise memory_mib in handlers.toml")]
+    MemoryCap {
+        /// The cap.
+        mib: u32,
+    },
+    /// The guest trapped (panicked, hit `unreachable`, …); `message` holds the guest's panic text
+    /// from its stderr when it printed one.
+    #[error("trapped: {message}")]
+    Trapped {
+        /// Panic text and trap description.
+        message: String,
+    },
+    /// The component does not implement the family of the hook.
+    #[error("does not export the {family} family")]
+    MissingFamily {
+        /// The family.
+        family: Family,
+    },
+    /// Instantiation failed (for example the instance pool is misconfigured).
+    #[error("cannot instantiate: {message}")]
+    Instantiate {
+        /// wasmtime's message.
+        message: String,
+    },
+}
+
+/// A hook call that failed: names the handler, the hook and the cause.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("handler {module} hook {hook}: {fault}")]
+pub struct HandlerError {
+    /// Module id (`builtin:csi` or the file path).
+    pub module: String,
+    /// The hook that was called.
+    pub hook: Hook,
+    /// What went wrong.
+    pub fault: HandlerFault,
+}
+
+impl HandlerError {
+    /// What went wrong.
+    pub fn fault(&self) -> &HandlerFault {
+        &self.fault
+    }
+}
+
+/// Why `handlers.toml` (or a module it names) could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file exists but could not be read.
+    #[error("cannot read {path}: {source}; check its permissions")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML of the expected shape.
+    #[error(
+        "{path} is not a valid handlers file: {message}; expected [plugin_types.<type>] and \
+         [resources.\"<resource>\"] tables with module, settings and optional \
+         deadline_ms/memory_mib/fuel"
+    )]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// An entry's values are out of range.
+    #[error("{path}: entry {entry}: {message}")]
+    InvalidEntry {
+        /// The file.
+        path: PathBuf,
+        /// The entry, e.g. `plugin_types.CSIPlugin`.
+        entry: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// The module an entry names could not be loaded.
+    #[error("{path}: entry {entry}: {source}")]
+    Load {
+        /// The file.
+        path: PathBuf,
+        /// The entry, e.g. `plugin_types.CSIPlugin`.
+        entry: String,
+        /// The cause.
+        #[source]
+        source: LoadError,
+    },
+    /// An entry's module does not implement the family the entry needs.
+    #[error(
+        "{path}: entry {entry}: module {module} does not export the {family} family this entry \
+         needs; point the entry at a handler that implements it"
+    )]
+    MissingFamily {
+        /// The file.
+        path: PathBuf,
+        /// The entry.
+        entry: String,
+        /// Module id.
+        module: String,
+        /// The family the entry needs.
+        family: Family,
+    },
+    /// A built-in module could not be loaded (a build problem, not a configuration one).
+    #[error("built-in handler failed to load: {0}")]
+    Builtin(#[source] LoadError),
+}

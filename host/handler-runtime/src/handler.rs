@@ -1,0 +1,373 @@
+//! A loaded handler: one compiled component behind a shared `InstancePre`, called through a
+//! fresh `Store` and instance per call with that call's limits.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Component, ComponentExportIndex, Instance, InstancePre};
+use wasmtime::{Store, Trap};
+
+use crate::bindings::pluglet::handler::types as wit_types;
+use crate::call_state::CallState;
+use crate::engine::{Limits, RuntimeInner};
+use crate::error::{HandlerError, HandlerFault};
+use crate::types::{
+    Accepted, AllocationRequest, Call, CallContext, Family, GuestLog, Hook, LogLevel, PluginInfo,
+    Refusal, RegisteredPlugin, RegistrationFacts,
+};
+
+/// Export indices of the families a component implements, looked up once at load by the exact
+/// export names the component carries (so a 1.0.0 component serves a 1.1.0 host).
+#[derive(Clone, Debug)]
+pub(crate) struct ExportIndices {
+    registration: Option<RegistrationIndices>,
+    allocate: Option<ComponentExportIndex>,
+}
+
+#[derive(Clone, Debug)]
+struct RegistrationIndices {
+    validate: ComponentExportIndex,
+    register: ComponentExportIndex,
+    deregister: ComponentExportIndex,
+}
+
+impl ExportIndices {
+    /// Looks the functions of each family up; `Err` names a missing function.
+    pub(crate) fn new(
+        component: &Component,
+        families: &BTreeMap<Family, String>,
+    ) -> Result<ExportIndices, String> {
+        let lookup = |export: &str, func: &str| -> Result<ComponentExportIndex, String> {
+            let instance = component
+                .get_export_index(None, export)
+                .ok_or_else(|| format!("no export named `{export}`"))?;
+            component
+                .get_export_index(Some(&instance), func)
+                .ok_or_else(|| format!("`{export}` without the function `{func}`"))
+        };
+        let registration = match families.get(&Family::Registration) {
+            Some(export) => Some(RegistrationIndices {
+                validate: lookup(export, "validate")?,
+                register: lookup(export, "register")?,
+                deregister: lookup(export, "deregister")?,
+            }),
+            None => None,
+        };
+        let allocate = match families.get(&Family::AllocationPolicy) {
+            Some(export) => Some(lookup(export, "allocate")?),
+            None => None,
+        };
+        Ok(ExportIndices {
+            registration,
+            allocate,
+        })
+    }
+}
+
+/// Everything [`Handler::new`] needs (built by [`crate::Runtime::load`]).
+pub(crate) struct HandlerParts {
+    pub runtime: Arc<RuntimeInner>,
+    pub module: String,
+    pub sha256: String,
+    pub contract_version: String,
+    pub families: Vec<Family>,
+    pub compile_time: Duration,
+    pub pre: InstancePre<CallState>,
+    pub indices: ExportIndices,
+    pub settings: Arc<BTreeMap<String, String>>,
+    pub limits: Limits,
+}
+
+/// One loaded handler module. Calls are synchronous and CPU-bound, bounded by the deadline:
+/// async callers use `tokio::task::spawn_blocking`.
+pub struct Handler {
+    runtime: Arc<RuntimeInner>,
+    module: String,
+    module_arc: Arc<str>,
+    sha256: String,
+    contract_version: String,
+    families: Vec<Family>,
+    compile_time: Duration,
+    pre: InstancePre<CallState>,
+    indices: ExportIndices,
+    settings: Arc<BTreeMap<String, String>>,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for Handler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handler")
+            .field("module", &self.module)
+            .field("sha256", &self.sha256)
+            .field("contract_version", &self.contract_version)
+            .field("families", &self.families)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Handler {
+    pub(crate) fn new(parts: HandlerParts) -> Handler {
+        Handler {
+            runtime: parts.runtime,
+            module_arc: Arc::from(parts.module.as_str()),
+            module: parts.module,
+            sha256: parts.sha256,
+            contract_version: parts.contract_version,
+            families: parts.families,
+            compile_time: parts.compile_time,
+            pre: parts.pre,
+            indices: parts.indices,
+            settings: parts.settings,
+            limits: parts.limits,
+        }
+    }
+
+    /// Module id: `builtin:<name>` or the file path.
+    pub fn module(&self) -> &str {
+        &self.module
+    }
+
+    /// Hex sha256 of the component bytes.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// Contract version read from the component's exports, e.g. `1.1.0`.
+    pub fn contract_version(&self) -> &str {
+        &self.contract_version
+    }
+
+    /// Families the component exports, in a fixed order (registration first).
+    pub fn families(&self) -> &[Family] {
+        &self.families
+    }
+
+    /// Whether the component exports `family`.
+    pub fn implements(&self, family: Family) -> bool {
+        self.families.contains(&family)
+    }
+
+    /// How long compiling the component took.
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+
+    /// The limits every call of this handler runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The handler's read-only settings.
+    pub fn settings(&self) -> &BTreeMap<String, String> {
+        &self.settings
+    }
+
+    /// Runs `registration.validate`: may `plugin` register, given the plugin `existing` already
+    /// registered under the same type and name?
+    pub fn validate(
+        &self,
+        cx: &CallContext,
+        plugin: &PluginInfo,
+        existing: Option<&RegisteredPlugin>,
+    ) -> Result<Call<Result<Accepted, Refusal>>, HandlerError> {
+        let index = self
+            .indices
+            .registration
+            .as_ref()
+            .map(|r| r.validate.clone());
+        self.call(cx, Hook::Validate, index, |store, instance, index| {
+            let func = instance.get_typed_func::<
+                (&PluginInfo, Option<&RegisteredPlugin>),
+                (Result<Accepted, Refusal>,),
+            >(&mut *store, index)?;
+            let (out,) = func.call(&mut *store, (plugin, existing))?;
+            Ok(out)
+        })
+    }
+
+    /// Runs `registration.register` with the facts the host gathered natively.
+    pub fn register(
+        &self,
+        cx: &CallContext,
+        plugin: &PluginInfo,
+        facts: &RegistrationFacts,
+    ) -> Result<Call<Result<(), Refusal>>, HandlerError> {
+        let index = self
+            .indices
+            .registration
+            .as_ref()
+            .map(|r| r.register.clone());
+        let wire = wit_types::RegistrationFacts {
+            node_id: facts.node_id.clone(),
+            max_volumes_per_node: facts.max_volumes_per_node,
+            topology: facts
+                .topology
+                .iter()
+                .map(|(key, value)| wit_types::KeyValue {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+        };
+        self.call(cx, Hook::Register, index, |store, instance, index| {
+            let func = instance.get_typed_func::<
+                (&PluginInfo, &wit_types::RegistrationFacts),
+                (Result<(), Refusal>,),
+            >(&mut *store, index)?;
+            let (out,) = func.call(&mut *store, (plugin, &wire))?;
+            Ok(out)
+        })
+    }
+
+    /// Runs `registration.deregister` (the plugin's socket has gone).
+    pub fn deregister(
+        &self,
+        cx: &CallContext,
+        plugin: &PluginInfo,
+    ) -> Result<Call<()>, HandlerError> {
+        let index = self
+            .indices
+            .registration
+            .as_ref()
+            .map(|r| r.deregister.clone());
+        self.call(cx, Hook::Deregister, index, |store, instance, index| {
+            let func = instance.get_typed_func::<(&PluginInfo,), ()>(&mut *store, index)?;
+            func.call(&mut *store, (plugin,))?;
+            Ok(())
+        })
+    }
+
+    /// Runs `allocation-policy.allocate`: which `count` device ids to give one container.
+    pub fn allocate(
+        &self,
+        cx: &CallContext,
+        request: &AllocationRequest,
+    ) -> Result<Call<Result<Vec<String>, Refusal>>, HandlerError> {
+        let index = self.indices.allocate.clone();
+        self.call(cx, Hook::Allocate, index, |store, instance, index| {
+            let func = instance.get_typed_func::<
+                (&AllocationRequest,),
+                (Result<Vec<String>, Refusal>,),
+            >(&mut *store, index)?;
+            let (out,) = func.call(&mut *store, (request,))?;
+            Ok(out)
+        })
+    }
+
+    /// One call: wait for a pool slot, build a fresh store (WASI, limits, fuel, deadline),
+    /// instantiate, run `body`, turn any failure into a [`HandlerError`].
+    fn call<R>(
+        &self,
+        cx: &CallContext,
+        hook: Hook,
+        index: Option<ComponentExportIndex>,
+        body: impl FnOnce(
+            &mut Store<CallState>,
+            &Instance,
+            &ComponentExportIndex,
+        ) -> wasmtime::Result<R>,
+    ) -> Result<Call<R>, HandlerError> {
+        let fail = |fault: HandlerFault| HandlerError {
+            module: self.module.clone(),
+            hook,
+            fault,
+        };
+        let Some(index) = index else {
+            return Err(fail(HandlerFault::MissingFamily {
+                family: hook.family(),
+            }));
+        };
+        let _permit = self.runtime.gate.acquire();
+        let started = Instant::now();
+        let state = CallState::new(
+            self.module_arc.clone(),
+            cx.node_name.clone(),
+            self.settings.clone(),
+            (self.limits.memory_mib as usize) << 20,
+        );
+        let mut store = Store::new(&self.runtime.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store
+            .set_fuel(self.limits.fuel.unwrap_or(u64::MAX))
+            .map_err(|e| {
+                fail(HandlerFault::Instantiate {
+                    message: format!("{e:#}"),
+                })
+            })?;
+        store.set_epoch_deadline(self.deadline_ticks());
+
+        let outcome = self
+            .pre
+            .instantiate(&mut store)
+            .and_then(|instance| body(&mut store, &instance, &index));
+        let elapsed = started.elapsed();
+        match outcome {
+            Ok(value) => {
+                let state = store.into_data();
+                let mut logs = state.logs;
+                if state.dropped_logs > 0 {
+                    logs.push(GuestLog {
+                        level: LogLevel::Warn,
+                        message: format!(
+                            "{} more log lines dropped (at most {} per call)",
+                            state.dropped_logs,
+                            crate::call_state::MAX_LOG_LINES
+                        ),
+                    });
+                }
+                Ok(Call {
+                    value,
+                    logs,
+                    elapsed,
+                })
+            }
+            Err(error) => Err(fail(self.classify(&error, store.data()))),
+        }
+    }
+
+    /// Epoch ticks for the deadline: rounded up, at least one.
+    fn deadline_ticks(&self) -> u64 {
+        let tick = self.runtime.config.epoch_tick.as_nanos().max(1);
+        let ticks = self.limits.deadline.as_nanos().div_ceil(tick);
+        u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Names the cause of a failed call.
+    fn classify(&self, error: &wasmtime::Error, state: &CallState) -> HandlerFault {
+        if state.limiter.refused {
+            return HandlerFault::MemoryCap {
+                mib: self.limits.memory_mib,
+            };
+        }
+        match error.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => HandlerFault::Deadline {
+                deadline: self.limits.deadline,
+            },
+            Some(Trap::OutOfFuel) => HandlerFault::Fuel {
+                fuel: self.limits.fuel.unwrap_or(u64::MAX),
+            },
+            Some(trap) => {
+                let output = state.output_text();
+                let message = if output.is_empty() {
+                    format!("wasm trap: {trap}")
+                } else {
+                    format!("{output} (wasm trap: {trap})")
+                };
+                HandlerFault::Trapped { message }
+            }
+            None => {
+                let output = state.output_text();
+                let first = format!("{error:#}");
+                let first = first.lines().next().unwrap_or_default().to_string();
+                let message = if output.is_empty() {
+                    first
+                } else {
+                    format!("{output} ({first})")
+                };
+                HandlerFault::Trapped { message }
+            }
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Plain Rust mirrors of the WIT types of `pluglet:handler` (guest-sdk/wit/handler.wit).
+//!
+//! The records that cross the boundary unchanged derive wasmtime's `ComponentType`, `Lift` and
+//! `Lower` with the WIT names, so a call lowers them straight from the caller's references (no copy
+//! into generated types). [`RegistrationFacts`] differs from its WIT form (a map instead of a sorted
+//! list of key-values) and is converted in [`crate::handler`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use wasmtime::component::{ComponentType, Lift, Lower};
+
+/// What a plugin said about itself in GetInfo (or in a device plugin Register).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ComponentType, Lift, Lower)]
+#[component(record)]
+pub struct PluginInfo {
+    /// Wire type string, for example `CSIPlugin` or `DevicePlugin`.
+    #[component(name = "plugin-type")]
+    pub plugin_type: String,
+    /// Name, unique per type (CSI driver name, extended resource name).
+    pub name: String,
+    /// Socket serving the type-specific API.
+    pub endpoint: String,
+    /// Versions of the type-specific API the plugin supports.
+    #[component(name = "supported-versions")]
+    pub supported_versions: Vec<String>,
+}
+
+/// A plugin already registered under the same type and name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ComponentType, Lift, Lower)]
+#[component(record)]
+pub struct RegisteredPlugin {
+    /// What it said when it registered.
+    pub info: PluginInfo,
+    /// The version its handler chose, if any.
+    pub version: Option<String>,
+}
+
+/// What a handler decided when it accepted a plugin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ComponentType, Lift, Lower)]
+#[component(record)]
+pub struct Accepted {
+    /// The chosen version of the type-specific API, if the handler chooses one.
+    pub version: Option<String>,
+}
+
+/// Why a handler refused. `Display` gives the WIT (kebab-case) name.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ComponentType, Lift, Lower,
+)]
+#[serde(rename_all = "snake_case")]
+#[component(enum)]
+#[repr(u8)]
+pub enum RefusalKind {
+    /// No supported version is acceptable.
+    #[component(name = "unsupported-version")]
+    UnsupportedVersion,
+    /// The plugin's or resource's name is not acceptable.
+    #[component(name = "invalid-name")]
+    InvalidName,
+    /// Another plugin already holds the name and may not be replaced.
+    #[component(name = "already-registered")]
+    AlreadyRegistered,
+    /// The endpoint is not acceptable.
+    #[component(name = "invalid-endpoint")]
+    InvalidEndpoint,
+    /// Facts the host gathered (for example NodeGetInfo) are not acceptable.
+    #[component(name = "invalid-facts")]
+    InvalidFacts,
+    /// The request cannot be met (for example too few devices).
+    #[component(name = "unsatisfiable")]
+    Unsatisfiable,
+    /// Anything else.
+    #[component(name = "other")]
+    Other,
+}
+
+impl RefusalKind {
+    /// The WIT (kebab-case) name of this kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalKind::UnsupportedVersion => "unsupported-version",
+            RefusalKind::InvalidName => "invalid-name",
+            RefusalKind::AlreadyRegistered => "already-registered",
+            RefusalKind::InvalidEndpoint => "invalid-endpoint",
+            RefusalKind::InvalidFacts => "invalid-facts",
+            RefusalKind::Unsatisfiable => "unsatisfiable",
+            RefusalKind::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for RefusalKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal: a normal outcome of a hook, not a fault. `Display` gives the message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ComponentType, Lift, Lower)]
+#[component(record)]
+pub struct Refusal {
+    /// What kind of refusal this is.
+    pub kind: RefusalKind,
+    /// A message for people: what was wrong and what to do.
+    pub message: String,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// What the host learned natively while registering a plugin (for CSI: NodeGetInfo).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistrationFacts {
+    /// CSI: NodeGetInfo's node id.
+    pub node_id: Option<String>,
+    /// CSI: NodeGetInfo's maximum volumes per node (0: no limit given).
+    pub max_volumes_per_node: Option<i64>,
+    /// CSI: NodeGetInfo's accessible topology segments.
+    #[serde(default)]
+    pub topology: BTreeMap<String, String>,
+}
+
+/// A device offered to an allocation policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ComponentType, Lift, Lower)]
+#[component(record)]
+pub struct Device {
+    /// Device id as the plugin reported it.
+    pub id: String,
+    /// NUMA nodes the device is attached to; empty when it has no topology.
+    #[component(name = "numa-nodes")]
+    #[serde(default)]
+    pub numa_nodes: Vec<i64>,
+}
+
+/// One container's request for devices of one resource.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ComponentType, Lift, Lower)]
+#[component(record)]
+pub struct AllocationRequest {
+    /// Extended resource name.
+    pub resource: String,
+    /// Healthy devices held by no other container.
+    pub available: Vec<Device>,
+    /// Ids that must be part of the answer.
+    #[component(name = "must-include")]
+    #[serde(default)]
+    pub must_include: Vec<String>,
+    /// How many ids to choose.
+    pub count: u32,
+    /// The plugin's GetPreferredAllocation answer, when it offers one.
+    #[serde(default)]
+    pub preferred: Option<Vec<String>>,
+}
+
+/// A hook family: one exported interface of the contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Family {
+    /// `validate`, `register`, `deregister`.
+    Registration,
+    /// `allocate`.
+    AllocationPolicy,
+}
+
+impl Family {
+    /// The interface name in the WIT package (`registration`, `allocation-policy`).
+    pub fn interface(self) -> &'static str {
+        match self {
+            Family::Registration => "registration",
+            Family::AllocationPolicy => "allocation-policy",
+        }
+    }
+
+    /// The family that an interface name of the contract denotes, if any.
+    pub fn from_interface(name: &str) -> Option<Family> {
+        match name {
+            "registration" => Some(Family::Registration),
+            "allocation-policy" => Some(Family::AllocationPolicy),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.interface())
+    }
+}
+
+/// A hook: one function of a family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Hook {
+    /// `registration.validate`.
+    Validate,
+    /// `registration.register`.
+    Register,
+    /// `registration.deregister`.
+    Deregister,
+    /// `allocation-policy.allocate`.
+    Allocate,
+}
+
+impl Hook {
+    /// The WIT function name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hook::Validate => "validate",
+            Hook::Register => "register",
+            Hook::Deregister => "deregister",
+            Hook::Allocate => "allocate",
+        }
+    }
+
+    /// The family this hook belongs to.
+    pub fn family(self) -> Family {
+        match self {
+            Hook::Validate | Hook::Register | Hook::Deregister => Family::Registration,
+            Hook::Allocate => Family::AllocationPolicy,
+        }
+    }
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Per-call context the host passes to a hook (read by the guest through host imports).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallContext {
+    /// The node's name, answered by the `node-name` import.
+    pub node_name: String,
+}
+
+/// The result of one hook call, with what the guest logged and how long the call took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call<T> {
+    /// What the hook returned.
+    pub value: T,
+    /// Lines the guest logged during the call, in order.
+    pub logs: Vec<GuestLog>,
+    /// Wall time of the call: instantiation plus the hook itself.
+    pub elapsed: std::time::Duration,
+}
+
+/// Level of a guest log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogLevel {
+    /// Very verbose.
+    Trace,
+    /// Verbose.
+    Debug,
+    /// Normal.
+    Info,
+    /// Something looks wrong.
+    Warn,
+    /// Something failed.
+    Error,
+}
+
+impl fmt::Display for LogLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        })
+    }
+}
+
+/// One line a guest logged through the `log` import (also emitted via tracing, target
+/// `pluglet::guest`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestLog {
+    /// Its level.
+    pub level: LogLevel,
+    /// Its text.
+    pub message: String,
+}

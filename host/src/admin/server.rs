@@ -1,0 +1,172 @@
+//! The admin gRPC server (`pluglet.admin.v1.Admin`) on the admin socket (mode 0600 unless
+//! configured). Reads the plugin manager through its handle and the handler set directly; maps
+//! internal types to the wire in one place ([`plugin_to_wire`], [`socket_to_wire`],
+//! [`handler_to_wire`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use chrono::SecondsFormat;
+use pluglet_handler_runtime::{HandlerEntry, HandlerSet};
+use pluglet_proto::admin::v1 as pb;
+use pluglet_proto::admin::v1::admin_server::{Admin, AdminServer};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::info;
+
+use crate::plugin_manager::{PluginManagerHandle, PluginRecord, SocketStatus};
+
+/// The admin server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The admin socket could not be bound.
+    #[error("cannot listen on admin socket {path}")]
+    Bind {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: pluglet_uds::UdsError,
+    },
+    /// The gRPC server failed.
+    #[error("admin server on {path} failed")]
+    Serve {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// The admin service.
+#[derive(Clone)]
+pub struct AdminService {
+    plugins: PluginManagerHandle,
+    handlers: Arc<HandlerSet>,
+}
+
+impl AdminService {
+    /// A service reading `plugins` and `handlers`.
+    pub fn new(plugins: PluginManagerHandle, handlers: Arc<HandlerSet>) -> AdminService {
+        AdminService { plugins, handlers }
+    }
+}
+
+/// Binds `path` with `mode` and serves `service` until `cancel` fires, then removes the socket.
+/// Binding happens before this returns the serving future, so the socket exists once it resolves
+/// to the future.
+pub fn bind_and_serve(
+    path: &Path,
+    mode: u32,
+    service: AdminService,
+    cancel: CancellationToken,
+) -> Result<impl Future<Output = Result<(), AdminError>> + use<>, AdminError> {
+    let listener = pluglet_uds::bind(path, Some(mode)).map_err(|source| AdminError::Bind {
+        path: path.to_owned(),
+        source,
+    })?;
+    info!(path = %path.display(), mode = format!("{mode:04o}"), "admin API listening");
+    let path = path.to_owned();
+    Ok(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(AdminServer::new(service))
+            .serve_with_incoming_shutdown(pluglet_uds::incoming(listener), cancel.cancelled_owned())
+            .await;
+        let _ = std::fs::remove_file(&path);
+        result.map_err(|source| AdminError::Serve { path, source })
+    })
+}
+
+/// Wire form of a registered plugin.
+pub fn plugin_to_wire(p: &PluginRecord) -> pb::Plugin {
+    pb::Plugin {
+        name: p.info.name.clone(),
+        r#type: p.info.plugin_type.clone(),
+        endpoint: p.info.endpoint.clone(),
+        versions: p.info.supported_versions.clone(),
+        version: p.version.clone().unwrap_or_default(),
+        handler: p.handler.module().to_owned(),
+        registered_at: p.registered_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+        socket_path: p.socket.to_string(),
+        csi: p.csi.as_ref().map(|c| pb::CsiNodeInfo {
+            node_id: c.node_id.clone(),
+            max_volumes_per_node: c.max_volumes_per_node,
+            topology: c.topology.clone().into_iter().collect(),
+        }),
+    }
+}
+
+/// Wire form of a socket's status.
+pub fn socket_to_wire(s: &SocketStatus) -> pb::SocketStatus {
+    pb::SocketStatus {
+        path: s.path.to_string(),
+        state: s.state.as_str().to_owned(),
+        attempts: s.attempts,
+        last_error: s.last_error.clone().unwrap_or_default(),
+        plugin_type: s.plugin_type.clone().unwrap_or_default(),
+        plugin_name: s.plugin_name.clone().unwrap_or_default(),
+        next_retry_ms: s.next_retry.map_or(0, |d| d.as_millis() as u64),
+    }
+}
+
+/// Wire form of a handler entry.
+pub fn handler_to_wire(e: &HandlerEntry) -> pb::HandlerInfo {
+    pb::HandlerInfo {
+        plugin_type: e.plugin_type.clone().unwrap_or_default(),
+        resource: e.resource.clone().unwrap_or_default(),
+        module: e.handler.module().to_owned(),
+        sha256: e.handler.sha256().to_owned(),
+        contract_version: e.handler.contract_version().to_owned(),
+        families: e.handler.families().iter().map(|f| f.to_string()).collect(),
+    }
+}
+
+fn stopped(e: crate::plugin_manager::Stopped) -> Status {
+    Status::unavailable(e.to_string())
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn list_plugins(&self, _: Request<pb::ListPluginsRequest>) -> Result<Response<pb::ListPluginsResponse>, Status> {
+        let mut plugins: Vec<_> = self.plugins.plugins().await.map_err(stopped)?.iter().map(plugin_to_wire).collect();
+        plugins.sort_by(|a, b| (&a.r#type, &a.name, &a.socket_path).cmp(&(&b.r#type, &b.name, &b.socket_path)));
+        Ok(Response::new(pb::ListPluginsResponse { plugins }))
+    }
+
+    async fn list_sockets(&self, _: Request<pb::ListSocketsRequest>) -> Result<Response<pb::ListSocketsResponse>, Status> {
+        let sockets = self.plugins.sockets().await.map_err(stopped)?.iter().map(socket_to_wire).collect();
+        Ok(Response::new(pb::ListSocketsResponse { sockets }))
+    }
+
+    async fn list_handlers(&self, _: Request<pb::ListHandlersRequest>) -> Result<Response<pb::ListHandlersResponse>, Status> {
+        let handlers = self.handlers.entries().iter().map(handler_to_wire).collect();
+        Ok(Response::new(pb::ListHandlersResponse { handlers }))
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Device manager RPCs (owner: device manager, issue 4). Not served until the device manager
+    // is wired into the daemon; replace this section with calls to its handle.
+    // ---------------------------------------------------------------------------------------
+
+    async fn list_resources(&self, _: Request<pb::ListResourcesRequest>) -> Result<Response<pb::ListResourcesResponse>, Status> {
+        Err(device_manager_missing("ListResources"))
+    }
+
+    async fn allocate(&self, _: Request<pb::AllocateRequest>) -> Result<Response<pb::AllocateResponse>, Status> {
+        Err(device_manager_missing("Allocate"))
+    }
+
+    async fn release(&self, _: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {
+        Err(device_manager_missing("Release"))
+    }
+
+    async fn list_allocations(&self, _: Request<pb::ListAllocationsRequest>) -> Result<Response<pb::ListAllocationsResponse>, Status> {
+        Err(device_manager_missing("ListAllocations"))
+    }
+}
+
+/// The status of a device RPC while no device manager is wired in.
+fn device_manager_missing(rpc: &str) -> Status {
+    Status::unimplemented(format!("{rpc}: this daemon runs without a device manager"))
+}

@@ -1,0 +1,170 @@
+//! Command-line types (clap). Parsing only: [`crate::config`] turns [`RunArgs`] into a
+//! [`crate::config::Config`], [`crate::admin::ctl`] runs [`CtlArgs`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::handler_cmd::HandlerArgs;
+
+/// `pluglet`: the kubelet's plugin manager and device manager as a node daemon, with per-plugin-type
+/// logic in sandboxed WASM handlers.
+#[derive(Debug, Parser)]
+#[command(name = "pluglet", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node daemon (plugin watcher, registration, device manager, admin API).
+    Run(RunArgs),
+    /// Query a running daemon over its admin socket.
+    Ctl(CtlArgs),
+    /// Check or exercise a handler module without a daemon.
+    Handler(HandlerArgs),
+}
+
+/// Parses a duration such as `500ms`, `2m2s` or `10s`.
+fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s)
+}
+
+/// `pluglet run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Put every path under DIR: DIR/plugins_registry, DIR/device-plugins, DIR/handlers, DIR/state
+    /// and the admin socket DIR/pluglet.sock (for running as a non-root user).
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Plugin registry directory watched for registration sockets
+    /// [default: /var/lib/kubelet/plugins_registry, or DIR/plugins_registry with --root].
+    #[arg(long, value_name = "DIR")]
+    pub registry_dir: Option<PathBuf>,
+    /// Device plugins directory (kubelet.sock, checkpoint)
+    /// [default: /var/lib/kubelet/device-plugins, or DIR/device-plugins with --root].
+    #[arg(long, value_name = "DIR")]
+    pub device_plugins_dir: Option<PathBuf>,
+    /// Handler modules and handlers.toml
+    /// [default: /var/lib/pluglet/handlers, or DIR/handlers with --root].
+    #[arg(long, value_name = "DIR")]
+    pub handlers_dir: Option<PathBuf>,
+    /// Pluglet's state directory (holds the daemon lock)
+    /// [default: /var/lib/pluglet/state, or DIR/state with --root].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Admin API socket [default: /run/pluglet/pluglet.sock, or DIR/pluglet.sock with --root].
+    #[arg(long, value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
+    /// Permission bits of the admin socket, octal.
+    #[arg(long, value_name = "MODE", default_value = "0600")]
+    pub admin_socket_mode: String,
+    /// Node name passed to handlers [default: the host name].
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// First retry delay after a failed registration (kubelet: 500ms).
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration)]
+    pub backoff_initial: Duration,
+    /// Cap of the doubling retry delay (kubelet: 2m2s).
+    #[arg(long, value_name = "DURATION", default_value = "2m2s", value_parser = parse_duration)]
+    pub backoff_max: Duration,
+    /// Time allowed to connect to a plugin socket, retrying quickly while it is not yet listening
+    /// (kubelet: 10s).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub dial_timeout: Duration,
+    /// Deadline of GetInfo (kubelet: 1s).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub getinfo_timeout: Duration,
+    /// Deadline of NotifyRegistrationStatus (kubelet: 5s).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub notify_timeout: Duration,
+    /// Deadline of a CSI driver's NodeGetInfo at registration (kubelet: 2m).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration)]
+    pub nodegetinfo_timeout: Duration,
+    /// Period of the safety-net rescan of the registry directory.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub resync_period: Duration,
+    /// Time allowed for stages to stop on SIGINT/SIGTERM.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+/// Output format of `pluglet ctl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum OutputFormat {
+    /// Aligned columns for people.
+    #[default]
+    Table,
+    /// JSON (wire strings, snake_case keys) for scripts.
+    Json,
+}
+
+/// `pluglet ctl`.
+#[derive(Debug, Clone, Args)]
+pub struct CtlArgs {
+    /// Talk to the daemon running with `--root DIR` (admin socket DIR/pluglet.sock).
+    #[arg(long, value_name = "DIR", conflicts_with = "admin_socket")]
+    pub root: Option<PathBuf>,
+    /// Admin socket of the daemon [default: /run/pluglet/pluglet.sock].
+    #[arg(long, value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table, global = true)]
+    pub output: OutputFormat,
+    /// Time allowed to reach the daemon.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// What to show.
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+/// `pluglet ctl` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum CtlCommand {
+    /// Registered plugins.
+    Plugins,
+    /// Every socket the watcher knows, with its registration state.
+    Sockets,
+    /// The handler module in force per plugin type and per resource policy.
+    Handlers,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_defaults_are_the_kubelet_timings() {
+        let cli = Cli::try_parse_from(["pluglet", "run"]).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.backoff_initial, Duration::from_millis(500));
+        assert_eq!(args.backoff_max, Duration::from_secs(122));
+        assert_eq!(args.getinfo_timeout, Duration::from_secs(1));
+        assert_eq!(args.notify_timeout, Duration::from_secs(5));
+        assert_eq!(args.dial_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn ctl_output_may_follow_the_subcommand() {
+        let cli = Cli::try_parse_from(["pluglet", "ctl", "--root", "/x", "sockets", "-o", "json"]).unwrap();
+        let Command::Ctl(args) = cli.command else {
+            panic!("not ctl")
+        };
+        assert_eq!(args.output, OutputFormat::Json);
+        assert!(matches!(args.command, CtlCommand::Sockets));
+    }
+
+    #[test]
+    fn ctl_root_and_admin_socket_conflict() {
+        assert!(
+            Cli::try_parse_from(["pluglet", "ctl", "--root", "/x", "--admin-socket", "/y", "plugins"]).is_err()
+        );
+    }
+}

@@ -1,0 +1,272 @@
+//! Daemon configuration: where things live and how long things may take.
+//!
+//! Defaults are the kubelet's paths (`/var/lib/kubelet/plugins_registry`,
+//! `/var/lib/kubelet/device-plugins`) and Pluglet's own (`/var/lib/pluglet/{handlers,state}`, admin
+//! socket `/run/pluglet/pluglet.sock`); `--root DIR` moves all of them under one directory. Timings
+//! default to the kubelet's values (facts §5, §6).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::cli::RunArgs;
+
+/// Kubelet: `<root-dir>/plugins_registry`.
+pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// Kubelet: `DevicePluginPath` (hard-coded, does not follow `--root-dir`).
+pub const DEFAULT_DEVICE_PLUGINS_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// Pluglet: handler modules and `handlers.toml`.
+pub const DEFAULT_HANDLERS_DIR: &str = "/var/lib/pluglet/handlers";
+/// Pluglet: state directory holding the daemon lock.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/pluglet/state";
+/// Pluglet: admin API socket.
+pub const DEFAULT_ADMIN_SOCKET: &str = "/run/pluglet/pluglet.sock";
+/// File name of the admin socket under `--root`.
+pub const ADMIN_SOCKET_NAME: &str = "pluglet.sock";
+
+/// A configuration the daemon cannot run with.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `--admin-socket-mode` is not an octal permission.
+    #[error("admin socket mode {0:?} is not an octal permission such as 0600")]
+    AdminSocketMode(String),
+    /// The node name is empty.
+    #[error("node name is empty: pass --node-name")]
+    EmptyNodeName,
+    /// The backoff cap is below its start.
+    #[error("--backoff-max ({max:?}) is smaller than --backoff-initial ({initial:?})")]
+    BackoffOrder {
+        /// Initial backoff.
+        initial: Duration,
+        /// Backoff cap.
+        max: Duration,
+    },
+    /// A duration that must not be zero is zero.
+    #[error("{0} must be greater than zero")]
+    ZeroDuration(&'static str),
+}
+
+/// Filesystem locations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Paths {
+    /// Directory watched for registration sockets.
+    pub registry_dir: PathBuf,
+    /// Device plugins directory (`kubelet.sock`, checkpoint).
+    pub device_plugins_dir: PathBuf,
+    /// Handler modules and `handlers.toml`.
+    pub handlers_dir: PathBuf,
+    /// State directory; holds `pluglet.lock`.
+    pub state_dir: PathBuf,
+    /// Admin API socket.
+    pub admin_socket: PathBuf,
+}
+
+impl Paths {
+    /// The kubelet's and Pluglet's system paths.
+    pub fn system() -> Paths {
+        Paths {
+            registry_dir: DEFAULT_REGISTRY_DIR.into(),
+            device_plugins_dir: DEFAULT_DEVICE_PLUGINS_DIR.into(),
+            handlers_dir: DEFAULT_HANDLERS_DIR.into(),
+            state_dir: DEFAULT_STATE_DIR.into(),
+            admin_socket: DEFAULT_ADMIN_SOCKET.into(),
+        }
+    }
+
+    /// Everything under one directory (`--root DIR`).
+    pub fn under_root(root: &Path) -> Paths {
+        Paths {
+            registry_dir: root.join("plugins_registry"),
+            device_plugins_dir: root.join("device-plugins"),
+            handlers_dir: root.join("handlers"),
+            state_dir: root.join("state"),
+            admin_socket: root.join(ADMIN_SOCKET_NAME),
+        }
+    }
+
+    /// The lock file inside the state directory.
+    pub fn lock_file(&self) -> PathBuf {
+        self.state_dir.join("pluglet.lock")
+    }
+}
+
+/// How long things may take. Defaults mirror the kubelet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timings {
+    /// First retry delay after a failed operation (kubelet `initialDurationBeforeRetry` = 500 ms).
+    pub backoff_initial: Duration,
+    /// Cap of the doubling retry delay (kubelet `maxDurationBeforeRetry` = 2 min 2 s).
+    pub backoff_max: Duration,
+    /// Connecting to a plugin socket, with quick retries while it is not listening yet (kubelet: 10 s).
+    pub dial_timeout: Duration,
+    /// GetInfo deadline (kubelet: 1 s).
+    pub get_info_timeout: Duration,
+    /// NotifyRegistrationStatus deadline (kubelet: 5 s).
+    pub notify_timeout: Duration,
+    /// CSI NodeGetInfo deadline (kubelet `csiTimeout` = 2 min).
+    pub node_get_info_timeout: Duration,
+    /// Safety-net rescan of the registry directory.
+    pub resync_period: Duration,
+    /// Time allowed for the stages to stop.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Timings {
+        Timings {
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(122),
+            dial_timeout: Duration::from_secs(10),
+            get_info_timeout: Duration::from_secs(1),
+            notify_timeout: Duration::from_secs(5),
+            node_get_info_timeout: Duration::from_secs(120),
+            resync_period: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Everything `pluglet run` needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Filesystem locations.
+    pub paths: Paths,
+    /// Permission bits of the admin socket.
+    pub admin_socket_mode: u32,
+    /// Node name handed to handlers.
+    pub node_name: String,
+    /// Deadlines and backoff.
+    pub timings: Timings,
+}
+
+impl Config {
+    /// Builds the configuration from `pluglet run` arguments; `hostname` is the default node name.
+    pub fn from_args(args: &RunArgs, hostname: impl FnOnce() -> String) -> Result<Config, ConfigError> {
+        let mut paths = match &args.root {
+            Some(root) => Paths::under_root(root),
+            None => Paths::system(),
+        };
+        if let Some(p) = &args.registry_dir {
+            paths.registry_dir = p.clone();
+        }
+        if let Some(p) = &args.device_plugins_dir {
+            paths.device_plugins_dir = p.clone();
+        }
+        if let Some(p) = &args.handlers_dir {
+            paths.handlers_dir = p.clone();
+        }
+        if let Some(p) = &args.state_dir {
+            paths.state_dir = p.clone();
+        }
+        if let Some(p) = &args.admin_socket {
+            paths.admin_socket = p.clone();
+        }
+        let admin_socket_mode = parse_mode(&args.admin_socket_mode)?;
+        let node_name = args.node_name.clone().unwrap_or_else(hostname);
+        if node_name.trim().is_empty() {
+            return Err(ConfigError::EmptyNodeName);
+        }
+        let timings = Timings {
+            backoff_initial: args.backoff_initial,
+            backoff_max: args.backoff_max,
+            dial_timeout: args.dial_timeout,
+            get_info_timeout: args.getinfo_timeout,
+            notify_timeout: args.notify_timeout,
+            node_get_info_timeout: args.nodegetinfo_timeout,
+            resync_period: args.resync_period,
+            shutdown_grace: args.shutdown_grace,
+        };
+        for (name, d) in [
+            ("--backoff-initial", timings.backoff_initial),
+            ("--dial-timeout", timings.dial_timeout),
+            ("--getinfo-timeout", timings.get_info_timeout),
+            ("--notify-timeout", timings.notify_timeout),
+            ("--nodegetinfo-timeout", timings.node_get_info_timeout),
+            ("--resync-period", timings.resync_period),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration(name));
+            }
+        }
+        if timings.backoff_max < timings.backoff_initial {
+            return Err(ConfigError::BackoffOrder {
+                initial: timings.backoff_initial,
+                max: timings.backoff_max,
+            });
+        }
+        Ok(Config {
+            paths,
+            admin_socket_mode,
+            node_name,
+            timings,
+        })
+    }
+}
+
+/// The machine's host name, or `localhost` when it cannot be read.
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+fn parse_mode(s: &str) -> Result<u32, ConfigError> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    match u32::from_str_radix(digits, 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(ConfigError::AdminSocketMode(s.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn config(args: &[&str]) -> Result<Config, ConfigError> {
+        let mut argv = vec!["pluglet", "run"];
+        argv.extend_from_slice(args);
+        let Command::Run(run) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("not run")
+        };
+        Config::from_args(&run, || "node-a".to_owned())
+    }
+
+    #[test]
+    fn defaults_are_kubelet_paths_and_timings() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.paths, Paths::system());
+        assert_eq!(c.paths.registry_dir, PathBuf::from("/var/lib/kubelet/plugins_registry"));
+        assert_eq!(c.timings, Timings::default());
+        assert_eq!(c.admin_socket_mode, 0o600);
+        assert_eq!(c.node_name, "node-a");
+    }
+
+    #[test]
+    fn root_puts_everything_under_one_directory_and_paths_override() {
+        let c = config(&["--root", "/tmp/r", "--handlers-dir", "/h"]).unwrap();
+        assert_eq!(c.paths.registry_dir, PathBuf::from("/tmp/r/plugins_registry"));
+        assert_eq!(c.paths.device_plugins_dir, PathBuf::from("/tmp/r/device-plugins"));
+        assert_eq!(c.paths.state_dir, PathBuf::from("/tmp/r/state"));
+        assert_eq!(c.paths.admin_socket, PathBuf::from("/tmp/r/pluglet.sock"));
+        assert_eq!(c.paths.handlers_dir, PathBuf::from("/h"));
+        assert_eq!(c.paths.lock_file(), PathBuf::from("/tmp/r/state/pluglet.lock"));
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(matches!(
+            config(&["--admin-socket-mode", "0999"]),
+            Err(ConfigError::AdminSocketMode(_))
+        ));
+        assert!(matches!(
+            config(&["--backoff-initial", "5s", "--backoff-max", "1s"]),
+            Err(ConfigError::BackoffOrder { .. })
+        ));
+        assert!(matches!(config(&["--node-name", " "]), Err(ConfigError::EmptyNodeName)));
+        assert_eq!(config(&["--admin-socket-mode", "0660"]).unwrap().admin_socket_mode, 0o660);
+    }
+}

@@ -1,0 +1,243 @@
+//! `pluglet run`: builds the stages, owns the root cancellation token, and stops everything on
+//! SIGINT/SIGTERM (exit status 0, admin socket removed).
+//!
+//! Start order: directories → state lock (a second daemon on the same state directory is refused
+//! with the holder's pid) → handler modules → plugin manager (watch in place and start-up scan done)
+//! → admin socket. Once the admin socket answers, the daemon is fully up.
+
+use std::fs::File;
+use std::io::{Read as _, Seek as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+use pluglet_handler_runtime::{HandlerSet, ModuleSource, Runtime, RuntimeConfig};
+use pluglet_proto::constants;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::admin::server::{AdminService, bind_and_serve};
+use crate::config::Config;
+use crate::plugin_manager::{PluginManager, PluginManagerConfig};
+use crate::plugin_types::PluginTypes;
+use crate::plugin_types::device_plugin::{DevicePluginSink, DialingSink};
+
+/// Another daemon holds the state directory.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// The lock is held by another process.
+    #[error("state directory {dir} is in use by another pluglet daemon (pid {holder}); stop it or pass another --root/--state-dir")]
+    Held {
+        /// The state directory.
+        dir: PathBuf,
+        /// Holder's pid as written in the lock file (`unknown` if unreadable).
+        holder: String,
+    },
+    /// The lock file could not be opened or written.
+    #[error("cannot lock {path}")]
+    Io {
+        /// The lock file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// An exclusive `flock` on `<state>/pluglet.lock`, holding the holder's pid; released on drop.
+#[derive(Debug)]
+pub struct StateLock {
+    _lock: Flock<File>,
+}
+
+impl StateLock {
+    /// Takes the lock without waiting.
+    pub fn acquire(path: &Path) -> Result<StateLock, LockError> {
+        let io = |source| LockError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io)?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(mut lock) => {
+                lock.set_len(0).map_err(io)?;
+                lock.rewind().map_err(io)?;
+                writeln!(lock, "{}", std::process::id()).map_err(io)?;
+                lock.sync_data().map_err(io)?;
+                Ok(StateLock { _lock: lock })
+            }
+            Err((mut file, Errno::EWOULDBLOCK)) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                Err(LockError::Held {
+                    dir: path.parent().unwrap_or(path).to_owned(),
+                    holder: if holder.is_empty() { "unknown".to_owned() } else { holder.to_owned() },
+                })
+            }
+            Err((_, errno)) => Err(io(errno.into())),
+        }
+    }
+}
+
+/// Built-in registration handlers by plugin type.
+fn builtin_plugin_types() -> Vec<(String, ModuleSource)> {
+    vec![
+        (
+            constants::CSI_PLUGIN.to_owned(),
+            ModuleSource::Builtin {
+                name: "csi".to_owned(),
+                bytes: pluglet_wasm_guests::CSI,
+            },
+        ),
+        (
+            constants::DEVICE_PLUGIN.to_owned(),
+            ModuleSource::Builtin {
+                name: "device-plugin".to_owned(),
+                bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
+            },
+        ),
+    ]
+}
+
+/// The built-in default allocation policy.
+fn builtin_policy() -> ModuleSource {
+    ModuleSource::Builtin {
+        name: "device-plugin".to_owned(),
+        bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
+    }
+}
+
+/// Loads the handler set from `dir` (compiles modules: CPU-bound, off the reactor).
+pub async fn load_handlers(dir: &Path) -> anyhow::Result<HandlerSet> {
+    let dir = dir.to_owned();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<HandlerSet> {
+        let runtime = Runtime::new(RuntimeConfig::default()).context("cannot start the WASM runtime")?;
+        HandlerSet::load(&runtime, &dir, builtin_plugin_types(), builtin_policy())
+            .with_context(|| format!("cannot load handlers from {}", dir.display()))
+    })
+    .await
+    .context("handler loading panicked")?
+}
+
+/// Runs the daemon until SIGINT or SIGTERM.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let paths = &config.paths;
+    for dir in [&paths.registry_dir, &paths.device_plugins_dir, &paths.handlers_dir, &paths.state_dir] {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create directory {}", dir.display()))?;
+    }
+    let _lock = StateLock::acquire(&paths.lock_file())?;
+
+    // Signals are caught from here on, so a SIGTERM during start-up still stops cleanly.
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+
+    let handlers = Arc::new(load_handlers(&paths.handlers_dir).await?);
+    for entry in handlers.entries() {
+        info!(
+            plugin_type = entry.plugin_type.as_deref().unwrap_or("-"),
+            resource = entry.resource.as_deref().unwrap_or("-"),
+            module = entry.handler.module(),
+            contract = entry.handler.contract_version(),
+            "handler loaded"
+        );
+    }
+
+    let cancel = CancellationToken::new();
+    let timings = config.timings.clone();
+
+    // Device manager seam: the plugin manager hands watcher-registered device plugins to this sink.
+    let device_plugins: Arc<dyn DevicePluginSink> = Arc::new(DialingSink {
+        timeout: timings.dial_timeout,
+    });
+    let plugin_types = Arc::new(PluginTypes::new(
+        timings.dial_timeout,
+        timings.node_get_info_timeout,
+        device_plugins,
+    ));
+
+    let manager = PluginManager::start(
+        PluginManagerConfig {
+            registry_dir: paths.registry_dir.clone(),
+            timings: timings.clone(),
+            node_name: config.node_name.clone(),
+        },
+        handlers.clone(),
+        plugin_types,
+        cancel.clone(),
+    )?;
+
+    let admin = bind_and_serve(
+        &paths.admin_socket,
+        config.admin_socket_mode,
+        AdminService::new(manager.handle.clone(), handlers.clone()),
+        cancel.child_token(),
+    )?;
+    let mut admin = tokio::spawn(admin);
+    info!(
+        registry = %paths.registry_dir.display(),
+        admin_socket = %paths.admin_socket.display(),
+        node = %config.node_name,
+        "pluglet running"
+    );
+
+    let mut failure = None;
+    tokio::select! {
+        _ = sigterm.recv() => info!("SIGTERM received, stopping"),
+        _ = sigint.recv() => info!("SIGINT received, stopping"),
+        result = &mut admin => {
+            let e = match result {
+                Ok(Ok(())) => anyhow::anyhow!("admin server stopped unexpectedly"),
+                Ok(Err(e)) => anyhow::Error::new(e),
+                Err(e) => anyhow::Error::new(e).context("admin server panicked"),
+            };
+            error!(error = %format!("{e:#}"), "stopping");
+            failure = Some(e);
+        }
+    }
+
+    cancel.cancel();
+    let stopping = async {
+        if !admin.is_finished() {
+            let _ = (&mut admin).await;
+        }
+        for task in manager.tasks {
+            let _ = task.await;
+        }
+    };
+    if tokio::time::timeout(timings.shutdown_grace, stopping).await.is_err() {
+        warn!(grace = ?timings.shutdown_grace, "stages did not stop within the grace period");
+    }
+    let _ = std::fs::remove_file(&paths.admin_socket);
+    info!("pluglet stopped");
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_lock_names_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pluglet.lock");
+        let first = StateLock::acquire(&path).unwrap();
+        let err = StateLock::acquire(&path).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("pid {}", std::process::id())), "{msg}");
+        drop(first);
+        StateLock::acquire(&path).unwrap();
+    }
+}

@@ -1,0 +1,179 @@
+//! Desired state of world: the registration sockets that exist right now.
+//!
+//! Single writer: the watcher ([`DesiredStateWriter`], not `Clone`). Readers
+//! ([`DesiredStateReader`]): the reconciler, which wakes on [`DesiredStateReader::changed`] and plans
+//! against [`DesiredStateReader::borrow`]. Mirrors the kubelet's `desired_state_of_world.go`, where a
+//! fresh UUID per Create forces re-registration; here that is the [`Generation`].
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use tokio::sync::watch;
+
+use super::plugin::{Generation, SocketPath};
+
+/// Identity of the file behind a path (device, inode), so a second Create for the very same socket
+/// (start-up scan racing its own inotify event) is not mistaken for a re-creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+}
+
+/// One socket in the desired state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DesiredEntry {
+    /// Incarnation: changes whenever the socket is created again.
+    pub generation: Generation,
+    /// File identity when it was seen.
+    pub file_id: FileId,
+}
+
+/// The whole desired state, keyed by socket path.
+pub type DesiredMap = BTreeMap<SocketPath, DesiredEntry>;
+
+/// Creates the cache: the writer goes to the watcher, readers to the reconciler.
+pub fn channel() -> (DesiredStateWriter, DesiredStateReader) {
+    let (tx, rx) = watch::channel(DesiredMap::new());
+    (
+        DesiredStateWriter { tx, next_generation: 1 },
+        DesiredStateReader { rx },
+    )
+}
+
+/// The only writer of the desired state.
+#[derive(Debug)]
+pub struct DesiredStateWriter {
+    tx: watch::Sender<DesiredMap>,
+    next_generation: u64,
+}
+
+impl DesiredStateWriter {
+    /// Records a socket seen at `path`. Returns the new generation when this is a new socket (new
+    /// path, or a different file at a known path), `None` when it is the same file again.
+    pub fn add_or_update(&mut self, path: SocketPath, file_id: FileId) -> Option<Generation> {
+        let generation = Generation(self.next_generation);
+        let mut added = None;
+        self.tx.send_if_modified(|map| match map.get(&path) {
+            Some(e) if e.file_id == file_id => false,
+            _ => {
+                map.insert(path, DesiredEntry { generation, file_id });
+                added = Some(generation);
+                true
+            }
+        });
+        if added.is_some() {
+            self.next_generation += 1;
+        }
+        added
+    }
+
+    /// Forgets the socket at `path`. Returns whether it was known.
+    pub fn remove(&mut self, path: &SocketPath) -> bool {
+        self.tx.send_if_modified(|map| map.remove(path).is_some())
+    }
+
+    /// Forgets every socket at or below `dir` (a removed or renamed directory). Returns how many.
+    pub fn remove_under(&mut self, dir: &Path) -> usize {
+        let mut removed = 0;
+        self.tx.send_if_modified(|map| {
+            let before = map.len();
+            map.retain(|p, _| !p.as_path().starts_with(dir));
+            removed = before - map.len();
+            removed > 0
+        });
+        removed
+    }
+
+    /// Socket paths currently desired, with their file identity.
+    pub fn entries(&self) -> Vec<(SocketPath, FileId)> {
+        self.tx
+            .borrow()
+            .iter()
+            .map(|(p, e)| (p.clone(), e.file_id))
+            .collect()
+    }
+
+    /// A reader of this cache.
+    pub fn reader(&self) -> DesiredStateReader {
+        DesiredStateReader {
+            rx: self.tx.subscribe(),
+        }
+    }
+}
+
+/// A read handle on the desired state.
+#[derive(Clone, Debug)]
+pub struct DesiredStateReader {
+    rx: watch::Receiver<DesiredMap>,
+}
+
+impl DesiredStateReader {
+    /// Waits until the desired state changed since the last [`DesiredStateReader::borrow`].
+    /// Returns `false` once the writer is gone.
+    pub async fn changed(&mut self) -> bool {
+        self.rx.changed().await.is_ok()
+    }
+
+    /// Borrows the current state and marks it seen. Hold the guard only briefly: the watcher
+    /// waits for it.
+    pub fn borrow(&mut self) -> watch::Ref<'_, DesiredMap> {
+        self.rx.borrow_and_update()
+    }
+
+    /// Whether `socket` is desired right now.
+    pub fn snapshot_contains(&self, socket: &SocketPath) -> bool {
+        self.rx.borrow().contains_key(socket)
+    }
+
+    /// A copy of the current state.
+    pub fn snapshot(&self) -> DesiredMap {
+        self.rx.borrow().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(ino: u64) -> FileId {
+        FileId { dev: 1, ino }
+    }
+
+    #[test]
+    fn same_file_keeps_its_generation_and_a_new_file_gets_a_new_one() {
+        let (mut w, r) = channel();
+        let p = SocketPath::new("/r/a.sock");
+        let g1 = w.add_or_update(p.clone(), id(7)).unwrap();
+        assert_eq!(w.add_or_update(p.clone(), id(7)), None);
+        let g2 = w.add_or_update(p.clone(), id(8)).unwrap();
+        assert!(g2 > g1);
+        assert_eq!(r.snapshot()[&p].generation, g2);
+        assert!(w.remove(&p));
+        assert!(!w.remove(&p));
+        let g3 = w.add_or_update(p.clone(), id(8)).unwrap();
+        assert!(g3 > g2, "re-created after removal is a new generation");
+    }
+
+    #[test]
+    fn remove_under_drops_a_whole_directory() {
+        let (mut w, r) = channel();
+        w.add_or_update(SocketPath::new("/r/d/a.sock"), id(1));
+        w.add_or_update(SocketPath::new("/r/d/e/b.sock"), id(2));
+        w.add_or_update(SocketPath::new("/r/dd.sock"), id(3));
+        assert_eq!(w.remove_under(Path::new("/r/d")), 2);
+        assert_eq!(r.snapshot().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn readers_wake_on_change_only() {
+        let (mut w, mut r) = channel();
+        w.add_or_update(SocketPath::new("/r/a.sock"), id(1));
+        assert!(r.changed().await);
+        let _ = r.borrow();
+        w.add_or_update(SocketPath::new("/r/a.sock"), id(1));
+        assert!(!r.rx.has_changed().unwrap(), "no-op update does not wake the reconciler");
+    }
+}

@@ -1,0 +1,117 @@
+//! The plugin manager: registration sockets in the registry directory → registered plugins (the
+//! kubelet's `pkg/kubelet/pluginmanager`). Wiring only; each stage is its own module:
+//!
+//! ```text
+//! registry dir ──inotify──▶ watcher ──writes──▶ desired_state ──changed()──▶ reconciler
+//!                                                                   plan() │ owns actual_state
+//!                                                                          ▼
+//!                                      executor (one task per socket path, backoff per path)
+//!                                                                          │ operation::register
+//!             registration (GetInfo / Notify) · HandlerSet (WASM) · plugin_types (CSI, device plugin)
+//! ```
+
+pub mod actual_state;
+pub mod desired_state;
+pub mod executor;
+pub mod operation;
+pub mod plugin;
+pub mod reconciler;
+pub mod registration;
+pub mod watcher;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pluglet_handler_runtime::HandlerSet;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Timings;
+use crate::plugin_types::PluginTypes;
+pub use plugin::{PluginRecord, PluginType, SocketPath};
+pub use reconciler::{SocketState, SocketStatus};
+pub use watcher::WatchError;
+
+/// The reconciler is gone (the daemon is stopping).
+#[derive(Debug, thiserror::Error)]
+#[error("the plugin manager has stopped")]
+pub struct Stopped;
+
+/// Cloneable handle for readers of the plugin manager's state (the admin API).
+#[derive(Clone, Debug)]
+pub struct PluginManagerHandle {
+    queries: mpsc::Sender<reconciler::Query>,
+}
+
+impl PluginManagerHandle {
+    /// Registered plugins.
+    pub async fn plugins(&self) -> Result<Vec<PluginRecord>, Stopped> {
+        let (tx, rx) = oneshot::channel();
+        self.queries
+            .send(reconciler::Query::Plugins(tx))
+            .await
+            .map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+
+    /// Every socket the watcher knows, with its registration state.
+    pub async fn sockets(&self) -> Result<Vec<SocketStatus>, Stopped> {
+        let (tx, rx) = oneshot::channel();
+        self.queries
+            .send(reconciler::Query::Sockets(tx))
+            .await
+            .map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+}
+
+/// What the plugin manager needs.
+pub struct PluginManagerConfig {
+    /// Registry directory to watch.
+    pub registry_dir: PathBuf,
+    /// Deadlines and backoff.
+    pub timings: Timings,
+    /// Node name handed to handlers.
+    pub node_name: String,
+}
+
+/// A running plugin manager: its handle and its tasks (watcher, reconciler).
+pub struct PluginManager {
+    /// Handle for the admin API.
+    pub handle: PluginManagerHandle,
+    /// The watcher and reconciler tasks; they end when the cancel token fires.
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+impl PluginManager {
+    /// Starts the watcher (watch in place and start-up scan done before this returns) and the
+    /// reconciler.
+    pub fn start(
+        config: PluginManagerConfig,
+        handlers: Arc<HandlerSet>,
+        plugin_types: Arc<PluginTypes>,
+        cancel: CancellationToken,
+    ) -> Result<PluginManager, WatchError> {
+        let (writer, reader) = desired_state::channel();
+        let watcher = watcher::Watcher::start(&config.registry_dir, writer, config.timings.resync_period)?;
+        let actual = actual_state::ActualState::new();
+        let cx = operation::OperationContext {
+            handlers,
+            plugin_types,
+            names: actual.names(),
+            timings: config.timings,
+            node_name: config.node_name,
+        };
+        let (queries_tx, queries_rx) = mpsc::channel(16);
+        let reconciler = reconciler::Reconciler::new(reader, actual, cx, queries_rx, cancel.child_token());
+        let tasks = vec![
+            tokio::spawn(watcher.run(cancel.child_token())),
+            tokio::spawn(reconciler.run()),
+        ];
+        Ok(PluginManager {
+            handle: PluginManagerHandle { queries: queries_tx },
+            tasks,
+        })
+    }
+}

@@ -1,0 +1,328 @@
+//! Plugin watcher: inotify on the registry directory → the desired state (the kubelet's
+//! `pluginwatcher/`).
+//!
+//! Order at start (kubelet PR #93622): create the inotify instance, watch the root, *then* walk the
+//! tree, so a socket created in between is seen by the walk or by an event (the same file seen twice
+//! keeps its generation, see [`super::desired_state::FileId`]). Every directory gets its own watch;
+//! a directory created later is watched first and walked second, so sockets created in it right
+//! after `mkdir` are not missed. Dot-files (and dot-directories) and anything that is not a socket
+//! (`stat`, following symlinks, `S_IFSOCK`) are ignored. Create → add (a new file at a known path
+//! is a new generation), Remove → forget (a removed directory forgets everything below it). Renames
+//! count as remove + create. Event-driven; the only timer is a slow resync that rescans the tree as
+//! a safety net (and after an inotify queue overflow).
+
+use std::collections::HashSet;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::event::{ModifyKind, RenameMode};
+use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, trace, warn};
+
+use super::desired_state::{DesiredStateWriter, FileId};
+use super::plugin::SocketPath;
+
+/// Sysctl limiting inotify instances per user.
+const INSTANCES_SYSCTL: &str = "fs.inotify.max_user_instances";
+/// Sysctl limiting inotify watches per user.
+const WATCHES_SYSCTL: &str = "fs.inotify.max_user_watches";
+
+/// Why the watcher could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The registry directory could not be created.
+    #[error("cannot create registry directory {path}")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// No inotify instance could be created because of the per-user limit.
+    #[error("cannot create an inotify instance: the per-user limit is reached; raise the sysctl {INSTANCES_SYSCTL}")]
+    InstanceLimit(#[source] notify::Error),
+    /// The inotify instance could not be created for another reason.
+    #[error("cannot create an inotify instance")]
+    Create(#[source] notify::Error),
+    /// A directory could not be watched because of the per-user watch limit.
+    #[error("cannot watch {path}: the inotify watch limit is reached; raise the sysctl {WATCHES_SYSCTL}")]
+    WatchLimit {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A directory could not be watched.
+    #[error("cannot watch {path}")]
+    Watch {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: notify::Error,
+    },
+    /// The registry directory could not be read.
+    #[error("cannot read registry directory {path}")]
+    Scan {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The watcher stage: owns the inotify watcher and the desired state writer.
+pub struct Watcher {
+    root: PathBuf,
+    watcher: RecommendedWatcher,
+    events: mpsc::UnboundedReceiver<notify::Result<Event>>,
+    desired: DesiredStateWriter,
+    resync: Duration,
+}
+
+impl Watcher {
+    /// Creates `root` if missing, watches it and scans it (in that order). Fails if the root cannot
+    /// be watched or read.
+    pub fn start(root: &Path, desired: DesiredStateWriter, resync: Duration) -> Result<Watcher, WatchError> {
+        std::fs::create_dir_all(root).map_err(|source| WatchError::CreateDir {
+            path: root.to_owned(),
+            source,
+        })?;
+        let (tx, events) = mpsc::unbounded_channel();
+        let watcher = notify::recommended_watcher(move |ev: notify::Result<Event>| {
+            let _ = tx.send(ev);
+        })
+        .map_err(|e| {
+            if is_instance_limit(&e) {
+                WatchError::InstanceLimit(e)
+            } else {
+                WatchError::Create(e)
+            }
+        })?;
+        let mut w = Watcher {
+            root: root.to_owned(),
+            watcher,
+            events,
+            desired,
+            resync,
+        };
+        w.watch_dir(root)?;
+        std::fs::read_dir(root).map_err(|source| WatchError::Scan {
+            path: root.to_owned(),
+            source,
+        })?;
+        let mut found = HashSet::new();
+        w.walk(root, &mut found);
+        Ok(w)
+    }
+
+    /// Handles events until cancelled.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let mut resync = tokio::time::interval(self.resync);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        resync.tick().await;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                ev = self.events.recv() => match ev {
+                    Some(ev) => self.handle(ev),
+                    None => {
+                        error!("inotify event stream ended; registry directory no longer watched");
+                        break;
+                    }
+                },
+                _ = resync.tick() => self.rescan(),
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: notify::Result<Event>) {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => {
+                if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
+                    error!(error = %e, "inotify watch limit reached; raise the sysctl {WATCHES_SYSCTL}");
+                } else {
+                    warn!(error = %e, "inotify error");
+                }
+                return;
+            }
+        };
+        trace!(?ev, "inotify event");
+        if ev.need_rescan() {
+            warn!("inotify queue overflowed; rescanning the registry directory");
+            self.rescan();
+            return;
+        }
+        match ev.kind {
+            EventKind::Create(_) | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
+                for p in &ev.paths {
+                    self.on_created(p, &mut HashSet::new());
+                }
+            }
+            EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {
+                for p in &ev.paths {
+                    self.on_removed(p);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A path appeared: a socket is added, a directory watched then walked.
+    fn on_created(&mut self, path: &Path, found: &mut HashSet<SocketPath>) {
+        if is_hidden(path) {
+            trace!(path = %path.display(), "ignoring dot-file");
+            return;
+        }
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) => {
+                debug!(path = %path.display(), error = %e, "cannot stat; ignoring");
+                return;
+            }
+        };
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            if let Err(e) = self.watch_dir(path) {
+                error!(error = %crate::plugin_manager::operation::error_chain(&e), "sub-directory not watched");
+            }
+            self.walk(path, found);
+        } else if ft.is_socket() {
+            let socket = SocketPath::new(path);
+            found.insert(socket.clone());
+            let file_id = FileId {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            };
+            if let Some(generation) = self.desired.add_or_update(socket, file_id) {
+                debug!(path = %path.display(), %generation, "socket added to desired state");
+            }
+        } else {
+            trace!(path = %path.display(), "ignoring non-socket");
+        }
+    }
+
+    fn on_removed(&mut self, path: &Path) {
+        let socket = SocketPath::new(path);
+        if self.desired.remove(&socket) {
+            debug!(path = %path.display(), "socket removed from desired state");
+        }
+        let n = self.desired.remove_under(path);
+        if n > 0 {
+            debug!(path = %path.display(), sockets = n, "directory removed from desired state");
+        }
+    }
+
+    fn walk(&mut self, dir: &Path, found: &mut HashSet<SocketPath>) {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(path = %dir.display(), error = %e, "cannot read directory; skipping");
+                return;
+            }
+        };
+        for entry in entries.flatten() {
+            self.on_created(&entry.path(), found);
+        }
+    }
+
+    /// Walks the whole tree again: adds what is new (or re-created), forgets what vanished.
+    fn rescan(&mut self) {
+        let mut found = HashSet::new();
+        let root = self.root.clone();
+        self.walk(&root, &mut found);
+        for (socket, _) in self.desired.entries() {
+            if !found.contains(&socket) {
+                debug!(%socket, "socket vanished without an event");
+                self.desired.remove(&socket);
+            }
+        }
+    }
+
+    fn watch_dir(&mut self, dir: &Path) -> Result<(), WatchError> {
+        self.watcher
+            .watch(dir, RecursiveMode::NonRecursive)
+            .map_err(|source| {
+                if matches!(source.kind, notify::ErrorKind::MaxFilesWatch) {
+                    WatchError::WatchLimit { path: dir.to_owned() }
+                } else {
+                    WatchError::Watch {
+                        path: dir.to_owned(),
+                        source,
+                    }
+                }
+            })
+    }
+}
+
+fn is_hidden(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with('.'))
+}
+
+fn is_instance_limit(e: &notify::Error) -> bool {
+    match &e.kind {
+        notify::ErrorKind::Io(io) => io.raw_os_error() == Some(libc::EMFILE),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixListener;
+    use std::time::Duration;
+
+    use super::super::desired_state;
+    use super::*;
+
+    async fn wait_for(reader: &mut desired_state::DesiredStateReader, what: impl Fn(&desired_state::DesiredMap) -> bool) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if what(&reader.snapshot()) {
+                    return;
+                }
+                reader.changed().await;
+            }
+        })
+        .await
+        .expect("condition not reached within 5 s");
+    }
+
+    #[tokio::test]
+    async fn finds_sockets_ignores_dot_files_and_plain_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let _before = UnixListener::bind(root.join("before.sock")).unwrap();
+        std::fs::write(root.join("plain.sock"), b"x").unwrap();
+        let (w, mut r) = desired_state::channel();
+        let watcher = Watcher::start(root, w, Duration::from_secs(30)).unwrap();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(watcher.run(cancel.clone()));
+        assert!(r.snapshot().contains_key(&SocketPath::new(root.join("before.sock"))));
+
+        let _hidden = UnixListener::bind(root.join(".hidden.sock")).unwrap();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        let _nested = UnixListener::bind(root.join("sub/nested.sock")).unwrap();
+        let nested = SocketPath::new(root.join("sub/nested.sock"));
+        wait_for(&mut r, |m| m.contains_key(&nested)).await;
+        let snap = r.snapshot();
+        assert_eq!(snap.len(), 2, "{snap:?}");
+
+        std::fs::remove_file(root.join("sub/nested.sock")).unwrap();
+        wait_for(&mut r, |m| !m.contains_key(&nested)).await;
+        cancel.cancel();
+        task.await.unwrap();
+    }
+
+    #[test]
+    fn hidden_means_basename_starts_with_a_dot() {
+        assert!(is_hidden(Path::new("/r/.x.sock")));
+        assert!(!is_hidden(Path::new("/r/.d/x.sock")));
+    }
+}

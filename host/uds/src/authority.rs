@@ -1,0 +1,673 @@
+//! The HTTP/2 `:authority` rewriting layer for servers (kubelet-facts.md §0.1).
+//!
+//! grpc-go clients that dial a unix socket by path send the path (`/var/lib/kubelet/...`) as
+//! `:authority`; grpc-python sends it percent-encoded. The `h2` crate under tonic refuses both
+//! with `RST_STREAM(PROTOCOL_ERROR)` and has no switch to relax that. [`AuthorityRewrite`] sits
+//! between the accepted socket and tonic and rewrites such values to `localhost` on the way in.
+//!
+//! What it does to the client→server byte stream (server→client bytes are never touched):
+//! 1. checks the 24-byte HTTP/2 client preface; anything else is passed through untouched and
+//!    left for `h2` to refuse;
+//! 2. forwards every frame except HEADERS/CONTINUATION as it arrives, DATA included (never
+//!    re-framed: its padding counts for flow control);
+//! 3. reassembles each header block (HEADERS + CONTINUATION*), strips padding, keeps the
+//!    priority bytes, and decodes it with an HPACK decoder that mirrors the client's dynamic
+//!    table (capped at 4096 bytes, the default: the server never advertises another size);
+//! 4. if no rewrite has been needed yet on the connection, forwards the original frames byte for
+//!    byte; otherwise, and from then on for every later block of the connection, re-encodes the
+//!    block as literals without indexing and without Huffman coding, with every `:authority`
+//!    that [`http::uri::Authority`] rejects replaced by `localhost`, re-chunked into HEADERS +
+//!    CONTINUATION frames of at most 16 KiB. Re-encoding every later block keeps `h2`'s dynamic
+//!    table frozen, so it never sees references to entries it did not get (grpc-python reuses a
+//!    connection with blocks made of table references).
+//!
+//! Framing violations (a frame interleaved into an open header block, padding longer than the
+//! frame) are passed through untouched from that point on, so `h2` answers them with the proper
+//! GOAWAY. A header block larger than [`MAX_HEADER_BLOCK`] (CONTINUATION floods), a decoded header
+//! list larger than [`MAX_HEADER_LIST`] (HPACK bombs), or an HPACK error after rewriting started
+//! closes the connection with an error that is logged.
+//!
+//! Cost: one HPACK decode per header block (a few µs without Huffman strings, ~20 µs per Huffman
+//! string with loona-hpack); see the crate's bench for measured numbers.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BytesMut};
+use loona_hpack::Decoder;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::transport::server::Connected;
+
+/// Largest header block (sum of HEADERS + CONTINUATION payloads, padding included) accepted on
+/// one stream; a larger one closes the connection. gRPC requests carry well under 1 KiB.
+pub const MAX_HEADER_BLOCK: usize = 64 * 1024;
+
+/// Largest decoded header list accepted in one block, counted as in RFC 7541 §4.1 (name + value
+/// + 32 per field); a larger one closes the connection. Bounds the memory an HPACK bomb
+/// (a small block of references to large table entries) can make the layer allocate.
+pub const MAX_HEADER_LIST: usize = 256 * 1024;
+
+/// The value that replaces a rejected `:authority`; what the upstream kubelet itself sends.
+const LOCALHOST: &[u8] = b"localhost";
+/// The HTTP/2 client connection preface (RFC 9113 §3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const FRAME_HEADER_LEN: usize = 9;
+/// Re-encoded header blocks are cut into frames of at most this payload: the minimum
+/// SETTINGS_MAX_FRAME_SIZE, so every peer accepts it.
+const MAX_CHUNK: usize = 16 * 1024;
+/// SETTINGS_HEADER_TABLE_SIZE default (RFC 9113 §6.5.2); `h2` servers never advertise another.
+const HEADER_TABLE_SIZE: usize = 4096;
+/// Bytes read from the socket at a time.
+const READ_CHUNK: usize = 8 * 1024;
+
+const TYPE_HEADERS: u8 = 0x1;
+const TYPE_CONTINUATION: u8 = 0x9;
+const FLAG_END_STREAM: u8 = 0x1;
+const FLAG_END_HEADERS: u8 = 0x4;
+const FLAG_PADDED: u8 = 0x8;
+const FLAG_PRIORITY: u8 = 0x20;
+const PRIORITY_LEN: usize = 5;
+
+/// An accepted connection whose incoming HTTP/2 header blocks get a valid `:authority`.
+///
+/// Wraps a server-side stream (a [`tokio::net::UnixStream`] from
+/// [`incoming_any_authority`](crate::incoming_any_authority)); reads go through the rewriting
+/// state machine described in the [module docs](self), writes go straight to the inner stream.
+/// Implements tonic's [`Connected`] with the inner stream's connection info, so handlers still
+/// see the peer credentials.
+pub struct AuthorityRewrite<S> {
+    inner: S,
+    rewriter: Rewriter,
+    /// Rewritten bytes not yet handed to the reader.
+    out: BytesMut,
+    /// Scratch buffer for reads from `inner`.
+    input: Box<[u8]>,
+    /// `inner` reported end of file.
+    eof: bool,
+    /// The connection is being closed for this reason once `out` is drained.
+    failed: Option<RewriteError>,
+    /// The failure has been reported; further reads see end of file.
+    closed: bool,
+}
+
+impl<S> AuthorityRewrite<S> {
+    /// Wraps a freshly accepted server-side connection (nothing read from it yet).
+    pub fn new(inner: S) -> Self {
+        AuthorityRewrite {
+            inner,
+            rewriter: Rewriter::new(),
+            out: BytesMut::new(),
+            input: vec![0; READ_CHUNK].into_boxed_slice(),
+            eof: false,
+            failed: None,
+            closed: false,
+        }
+    }
+
+    /// The wrapped connection.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Whether at least one header block on this connection had its `:authority` rewritten.
+    pub fn rewrote(&self) -> bool {
+        self.rewriter.rewriting
+    }
+}
+
+impl<S> std::fmt::Debug for AuthorityRewrite<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthorityRewrite")
+            .field("rewriting", &self.rewriter.rewriting)
+            .field("pending", &self.out.len())
+            .field("eof", &self.eof)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Connected> Connected for AuthorityRewrite<S> {
+    type ConnectInfo = S::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for AuthorityRewrite<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if !this.out.is_empty() {
+                let n = buf.remaining().min(this.out.len());
+                buf.put_slice(&this.out[..n]);
+                this.out.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(error) = this.failed.take() {
+                this.closed = true;
+                tracing::warn!(%error, "closing HTTP/2 connection");
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, error)));
+            }
+            if this.eof || this.closed {
+                return Poll::Ready(Ok(()));
+            }
+            if this.rewriter.is_passthrough() {
+                return Pin::new(&mut this.inner).poll_read(cx, buf);
+            }
+            let mut scratch = ReadBuf::new(&mut this.input);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut scratch))?;
+            let read = scratch.filled();
+            if read.is_empty() {
+                this.eof = true;
+                this.rewriter.finish(&mut this.out);
+            } else if let Err(error) = this.rewriter.feed(read, &mut this.out) {
+                this.failed = Some(error);
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityRewrite<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// Why the layer closed a connection.
+#[derive(Debug, thiserror::Error)]
+enum RewriteError {
+    /// CONTINUATION flood or an absurd HEADERS frame.
+    #[error(
+        "header block on stream {stream_id} exceeds {MAX_HEADER_BLOCK} bytes (at least {len}); the client sent too many CONTINUATION frames"
+    )]
+    BlockTooLarge { stream_id: u32, len: usize },
+    /// HPACK bomb.
+    #[error("decoded header list on stream {stream_id} exceeds {MAX_HEADER_LIST} bytes")]
+    HeaderListTooLarge { stream_id: u32 },
+    /// The client's HPACK could not be decoded after rewriting started (before, the block is
+    /// passed through and `h2` reports it).
+    #[error("HPACK error in header block on stream {stream_id}")]
+    Hpack {
+        stream_id: u32,
+        #[source]
+        source: loona_hpack::decoder::DecoderError,
+    },
+}
+
+/// Where the byte stream parser is.
+enum State {
+    /// Matching the client preface; `matched` bytes of it seen so far.
+    Preface { matched: usize },
+    /// Reading a 9-byte frame header.
+    FrameHeader {
+        buf: [u8; FRAME_HEADER_LEN],
+        filled: usize,
+    },
+    /// Copying the payload of a frame that is not part of a header block.
+    Forward { remaining: usize },
+    /// Reading the payload of a HEADERS or CONTINUATION frame.
+    HeaderPayload {
+        header: FrameHeader,
+        payload: Vec<u8>,
+    },
+    /// Not HTTP/2 as the layer understands it: everything goes through untouched, for `h2` to
+    /// judge.
+    Passthrough,
+}
+
+#[derive(Clone, Copy)]
+struct FrameHeader {
+    len: usize,
+    kind: u8,
+    flags: u8,
+    stream_id: u32,
+    raw: [u8; FRAME_HEADER_LEN],
+}
+
+impl FrameHeader {
+    fn parse(raw: [u8; FRAME_HEADER_LEN]) -> FrameHeader {
+        FrameHeader {
+            len: usize::from(raw[0]) << 16 | usize::from(raw[1]) << 8 | usize::from(raw[2]),
+            kind: raw[3],
+            flags: raw[4],
+            stream_id: u32::from_be_bytes([raw[5], raw[6], raw[7], raw[8]]) & 0x7fff_ffff,
+            raw,
+        }
+    }
+}
+
+/// A header block being reassembled.
+struct Block {
+    stream_id: u32,
+    /// END_STREAM from the HEADERS frame.
+    end_stream: bool,
+    /// Priority bytes from the HEADERS frame, if it had the PRIORITY flag.
+    priority: Option<[u8; PRIORITY_LEN]>,
+    /// The original frames, byte for byte.
+    raw: Vec<u8>,
+    /// The header block fragments, padding removed.
+    fragment: Vec<u8>,
+}
+
+/// The client→server half of the layer, without I/O: bytes in, bytes out.
+struct Rewriter {
+    state: State,
+    block: Option<Block>,
+    decoder: Decoder<'static>,
+    /// A block has been rewritten on this connection: every later block is re-encoded.
+    rewriting: bool,
+}
+
+impl Rewriter {
+    fn new() -> Rewriter {
+        let mut decoder = Decoder::new();
+        decoder.set_max_allowed_table_size(HEADER_TABLE_SIZE);
+        Rewriter {
+            state: State::Preface { matched: 0 },
+            block: None,
+            decoder,
+            rewriting: false,
+        }
+    }
+
+    fn is_passthrough(&self) -> bool {
+        matches!(self.state, State::Passthrough)
+    }
+
+    /// Consumes `input`, appending what should reach the server to `out`.
+    fn feed(&mut self, mut input: &[u8], out: &mut BytesMut) -> Result<(), RewriteError> {
+        while !input.is_empty() {
+            match &mut self.state {
+                State::Passthrough => {
+                    out.extend_from_slice(input);
+                    return Ok(());
+                }
+                State::Preface { matched } => {
+                    let want = &PREFACE[*matched..];
+                    let n = want.len().min(input.len());
+                    if input[..n] != want[..n] {
+                        tracing::debug!(
+                            "not an HTTP/2 client preface; passing the connection through"
+                        );
+                        out.extend_from_slice(&PREFACE[..*matched]);
+                        self.state = State::Passthrough;
+                        continue;
+                    }
+                    *matched += n;
+                    input = &input[n..];
+                    if *matched == PREFACE.len() {
+                        out.extend_from_slice(PREFACE);
+                        self.state = State::FrameHeader {
+                            buf: [0; FRAME_HEADER_LEN],
+                            filled: 0,
+                        };
+                    }
+                }
+                State::FrameHeader { buf, filled } => {
+                    let n = (FRAME_HEADER_LEN - *filled).min(input.len());
+                    buf[*filled..*filled + n].copy_from_slice(&input[..n]);
+                    *filled += n;
+                    input = &input[n..];
+                    if *filled == FRAME_HEADER_LEN {
+                        let header = FrameHeader::parse(*buf);
+                        self.start_frame(header, out)?;
+                    }
+                }
+                State::Forward { remaining } => {
+                    let n = (*remaining).min(input.len());
+                    out.extend_from_slice(&input[..n]);
+                    *remaining -= n;
+                    input = &input[n..];
+                    if *remaining == 0 {
+                        self.state = next_frame();
+                    }
+                }
+                State::HeaderPayload { header, payload } => {
+                    let n = (header.len - payload.len()).min(input.len());
+                    payload.extend_from_slice(&input[..n]);
+                    input = &input[n..];
+                    if payload.len() == header.len {
+                        let header = *header;
+                        let payload = std::mem::take(payload);
+                        self.state = next_frame();
+                        self.header_frame(header, payload, out)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The peer closed its side: whatever is held back goes out as it came in.
+    fn finish(&mut self, out: &mut BytesMut) {
+        if let Some(block) = self.block.take() {
+            out.extend_from_slice(&block.raw);
+        }
+        match std::mem::replace(&mut self.state, State::Passthrough) {
+            State::Preface { matched } => out.extend_from_slice(&PREFACE[..matched]),
+            State::FrameHeader { buf, filled } => out.extend_from_slice(&buf[..filled]),
+            State::HeaderPayload { header, payload } => {
+                out.extend_from_slice(&header.raw);
+                out.extend_from_slice(&payload);
+            }
+            State::Forward { .. } | State::Passthrough => {}
+        }
+    }
+
+    /// A complete frame header has been read.
+    fn start_frame(&mut self, header: FrameHeader, out: &mut BytesMut) -> Result<(), RewriteError> {
+        let in_block = self.block.is_some();
+        let is_header_frame = header.kind == TYPE_HEADERS || header.kind == TYPE_CONTINUATION;
+        if in_block && header.kind != TYPE_CONTINUATION {
+            // RFC 9113 §6.2: nothing may interleave a header block. Let h2 say so.
+            self.give_up(out, &header.raw, "frame interleaved into a header block");
+            return Ok(());
+        }
+        if !in_block && header.kind == TYPE_CONTINUATION {
+            self.give_up(
+                out,
+                &header.raw,
+                "CONTINUATION without an open header block",
+            );
+            return Ok(());
+        }
+        if !is_header_frame {
+            out.extend_from_slice(&header.raw);
+            self.state = if header.len == 0 {
+                next_frame()
+            } else {
+                State::Forward {
+                    remaining: header.len,
+                }
+            };
+            return Ok(());
+        }
+        let so_far = self.block.as_ref().map_or(0, |b| b.raw.len());
+        if so_far + header.len > MAX_HEADER_BLOCK {
+            return Err(RewriteError::BlockTooLarge {
+                stream_id: header.stream_id,
+                len: so_far + header.len,
+            });
+        }
+        self.state = State::HeaderPayload {
+            header,
+            payload: Vec::with_capacity(header.len),
+        };
+        if header.len == 0 {
+            // An empty payload completes at once; `feed` would not come back for it.
+            self.state = next_frame();
+            return self.header_frame(header, Vec::new(), out);
+        }
+        Ok(())
+    }
+
+    /// A complete HEADERS or CONTINUATION frame has been read.
+    fn header_frame(
+        &mut self,
+        header: FrameHeader,
+        payload: Vec<u8>,
+        out: &mut BytesMut,
+    ) -> Result<(), RewriteError> {
+        if header.kind == TYPE_HEADERS {
+            let mut start = 0;
+            let mut pad = 0;
+            if header.flags & FLAG_PADDED != 0 {
+                match payload.first() {
+                    Some(&len) => pad = usize::from(len),
+                    None => {
+                        let raw = [&header.raw[..], &payload].concat();
+                        self.give_up(out, &raw, "PADDED HEADERS frame without a pad length");
+                        return Ok(());
+                    }
+                }
+                start = 1;
+            }
+            let mut priority = None;
+            if header.flags & FLAG_PRIORITY != 0 {
+                match payload.get(start..start + PRIORITY_LEN) {
+                    Some(bytes) => {
+                        let mut p = [0; PRIORITY_LEN];
+                        p.copy_from_slice(bytes);
+                        priority = Some(p);
+                    }
+                    None => {
+                        let raw = [&header.raw[..], &payload].concat();
+                        self.give_up(out, &raw, "HEADERS frame too short for its priority");
+                        return Ok(());
+                    }
+                }
+                start += PRIORITY_LEN;
+            }
+            if start + pad > payload.len() {
+                let raw = [&header.raw[..], &payload].concat();
+                self.give_up(out, &raw, "HEADERS padding longer than the frame");
+                return Ok(());
+            }
+            let mut raw = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
+            raw.extend_from_slice(&header.raw);
+            raw.extend_from_slice(&payload);
+            self.block = Some(Block {
+                stream_id: header.stream_id,
+                end_stream: header.flags & FLAG_END_STREAM != 0,
+                priority,
+                raw,
+                fragment: payload[start..payload.len() - pad].to_vec(),
+            });
+        } else {
+            let Some(block) = self.block.as_mut() else {
+                // `start_frame` only lets CONTINUATION through with an open block.
+                let raw = [&header.raw[..], &payload].concat();
+                self.give_up(out, &raw, "CONTINUATION without an open header block");
+                return Ok(());
+            };
+            if block.stream_id != header.stream_id {
+                let raw = [&header.raw[..], &payload].concat();
+                self.give_up(out, &raw, "CONTINUATION on another stream");
+                return Ok(());
+            }
+            block.raw.extend_from_slice(&header.raw);
+            block.raw.extend_from_slice(&payload);
+            block.fragment.extend_from_slice(&payload);
+        }
+        if header.flags & FLAG_END_HEADERS != 0 {
+            let block = self.block.take().expect("a header block is open");
+            self.finish_block(block, out)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes a complete header block and forwards it, rewritten if needed.
+    fn finish_block(&mut self, block: Block, out: &mut BytesMut) -> Result<(), RewriteError> {
+        let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut list_size = 0usize;
+        let mut too_large = false;
+        let decoded = self.decoder.decode_with_cb(&block.fragment, |name, value| {
+            list_size = list_size.saturating_add(name.len() + value.len() + 32);
+            if list_size > MAX_HEADER_LIST {
+                too_large = true;
+            } else {
+                fields.push((name.into_owned(), value.into_owned()));
+            }
+        });
+        if too_large {
+            return Err(RewriteError::HeaderListTooLarge {
+                stream_id: block.stream_id,
+            });
+        }
+        if let Err(source) = decoded {
+            if self.rewriting {
+                return Err(RewriteError::Hpack {
+                    stream_id: block.stream_id,
+                    source,
+                });
+            }
+            // h2's table is still in step with the client's: it will report the error itself.
+            tracing::debug!(%source, "undecodable header block; passing the connection through");
+            let raw = block.raw;
+            self.give_up(out, &raw, "undecodable header block");
+            return Ok(());
+        }
+
+        let mut replaced = false;
+        for (name, value) in &mut fields {
+            if name.as_slice() == b":authority"
+                && http::uri::Authority::try_from(value.as_slice()).is_err()
+            {
+                tracing::debug!(
+                    authority = %String::from_utf8_lossy(value),
+                    stream_id = block.stream_id,
+                    "replacing an :authority that is not a URI authority with localhost"
+                );
+                *value = LOCALHOST.to_vec();
+                replaced = true;
+            }
+        }
+        self.rewriting |= replaced;
+        if !self.rewriting {
+            out.extend_from_slice(&block.raw);
+            return Ok(());
+        }
+        write_block(&block, &encode_literals(&fields), out);
+        Ok(())
+    }
+
+    /// Stops interpreting the connection: `held` (bytes not yet forwarded, in order) and
+    /// everything after goes through untouched, so `h2` sees and reports the violation.
+    fn give_up(&mut self, out: &mut BytesMut, held: &[u8], why: &str) {
+        tracing::debug!(
+            why,
+            "HTTP/2 framing violation; passing the connection through"
+        );
+        if let Some(block) = self.block.take() {
+            out.extend_from_slice(&block.raw);
+        }
+        out.extend_from_slice(held);
+        self.state = State::Passthrough;
+    }
+}
+
+fn next_frame() -> State {
+    State::FrameHeader {
+        buf: [0; FRAME_HEADER_LEN],
+        filled: 0,
+    }
+}
+
+/// Encodes header fields as "literal header field without indexing — new name" (RFC 7541
+/// §6.2.2) with plain (non-Huffman) strings: needs no encoder state and adds nothing to the
+/// server's dynamic table.
+fn encode_literals(fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let size = fields.iter().map(|(n, v)| n.len() + v.len() + 11).sum();
+    let mut block = Vec::with_capacity(size);
+    for (name, value) in fields {
+        block.push(0x00);
+        encode_string(name, &mut block);
+        encode_string(value, &mut block);
+    }
+    block
+}
+
+/// A string literal without Huffman coding: 7-bit prefix length, then the bytes.
+fn encode_string(bytes: &[u8], out: &mut Vec<u8>) {
+    encode_integer(bytes.len(), 7, 0x00, out);
+    out.extend_from_slice(bytes);
+}
+
+/// An HPACK integer (RFC 7541 §5.1) with an `prefix_bits`-bit prefix; `first` holds the bits of
+/// the first byte above the prefix.
+fn encode_integer(mut value: usize, prefix_bits: u32, first: u8, out: &mut Vec<u8>) {
+    let max_prefix = (1usize << prefix_bits) - 1;
+    if value < max_prefix {
+        out.push(first | value as u8);
+        return;
+    }
+    out.push(first | max_prefix as u8);
+    value -= max_prefix;
+    while value >= 0x80 {
+        out.push((value & 0x7f) as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// Frames an encoded header block as HEADERS + CONTINUATION* of at most [`MAX_CHUNK`] bytes each,
+/// keeping END_STREAM and the priority of the original HEADERS frame; padding is dropped.
+fn write_block(block: &Block, encoded: &[u8], out: &mut BytesMut) {
+    let priority_len = if block.priority.is_some() {
+        PRIORITY_LEN
+    } else {
+        0
+    };
+    let first_len = encoded.len().min(MAX_CHUNK - priority_len);
+    let (first, mut rest) = encoded.split_at(first_len);
+
+    let mut flags = 0;
+    if block.end_stream {
+        flags |= FLAG_END_STREAM;
+    }
+    if block.priority.is_some() {
+        flags |= FLAG_PRIORITY;
+    }
+    if rest.is_empty() {
+        flags |= FLAG_END_HEADERS;
+    }
+    put_frame_header(
+        out,
+        priority_len + first.len(),
+        TYPE_HEADERS,
+        flags,
+        block.stream_id,
+    );
+    if let Some(priority) = block.priority {
+        out.extend_from_slice(&priority);
+    }
+    out.extend_from_slice(first);
+
+    while !rest.is_empty() {
+        let n = rest.len().min(MAX_CHUNK);
+        let (chunk, tail) = rest.split_at(n);
+        let flags = if tail.is_empty() { FLAG_END_HEADERS } else { 0 };
+        put_frame_header(out, n, TYPE_CONTINUATION, flags, block.stream_id);
+        out.extend_from_slice(chunk);
+        rest = tail;
+    }
+}
+
+fn put_frame_header(out: &mut BytesMut, len: usize, kind: u8, flags: u8, stream_id: u32) {
+    let len = u32::try_from(len).expect("frame payload fits in 24 bits");
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.extend_from_slice(&[kind, flags]);
+    out.extend_from_slice(&stream_id.to_be_bytes());
+}

@@ -1,0 +1,691 @@
+//! Integration tests of pluglet-uds on real unix sockets: dialing, binding, and a real tonic
+//! server behind the `:authority` rewriting layer, driven by tonic clients and by a hand-written
+//! HTTP/2 client that sends what grpc-go and grpc-python send (a socket path as `:authority`).
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pluglet_proto::v1beta1::registration_client::RegistrationClient;
+use pluglet_proto::v1beta1::registration_server::{Registration, RegistrationServer};
+use pluglet_proto::v1beta1::{Empty, RegisterRequest};
+use pluglet_uds::{UdsError, bind, connect, incoming, incoming_any_authority};
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tonic::transport::Server;
+use tonic::transport::server::UdsConnectInfo;
+
+const KUBELET_SOCK: &str = "/var/lib/kubelet/device-plugins/kubelet.sock";
+const KUBELET_SOCK_ENCODED: &str = "%2Fvar%2Flib%2Fkubelet%2Fdevice-plugins%2Fkubelet.sock";
+const DEADLINE: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------------
+// The server: a Registration service that records what it was asked.
+
+/// One Register call as the service saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    request: RegisterRequest,
+    x_trace: Option<String>,
+    has_peer_cred: bool,
+}
+
+#[derive(Clone, Default)]
+struct Recorder {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Recorder {
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+#[tonic::async_trait]
+impl Registration for Recorder {
+    async fn register(
+        &self,
+        request: tonic::Request<RegisterRequest>,
+    ) -> Result<tonic::Response<Empty>, tonic::Status> {
+        let x_trace = request
+            .metadata()
+            .get("x-trace")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let has_peer_cred = request
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .is_some_and(|info| info.peer_cred.is_some());
+        self.seen.lock().unwrap().push(Seen {
+            request: request.into_inner(),
+            x_trace,
+            has_peer_cred,
+        });
+        Ok(tonic::Response::new(Empty {}))
+    }
+}
+
+struct TestServer {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    recorder: Recorder,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves the recorder on a fresh socket, with or without the rewriting layer.
+fn serve(rewrite: bool) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubelet.sock");
+    let listener = bind(&path, Some(0o600)).unwrap();
+    let recorder = Recorder::default();
+    let service = RegistrationServer::new(recorder.clone());
+    let task = tokio::spawn(async move {
+        let router = Server::builder().add_service(service);
+        let result = if rewrite {
+            router
+                .serve_with_incoming(incoming_any_authority(listener))
+                .await
+        } else {
+            router.serve_with_incoming(incoming(listener)).await
+        };
+        result.unwrap();
+    });
+    TestServer {
+        _dir: dir,
+        path,
+        recorder,
+        task,
+    }
+}
+
+fn register_request(resource: &str) -> RegisterRequest {
+    RegisterRequest {
+        version: "v1beta1".into(),
+        endpoint: "vendor-gpu.sock".into(),
+        resource_name: resource.into(),
+        options: None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A hand-written HTTP/2 client.
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
+const GOAWAY: u8 = 0x7;
+const CONTINUATION: u8 = 0x9;
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY: u8 = 0x20;
+const PROTOCOL_ERROR: u32 = 0x1;
+
+struct Frame {
+    kind: u8,
+    flags: u8,
+    stream_id: u32,
+    payload: Vec<u8>,
+}
+
+/// How one stream ended, as the raw client saw it.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// Decoded header blocks on the stream, in order (response headers, then trailers).
+    blocks: Vec<Vec<(String, String)>>,
+    data: Vec<u8>,
+    reset: Option<u32>,
+    goaway: Option<u32>,
+    closed: bool,
+}
+
+impl Outcome {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.blocks
+            .iter()
+            .flatten()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+struct RawClient {
+    stream: UnixStream,
+    decoder: loona_hpack::Decoder<'static>,
+}
+
+impl RawClient {
+    async fn open(path: &Path) -> RawClient {
+        let mut stream = UnixStream::connect(path).await.unwrap();
+        stream.write_all(PREFACE).await.unwrap();
+        let mut client = RawClient {
+            stream,
+            decoder: loona_hpack::Decoder::new(),
+        };
+        client.send(SETTINGS, 0, 0, &[]).await;
+        client
+    }
+
+    async fn send(&mut self, kind: u8, flags: u8, stream_id: u32, payload: &[u8]) {
+        let frame = frame(kind, flags, stream_id, payload);
+        self.stream.write_all(&frame).await.unwrap();
+    }
+
+    async fn read_frame(&mut self) -> Option<Frame> {
+        let mut header = [0u8; 9];
+        self.stream.read_exact(&mut header).await.ok()?;
+        let len =
+            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+        let mut payload = vec![0; len];
+        self.stream.read_exact(&mut payload).await.ok()?;
+        Some(Frame {
+            kind: header[3],
+            flags: header[4],
+            stream_id: u32::from_be_bytes([header[5], header[6], header[7], header[8]])
+                & 0x7fff_ffff,
+            payload,
+        })
+    }
+
+    /// Reads until `stream_id` ends (END_STREAM, RST_STREAM), the server sends GOAWAY or closes.
+    async fn outcome(&mut self, stream_id: u32) -> Outcome {
+        tokio::time::timeout(DEADLINE, self.outcome_inner(stream_id))
+            .await
+            .expect("the server answered in time")
+    }
+
+    async fn outcome_inner(&mut self, stream_id: u32) -> Outcome {
+        let mut outcome = Outcome::default();
+        let mut block: Vec<u8> = Vec::new();
+        loop {
+            let Some(f) = self.read_frame().await else {
+                outcome.closed = true;
+                return outcome;
+            };
+            match f.kind {
+                SETTINGS if f.flags & ACK == 0 => self.send(SETTINGS, ACK, 0, &[]).await,
+                PING if f.flags & ACK == 0 => self.send(PING, ACK, 0, &f.payload).await,
+                GOAWAY => {
+                    outcome.goaway = Some(u32::from_be_bytes(f.payload[4..8].try_into().unwrap()));
+                    return outcome;
+                }
+                RST_STREAM if f.stream_id == stream_id => {
+                    outcome.reset = Some(u32::from_be_bytes(f.payload[..4].try_into().unwrap()));
+                    return outcome;
+                }
+                HEADERS | CONTINUATION => {
+                    // The server sends neither padding nor priority.
+                    block.extend_from_slice(&f.payload);
+                    if f.flags & END_HEADERS != 0 {
+                        let fields = self
+                            .decoder
+                            .decode(&block)
+                            .unwrap()
+                            .into_iter()
+                            .map(|(n, v)| {
+                                (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap())
+                            })
+                            .collect();
+                        block.clear();
+                        if f.stream_id == stream_id {
+                            outcome.blocks.push(fields);
+                        }
+                    }
+                    if f.stream_id == stream_id && f.flags & END_STREAM != 0 {
+                        return outcome;
+                    }
+                }
+                DATA if f.stream_id == stream_id => {
+                    outcome.data.extend_from_slice(&f.payload);
+                    if f.flags & END_STREAM != 0 {
+                        return outcome;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+fn frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut frame = vec![len[1], len[2], len[3], kind, flags];
+    frame.extend_from_slice(&stream_id.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// A plain (non-Huffman) HPACK string; all strings here are shorter than 127 bytes.
+fn hpack_string(s: &str, out: &mut Vec<u8>) {
+    let len = u8::try_from(s.len()).unwrap();
+    assert!(len < 0x7f);
+    out.push(len);
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Literal header field without indexing, new name (RFC 7541 §6.2.2).
+fn literal(name: &str, value: &str) -> Vec<u8> {
+    let mut out = vec![0x00];
+    hpack_string(name, &mut out);
+    hpack_string(value, &mut out);
+    out
+}
+
+/// Literal header field with incremental indexing, new name (RFC 7541 §6.2.1).
+fn literal_indexed(name: &str, value: &str) -> Vec<u8> {
+    let mut out = vec![0x40];
+    hpack_string(name, &mut out);
+    hpack_string(value, &mut out);
+    out
+}
+
+/// Indexed header field (RFC 7541 §6.1); dynamic entries start at 62, newest first.
+fn indexed(index: u8) -> Vec<u8> {
+    assert!(index < 0x7f);
+    vec![0x80 | index]
+}
+
+/// The header fields of a grpc-go Register call, each encoded by `encode`.
+fn register_headers(authority: &str, encode: fn(&str, &str) -> Vec<u8>) -> Vec<u8> {
+    [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/v1beta1.Registration/Register"),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+    .iter()
+    .flat_map(|(n, v)| encode(n, v))
+    .collect()
+}
+
+/// A gRPC length-prefixed message.
+fn grpc_message(request: &RegisterRequest) -> Vec<u8> {
+    let body = request.encode_to_vec();
+    let mut message = vec![0];
+    message.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    message.extend_from_slice(&body);
+    message
+}
+
+/// Sends one Register on `stream_id` as a single HEADERS frame plus one DATA frame.
+async fn raw_register(client: &mut RawClient, stream_id: u32, block: &[u8], resource: &str) {
+    client.send(HEADERS, END_HEADERS, stream_id, block).await;
+    let message = grpc_message(&register_request(resource));
+    client.send(DATA, END_STREAM, stream_id, &message).await;
+}
+
+fn assert_ok(outcome: &Outcome) {
+    assert_eq!(outcome.reset, None, "stream reset: {outcome:?}");
+    assert_eq!(outcome.header(":status"), Some("200"), "{outcome:?}");
+    assert_eq!(outcome.header("grpc-status"), Some("0"), "{outcome:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rewriting layer.
+
+#[tokio::test]
+async fn path_authority_is_served_through_the_layer() {
+    let server = serve(true);
+    let mut client = RawClient::open(&server.path).await;
+    raw_register(
+        &mut client,
+        1,
+        &register_headers(KUBELET_SOCK, literal),
+        "vendor.com/gpu",
+    )
+    .await;
+    let outcome = client.outcome(1).await;
+    assert_ok(&outcome);
+    // A gRPC response message carrying an empty `Empty`.
+    assert_eq!(outcome.data, [0, 0, 0, 0, 0]);
+
+    let seen = server.recorder.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].request, register_request("vendor.com/gpu"));
+    assert!(seen[0].has_peer_cred, "connection info reaches the handler");
+}
+
+#[tokio::test]
+async fn percent_encoded_authority_is_served_through_the_layer() {
+    let server = serve(true);
+    let mut client = RawClient::open(&server.path).await;
+    let block = register_headers(KUBELET_SOCK_ENCODED, literal);
+    raw_register(&mut client, 1, &block, "vendor.com/fpga").await;
+    assert_ok(&client.outcome(1).await);
+    assert_eq!(
+        server.recorder.seen()[0].request,
+        register_request("vendor.com/fpga")
+    );
+}
+
+#[tokio::test]
+async fn without_the_layer_path_authorities_are_refused() {
+    let server = serve(false);
+    let mut client = RawClient::open(&server.path).await;
+    raw_register(
+        &mut client,
+        1,
+        &register_headers(KUBELET_SOCK, literal),
+        "a.com/x",
+    )
+    .await;
+    assert_eq!(client.outcome(1).await.reset, Some(PROTOCOL_ERROR));
+
+    let block = register_headers(KUBELET_SOCK_ENCODED, literal);
+    raw_register(&mut client, 3, &block, "a.com/x").await;
+    assert_eq!(client.outcome(3).await.reset, Some(PROTOCOL_ERROR));
+
+    // The same client with a valid authority is served: the refusal is about :authority alone.
+    raw_register(
+        &mut client,
+        5,
+        &register_headers("localhost", literal),
+        "a.com/x",
+    )
+    .await;
+    assert_ok(&client.outcome(5).await);
+    assert_eq!(server.recorder.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn header_block_split_with_padding_and_priority() {
+    let server = serve(true);
+    let mut client = RawClient::open(&server.path).await;
+    let block = register_headers(KUBELET_SOCK, literal);
+    let (first, rest) = block.split_at(10);
+    let (second, third) = rest.split_at(40);
+
+    // HEADERS: pad length 7, priority (exclusive=0, depends on 0, weight 16), fragment, padding.
+    let mut payload = vec![7];
+    payload.extend_from_slice(&[0, 0, 0, 0, 15]);
+    payload.extend_from_slice(first);
+    payload.extend_from_slice(&[0; 7]);
+    client.send(HEADERS, PADDED | PRIORITY, 1, &payload).await;
+    client.send(CONTINUATION, 0, 1, second).await;
+    client.send(CONTINUATION, END_HEADERS, 1, third).await;
+    // A padded DATA frame goes through untouched.
+    let mut data = vec![3];
+    data.extend_from_slice(&grpc_message(&register_request("split.com/dev")));
+    data.extend_from_slice(&[0; 3]);
+    client.send(DATA, END_STREAM | PADDED, 1, &data).await;
+
+    assert_ok(&client.outcome(1).await);
+    assert_eq!(
+        server.recorder.seen()[0].request,
+        register_request("split.com/dev")
+    );
+}
+
+#[tokio::test]
+async fn dynamic_table_references_decode_in_later_blocks() {
+    let server = serve(true);
+    let mut client = RawClient::open(&server.path).await;
+    // Block 1 adds its six fields to the table (newest first: te = 62 ... :method = 67).
+    let first = register_headers(KUBELET_SOCK, literal_indexed);
+    raw_register(&mut client, 1, &first, "first.com/a").await;
+    assert_ok(&client.outcome(1).await);
+
+    // Block 2 is nothing but references to entries h2 never saw (block 1 was re-encoded).
+    let second: Vec<u8> = (62..=67).rev().flat_map(indexed).collect();
+    assert_eq!(second.len(), 6);
+    raw_register(&mut client, 3, &second, "second.com/b").await;
+    assert_ok(&client.outcome(3).await);
+
+    let seen = server.recorder.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].request, register_request("second.com/b"));
+}
+
+#[tokio::test]
+async fn blocks_after_a_rewrite_are_re_encoded_too() {
+    let server = serve(true);
+    let mut client = RawClient::open(&server.path).await;
+    // Block 1 needs no rewrite: it reaches h2 as sent, and h2's table holds its six fields.
+    let first = register_headers("localhost", literal_indexed);
+    raw_register(&mut client, 1, &first, "one.com/a").await;
+    assert_ok(&client.outcome(1).await);
+
+    // Block 2 needs a rewrite and adds `x-trace: two` to the client's table (at 62), which h2
+    // never sees; its other fields are references to block 1's entries (62..67 until then).
+    let mut second: Vec<u8> = [67, 66, 65].into_iter().flat_map(indexed).collect();
+    second.extend(literal(":authority", KUBELET_SOCK));
+    second.extend(indexed(63));
+    second.extend(indexed(62));
+    second.extend(literal_indexed("x-trace", "two"));
+    raw_register(&mut client, 3, &second, "two.com/b").await;
+    assert_ok(&client.outcome(3).await);
+
+    // Block 3 needs no rewrite itself, but to h2 (whose table still holds block 1 only) index 62
+    // is `te: trailers` and 68 does not exist: it must be re-encoded, not passed through.
+    let mut third: Vec<u8> = [68, 67, 66].into_iter().flat_map(indexed).collect();
+    third.extend(literal(":authority", "localhost"));
+    third.extend([64, 63, 62].into_iter().flat_map(indexed));
+    raw_register(&mut client, 5, &third, "three.com/c").await;
+    assert_ok(&client.outcome(5).await);
+
+    let seen = server.recorder.seen();
+    assert_eq!(seen.len(), 3);
+    assert_eq!(seen[1].x_trace.as_deref(), Some("two"));
+    assert_eq!(seen[2].x_trace.as_deref(), Some("two"));
+    assert_eq!(seen[2].request, register_request("three.com/c"));
+}
+
+#[tokio::test]
+async fn tonic_clients_work_through_the_layer() {
+    let server = serve(true);
+    let channel = connect(&server.path, DEADLINE).await.unwrap();
+    let mut client = RegistrationClient::new(channel);
+    for resource in ["tonic.com/a", "tonic.com/b"] {
+        client.register(register_request(resource)).await.unwrap();
+    }
+    let seen = server.recorder.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].request, register_request("tonic.com/b"));
+    assert!(seen[0].has_peer_cred);
+}
+
+#[tokio::test]
+async fn continuation_flood_closes_the_connection() {
+    let server = serve(true);
+    let mut client = RawClient::open(&server.path).await;
+    client
+        .send(HEADERS, 0, 1, &literal(":method", "POST"))
+        .await;
+    let filler = vec![0u8; 16 * 1024];
+    // 5 × 16 KiB > 64 KiB. The server may close before all of it is written.
+    for _ in 0..5 {
+        let frame = frame(CONTINUATION, 0, 1, &filler);
+        if client.stream.write_all(&frame).await.is_err() {
+            break;
+        }
+    }
+    let outcome = client.outcome(1).await;
+    assert!(outcome.closed, "{outcome:?}");
+    assert!(server.recorder.seen().is_empty());
+}
+
+#[tokio::test]
+async fn framing_violations_are_left_to_h2() {
+    let server = serve(true);
+    let mut client = RawClient::open(&server.path).await;
+    // A DATA frame inside an open header block: h2 must answer with GOAWAY(PROTOCOL_ERROR).
+    client
+        .send(HEADERS, 0, 1, &literal(":method", "POST"))
+        .await;
+    client.send(DATA, 0, 1, b"x").await;
+    let outcome = client.outcome(1).await;
+    assert_eq!(outcome.goaway, Some(PROTOCOL_ERROR), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn not_http2_is_passed_through_for_h2_to_refuse() {
+    let server = serve(true);
+    let mut stream = UnixStream::connect(&server.path).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer))
+        .await
+        .expect("the server closes the connection")
+        .ok();
+    // h2 may send a GOAWAY before closing; it must not process anything as a request.
+    assert!(server.recorder.seen().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// connect
+
+#[tokio::test]
+async fn connect_waits_for_a_socket_that_appears_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("late.sock");
+    let recorder = Recorder::default();
+    let service = RegistrationServer::new(recorder.clone());
+    let serve_path = path.clone();
+    let task = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let listener = bind(&serve_path, None).unwrap();
+        Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming_any_authority(listener))
+            .await
+            .unwrap();
+    });
+    let channel = connect(&path, DEADLINE).await.unwrap();
+    RegistrationClient::new(channel)
+        .register(register_request("late.com/x"))
+        .await
+        .unwrap();
+    assert_eq!(recorder.seen().len(), 1);
+    task.abort();
+}
+
+#[tokio::test]
+async fn connect_retries_a_socket_that_is_bound_but_not_listening() {
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind as bind_fd, listen, socket,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bound.sock");
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    bind_fd(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &UnixAddr::new(&path).unwrap(),
+    )
+    .unwrap();
+    // The socket file exists, but connecting is refused until listen().
+    let refused = UnixStream::connect(&path).await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+
+    let recorder = Recorder::default();
+    let service = RegistrationServer::new(recorder.clone());
+    let task = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        listen(&fd, Backlog::new(16).unwrap()).unwrap();
+        let std_listener = std::os::unix::net::UnixListener::from(fd);
+        std_listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::UnixListener::from_std(std_listener).unwrap();
+        Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming(listener))
+            .await
+            .unwrap();
+    });
+    let channel = connect(&path, DEADLINE).await.unwrap();
+    RegistrationClient::new(channel)
+        .register(register_request("bound.com/x"))
+        .await
+        .unwrap();
+    assert_eq!(recorder.seen().len(), 1);
+    task.abort();
+}
+
+#[tokio::test]
+async fn connect_gives_up_at_the_deadline_naming_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nobody.sock");
+    let started = std::time::Instant::now();
+    let error = connect(&path, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(100), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
+    let UdsError::Connect { source, .. } = &error else {
+        panic!("unexpected error {error:?}");
+    };
+    assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+    assert!(
+        error.to_string().contains(path.to_str().unwrap()),
+        "{error}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// bind
+
+#[tokio::test]
+async fn bind_creates_the_directory_and_sets_the_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a/b/plugin.sock");
+    let _listener = bind(&path, Some(0o600)).unwrap();
+    let metadata = std::fs::metadata(&path).unwrap();
+    assert!(metadata.file_type().is_socket());
+    assert_eq!(metadata.permissions().mode() & 0o777, 0o600);
+}
+
+#[tokio::test]
+async fn bind_replaces_a_stale_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stale.sock");
+    drop(bind(&path, None).unwrap());
+    assert!(
+        path.exists(),
+        "a dropped listener leaves its socket file behind"
+    );
+    let listener = bind(&path, None).unwrap();
+    let (accepted, connected) = tokio::join!(listener.accept(), UnixStream::connect(&path));
+    accepted.unwrap();
+    connected.unwrap();
+}
+
+#[tokio::test]
+async fn bind_refuses_to_delete_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("precious.sock");
+    std::fs::write(&path, b"data").unwrap();
+    let error = bind(&path, None).unwrap_err();
+    assert!(matches!(error, UdsError::NotASocket { .. }), "{error:?}");
+    assert!(error.to_string().contains("not a unix socket"), "{error}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"data");
+}
+
+#[tokio::test]
+async fn bind_rejects_a_path_too_long_for_sockaddr_un() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x".repeat(120));
+    let error = bind(&path, None).unwrap_err();
+    assert!(matches!(error, UdsError::PathTooLong { .. }), "{error:?}");
+}

@@ -1,0 +1,188 @@
+//! The real `pluglet run` binary on a temporary root, and `pluglet ctl` against it.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+use super::{DEADLINE, wait_for};
+
+/// Short timings so tests never wait for the kubelet's minutes.
+pub const FAST_TIMINGS: &[&str] = &[
+    "--backoff-initial",
+    "50ms",
+    "--backoff-max",
+    "400ms",
+    "--getinfo-timeout",
+    "1s",
+    "--nodegetinfo-timeout",
+    "2s",
+    "--notify-timeout",
+    "2s",
+    "--dial-timeout",
+    "2s",
+];
+
+/// A running `pluglet run --root <root>`; SIGTERMed (then killed) on drop.
+pub struct Daemon {
+    root: PathBuf,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+/// The `pluglet` binary.
+pub fn pluglet() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pluglet"))
+}
+
+impl Daemon {
+    /// Starts the daemon with [`FAST_TIMINGS`] and `extra` arguments and waits until its admin
+    /// API answers.
+    pub fn start(root: &Path, extra: &[&str]) -> Daemon {
+        let mut d = Daemon::spawn(root, extra);
+        d.wait_ready();
+        d
+    }
+
+    /// Starts the daemon without waiting.
+    pub fn spawn(root: &Path, extra: &[&str]) -> Daemon {
+        let log = root.join(format!("pluglet-{}.log", unique()));
+        let child = Command::new(pluglet())
+            .arg("run")
+            .arg("--root")
+            .arg(root)
+            .args(FAST_TIMINGS)
+            .args(extra)
+            .env("RUST_LOG", "info,pluglet=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).expect("create daemon log"))
+            .spawn()
+            .expect("spawn pluglet run");
+        Daemon {
+            root: root.to_owned(),
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// Waits until `ctl plugins` succeeds (fails early if the daemon exits).
+    pub fn wait_ready(&mut self) {
+        wait_for("the daemon's admin API", Duration::from_secs(120), || {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("pluglet exited during start-up with {status}; log:\n{}", self.log_text());
+            }
+            self.ctl(&["plugins"]).status.success().then_some(())
+        });
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    /// Runs `pluglet ctl --root <root> <args>`.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(pluglet())
+            .arg("ctl")
+            .arg("--root")
+            .arg(&self.root)
+            .args(args)
+            .output()
+            .expect("run pluglet ctl")
+    }
+
+    /// Runs `pluglet ctl --root <root> <what> -o json` and parses the array.
+    pub fn ctl_json(&self, what: &str) -> Vec<Value> {
+        let out = self.ctl(&[what, "-o", "json"]);
+        assert!(
+            out.status.success(),
+            "ctl {what} failed: {}\ndaemon log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log_text()
+        );
+        match serde_json::from_slice(&out.stdout).expect("ctl prints JSON") {
+            Value::Array(items) => items,
+            other => panic!("ctl {what} -o json printed {other}"),
+        }
+    }
+
+    /// The registered plugin named `name`, if any.
+    pub fn plugin(&self, name: &str) -> Option<Value> {
+        self.ctl_json("plugins").into_iter().find(|p| p["name"] == name)
+    }
+
+    /// The socket status of `path`, if the watcher knows it.
+    pub fn socket(&self, path: &Path) -> Option<Value> {
+        let path = path.display().to_string();
+        self.ctl_json("sockets").into_iter().find(|s| s["path"] == path.as_str())
+    }
+
+    /// Waits until `ctl plugins` lists `name`, returning its JSON.
+    pub fn wait_plugin(&self, name: &str) -> Value {
+        wait_for(&format!("plugin {name} in ctl plugins"), DEADLINE, || self.plugin(name))
+    }
+
+    /// Waits until the socket at `path` has a status satisfying `pred`.
+    pub fn wait_socket(&self, path: &Path, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        wait_for(&format!("socket {} {what}", path.display()), DEADLINE, || {
+            self.socket(path).filter(|s| pred(s))
+        })
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon running");
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        wait_exit(&mut child, DEADLINE).expect("pluglet did not exit after SIGTERM")
+    }
+
+    /// Waits for the daemon to exit on its own (e.g. refused at start-up).
+    pub fn wait_exit(mut self) -> (ExitStatus, String) {
+        let mut child = self.child.take().expect("daemon running");
+        let status = wait_exit(&mut child, DEADLINE).expect("pluglet did not exit");
+        (status, self.log_text())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+            if wait_exit(&mut child, Duration::from_secs(10)).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// Waits up to `timeout` for `child` to exit.
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A number unique within this test process.
+pub fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}

@@ -1,0 +1,89 @@
+//! Shared harness for the end-to-end stories: a temporary root, the real `pluglet` daemon, the
+//! example plugins as separate processes, `pluglet ctl`, and condition waits with deadlines.
+
+#![allow(dead_code)]
+
+pub mod daemon;
+pub mod plugins;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub use daemon::Daemon;
+pub use plugins::{CsiPlugin, DevicePlugin};
+
+/// How long a condition may take before a test fails. Generous: the machine is shared.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Path of a binary built next to `pluglet` (the example plugins). Fails with a clear message
+/// when it was not built.
+pub fn bin(name: &str) -> PathBuf {
+    let pluglet = PathBuf::from(env!("CARGO_BIN_EXE_pluglet"));
+    let path = pluglet.with_file_name(name);
+    assert!(
+        path.exists(),
+        "example binary {name} not found at {}: build it first with `cargo build --workspace --bins` \
+         (the README's test command does)",
+        path.display()
+    );
+    path
+}
+
+/// Polls `probe` until it returns `Some`, failing after `timeout` with `what`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// A temporary root directory for one daemon.
+pub struct TestRoot {
+    dir: tempfile::TempDir,
+}
+
+impl TestRoot {
+    /// A fresh, empty root (short path: unix socket paths are limited to 107 bytes).
+    pub fn new() -> TestRoot {
+        let dir = tempfile::Builder::new()
+            .prefix("pe2e")
+            .tempdir_in("/tmp")
+            .expect("create temporary root");
+        TestRoot { dir }
+    }
+
+    /// The root.
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+
+    /// `<root>/plugins_registry`.
+    pub fn registry(&self) -> PathBuf {
+        self.dir.path().join("plugins_registry")
+    }
+
+    /// `<root>/handlers`.
+    pub fn handlers(&self) -> PathBuf {
+        self.dir.path().join("handlers")
+    }
+
+    /// `<root>/pluglet.sock`.
+    pub fn admin_socket(&self) -> PathBuf {
+        self.dir.path().join("pluglet.sock")
+    }
+
+    /// A path for a plugin's side files (status file, CSI socket) outside the registry.
+    pub fn side(&self, name: &str) -> PathBuf {
+        let d = self.dir.path().join("plugins");
+        std::fs::create_dir_all(&d).expect("create plugins dir");
+        d.join(name)
+    }
+}
