@@ -15,15 +15,28 @@ cargo build --release --workspace --bins
 
 bin="$here/target/release"
 root="$(mktemp -d /tmp/pluglet-demo.XXXXXX)"
-pids=()
+daemon_pid=""
+plugin_pids=()
 
-cleanup() {
-    for pid in "${pids[@]}"; do
+stop() {
+    # Plugins first (they remove their sockets, the daemon deregisters them), then the daemon.
+    for pid in "${plugin_pids[@]}"; do
         kill -TERM "$pid" 2>/dev/null || true
     done
-    for pid in "${pids[@]}"; do
+    for pid in "${plugin_pids[@]}"; do
         wait "$pid" 2>/dev/null || true
     done
+    plugin_pids=()
+    if [ -n "$daemon_pid" ]; then
+        kill -TERM "$daemon_pid" 2>/dev/null || true
+        local status=0
+        wait "$daemon_pid" || status=$?
+        daemon_pid=""
+        echo "pluglet exited with status $status"
+    fi
+}
+cleanup() {
+    stop
     rm -rf "$root"
 }
 trap cleanup EXIT
@@ -44,7 +57,7 @@ ctl() { "$bin/pluglet" ctl --root "$root" "$@"; }
 
 echo "==> pluglet run --root $root"
 "$bin/pluglet" run --root "$root" 2>"$root/pluglet.log" &
-pids+=($!)
+daemon_pid=$!
 wait_until ctl plugins
 
 mkdir -p "$root/plugins"
@@ -55,7 +68,7 @@ echo "==> example CSI plugin (registration socket in the registry, CSI socket be
     --name csi.example.com --versions 1.0.0 --node-id "$(hostname)" \
     --max-volumes 16 --topology topology.kubernetes.io/zone=zone-a \
     2>"$root/csi-plugin.log" &
-pids+=($!)
+plugin_pids+=($!)
 
 echo "==> example device plugin (watcher flow, resource vendor.com/gpu)"
 "$bin/example-device-plugin" \
@@ -63,7 +76,7 @@ echo "==> example device plugin (watcher flow, resource vendor.com/gpu)"
     --reg-socket "$root/plugins_registry/vendor.com-gpu-reg.sock" \
     --socket "$root/plugins/vendor.com-gpu.sock" \
     2>"$root/device-plugin.log" &
-pids+=($!)
+plugin_pids+=($!)
 
 registered() { [ "$(ctl plugins -o json | grep -c '"registered_at"')" -ge 2 ]; }
 wait_until registered
@@ -78,4 +91,5 @@ echo
 echo "==> pluglet ctl handlers"
 ctl handlers
 echo
-echo "==> stopping (SIGTERM)"
+echo "==> stopping (SIGTERM: plugins, then the daemon)"
+stop

@@ -1,1 +1,369 @@
-//! Placeholder, replaced by its owner.
+//! Guest SDK for Pluglet handlers: write a handler as a plain Rust trait impl and export it with
+//! one macro; build it with `cargo build --release --target wasm32-wasip2` to get a component.
+//!
+//! The contract is the WIT package `pluglet:handler` in this crate's `wit/handler.wit`. Each hook
+//! family is one exported interface, and a component exports only the families it implements:
+//! - [`Registration`]: `validate`, `register`, `deregister` (every method has a default);
+//! - [`AllocationPolicy`]: `allocate` (the default takes the must-include ids, then the first
+//!   available ones).
+//!
+//! ```
+//! use pluglet_guest::{Accepted, PluginInfo, Refusal, RefusalKind, RegisteredPlugin, Registration};
+//!
+//! /// Accepts plugins whose name ends with `.example.com`.
+//! pub struct ExampleOnly;
+//!
+//! impl Registration for ExampleOnly {
+//!     fn validate(plugin: PluginInfo, _existing: Option<RegisteredPlugin>) -> Result<Accepted, Refusal> {
+//!         check_name(&plugin.name)?;
+//!         pluglet_guest::info(&format!("accepting {}", plugin.name));
+//!         Ok(Accepted { version: None })
+//!     }
+//! }
+//!
+//! /// The rule as a plain function: unit tests call it natively.
+//! pub fn check_name(name: &str) -> Result<(), Refusal> {
+//!     if name.ends_with(".example.com") {
+//!         Ok(())
+//!     } else {
+//!         Err(Refusal::new(RefusalKind::InvalidName, format!("{name} is not an example.com plugin")))
+//!     }
+//! }
+//!
+//! pluglet_guest::export_handler!(ExampleOnly: registration);
+//! # fn main() { assert!(check_name("a.example.com").is_ok()); }
+//! ```
+//!
+//! The guest crate must depend on this crate under the name `pluglet_guest` (the export macro
+//! refers to it by that path) and be a `cdylib` (`crate-type = ["cdylib", "rlib"]` keeps native
+//! unit tests working). On targets other than `wasm32` the macro only type-checks the impl, and
+//! the host helpers ([`log`], [`node_name`], [`setting`]) fall back to stderr and empty answers,
+//! so handler logic runs in native unit tests.
+
+#[doc(hidden)]
+pub mod __private {
+    pub use wit_bindgen;
+
+    /// Types and host imports of the contract, generated once here; guests' export glue refers
+    /// to these (see `__pluglet_generate_world!`).
+    #[allow(missing_docs, unsafe_code, clippy::all)]
+    pub mod bindings {
+        wit_bindgen::generate!({
+            path: "wit",
+            inline: "package pluglet:guest-sdk;
+                     world imports { import pluglet:handler/host@1.1.0; }",
+            world: "pluglet:guest-sdk/imports",
+            generate_all,
+            generate_unused_types: true,
+            additional_derives: [PartialEq, Eq],
+        });
+    }
+}
+
+include!(concat!(env!("OUT_DIR"), "/generate_world.rs"));
+
+#[cfg(target_arch = "wasm32")]
+use __private::bindings::pluglet::handler::host;
+
+pub use __private::bindings::pluglet::handler::host::Level;
+pub use __private::bindings::pluglet::handler::types::{
+    Accepted, AllocationRequest, Device, KeyValue, PluginInfo, Refusal, RefusalKind,
+    RegisteredPlugin, RegistrationFacts,
+};
+
+impl Refusal {
+    /// A refusal of `kind` with a message saying what was wrong and what to do.
+    pub fn new(kind: RefusalKind, message: impl Into<String>) -> Refusal {
+        Refusal {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl Accepted {
+    /// Accepted, choosing `version` of the type-specific API.
+    pub fn with_version(version: impl Into<String>) -> Accepted {
+        Accepted {
+            version: Some(version.into()),
+        }
+    }
+}
+
+/// The `registration` hook family: run when a plugin registers and deregisters. Every method has
+/// a default, so implement only the hooks you care about.
+pub trait Registration {
+    /// Decides whether `plugin` may register; `existing` is the plugin already registered under
+    /// the same type and name, if any. Default: accept, choosing no version.
+    fn validate(
+        plugin: PluginInfo,
+        existing: Option<RegisteredPlugin>,
+    ) -> Result<Accepted, Refusal> {
+        let _ = (plugin, existing);
+        Ok(Accepted { version: None })
+    }
+
+    /// Runs once the host has gathered its native facts (for CSI: NodeGetInfo). Default: accept.
+    fn register(plugin: PluginInfo, facts: RegistrationFacts) -> Result<(), Refusal> {
+        let _ = (plugin, facts);
+        Ok(())
+    }
+
+    /// Runs when the plugin's socket has gone. Default: nothing.
+    fn deregister(plugin: PluginInfo) {
+        let _ = plugin;
+    }
+}
+
+/// The `allocation-policy` hook family: which devices a container gets.
+pub trait AllocationPolicy {
+    /// Chooses exactly `request.count` distinct ids from `request.available`, including every
+    /// `must_include` id. Default: [`first_fit`].
+    fn allocate(request: AllocationRequest) -> Result<Vec<String>, Refusal> {
+        first_fit(&request)
+    }
+}
+
+/// The simplest valid allocation: the must-include ids, then available ids in order. Refuses
+/// (`unsatisfiable`) when a must-include id is not available or too few devices are.
+pub fn first_fit(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
+    let count = request.count as usize;
+    let available = |id: &str| request.available.iter().any(|d| d.id == id);
+    let mut chosen: Vec<String> = Vec::with_capacity(count);
+    for id in &request.must_include {
+        if !available(id) {
+            return Err(Refusal::new(
+                RefusalKind::Unsatisfiable,
+                format!("must-include device {id} is not available"),
+            ));
+        }
+        if !chosen.contains(id) {
+            chosen.push(id.clone());
+        }
+    }
+    if chosen.len() > count {
+        return Err(Refusal::new(
+            RefusalKind::Unsatisfiable,
+            format!(
+                "{} must-include devices but only {count} requested",
+                chosen.len()
+            ),
+        ));
+    }
+    for device in &request.available {
+        if chosen.len() == count {
+            break;
+        }
+        if !chosen.contains(&device.id) {
+            chosen.push(device.id.clone());
+        }
+    }
+    if chosen.len() < count {
+        return Err(Refusal::new(
+            RefusalKind::Unsatisfiable,
+            format!(
+                "requested {count} devices of {} but only {} are available",
+                request.resource,
+                chosen.len()
+            ),
+        ));
+    }
+    Ok(chosen)
+}
+
+/// Writes a line to the daemon's log, attributed to this handler. Natively: to stderr.
+pub fn log(level: Level, message: &str) {
+    #[cfg(target_arch = "wasm32")]
+    host::log(level, message);
+    #[cfg(not(target_arch = "wasm32"))]
+    eprintln!("[{level:?}] {message}");
+}
+
+/// [`log`] at debug level.
+pub fn debug(message: &str) {
+    log(Level::Debug, message);
+}
+
+/// [`log`] at info level.
+pub fn info(message: &str) {
+    log(Level::Info, message);
+}
+
+/// [`log`] at warn level.
+pub fn warn(message: &str) {
+    log(Level::Warn, message);
+}
+
+/// [`log`] at error level.
+pub fn error(message: &str) {
+    log(Level::Error, message);
+}
+
+/// The node's name. Natively: an empty string.
+pub fn node_name() -> String {
+    #[cfg(target_arch = "wasm32")]
+    return host::node_name();
+    #[cfg(not(target_arch = "wasm32"))]
+    String::new()
+}
+
+/// One read-only setting of this handler (from `handlers.toml`). Natively: `None`.
+pub fn setting(key: &str) -> Option<String> {
+    #[cfg(target_arch = "wasm32")]
+    return host::setting(key);
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let _ = key;
+        None
+    }
+}
+
+/// Every setting of this handler, sorted by key. Natively: empty.
+pub fn settings() -> Vec<KeyValue> {
+    #[cfg(target_arch = "wasm32")]
+    return host::settings();
+    #[cfg(not(target_arch = "wasm32"))]
+    Vec::new()
+}
+
+/// Exports a handler type as a component implementing the listed families:
+///
+/// ```ignore
+/// pluglet_guest::export_handler!(MyHandler: registration);
+/// pluglet_guest::export_handler!(MyPolicy: allocation_policy);
+/// pluglet_guest::export_handler!(Both: registration, allocation_policy);
+/// ```
+/// The type must implement [`Registration`] and/or [`AllocationPolicy`] accordingly. Use it once
+/// per guest crate, at the crate root. The component exports exactly these families, which is how
+/// the host knows what the handler implements. On targets other than `wasm32` it only checks the
+/// trait impls.
+#[macro_export]
+macro_rules! export_handler {
+    ($ty:ty: registration) => {
+        $crate::__pluglet_export!($ty, "registration-handler", [registration]);
+    };
+    ($ty:ty: allocation_policy) => {
+        $crate::__pluglet_export!($ty, "allocation-handler", [allocation_policy]);
+    };
+    ($ty:ty: registration, allocation_policy) => {
+        $crate::__pluglet_export!($ty, "handler", [registration allocation_policy]);
+    };
+    ($ty:ty: allocation_policy, registration) => {
+        $crate::__pluglet_export!($ty, "handler", [registration allocation_policy]);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __pluglet_export {
+    ($ty:ty, $world:tt, [$($family:ident)*]) => {
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        #[allow(missing_docs, unsafe_code, unused_imports, clippy::all)]
+        mod __pluglet_guest_export {
+            use super::*;
+            $crate::__pluglet_generate_world!($world);
+            struct __PlugletAdapter;
+            $( $crate::__pluglet_impl!($family, $ty); )*
+            export!(__PlugletAdapter);
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: () = {
+            $( $crate::__pluglet_check!($family, $ty); )*
+        };
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __pluglet_check {
+    (registration, $ty:ty) => {
+        let _ = <$ty as $crate::Registration>::validate;
+    };
+    (allocation_policy, $ty:ty) => {
+        let _ = <$ty as $crate::AllocationPolicy>::allocate;
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __pluglet_impl {
+    (registration, $ty:ty) => {
+        impl exports::pluglet::handler::registration::Guest for __PlugletAdapter {
+            fn validate(
+                plugin: $crate::PluginInfo,
+                existing: Option<$crate::RegisteredPlugin>,
+            ) -> Result<$crate::Accepted, $crate::Refusal> {
+                <$ty as $crate::Registration>::validate(plugin, existing)
+            }
+            fn register(
+                plugin: $crate::PluginInfo,
+                facts: $crate::RegistrationFacts,
+            ) -> Result<(), $crate::Refusal> {
+                <$ty as $crate::Registration>::register(plugin, facts)
+            }
+            fn deregister(plugin: $crate::PluginInfo) {
+                <$ty as $crate::Registration>::deregister(plugin)
+            }
+        }
+    };
+    (allocation_policy, $ty:ty) => {
+        impl exports::pluglet::handler::allocation_policy::Guest for __PlugletAdapter {
+            fn allocate(
+                request: $crate::AllocationRequest,
+            ) -> Result<Vec<String>, $crate::Refusal> {
+                <$ty as $crate::AllocationPolicy>::allocate(request)
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(available: &[&str], must: &[&str], count: u32) -> AllocationRequest {
+        AllocationRequest {
+            resource: "vendor.com/gpu".into(),
+            available: available
+                .iter()
+                .map(|id| Device {
+                    id: id.to_string(),
+                    numa_nodes: vec![],
+                })
+                .collect(),
+            must_include: must.iter().map(|s| s.to_string()).collect(),
+            count,
+            preferred: None,
+        }
+    }
+
+    #[test]
+    fn first_fit_takes_must_include_then_in_order() {
+        assert_eq!(
+            first_fit(&request(&["a", "b", "c"], &["c"], 2)).unwrap(),
+            vec!["c", "b"].into_iter().map(String::from).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn first_fit_refuses_when_too_few() {
+        let refusal = first_fit(&request(&["a"], &[], 2)).unwrap_err();
+        assert_eq!(refusal.kind, RefusalKind::Unsatisfiable);
+        assert!(refusal.message.contains("only 1 are available"));
+    }
+
+    #[test]
+    fn first_fit_refuses_unavailable_must_include() {
+        let refusal = first_fit(&request(&["a"], &["z"], 1)).unwrap_err();
+        assert_eq!(refusal.kind, RefusalKind::Unsatisfiable);
+    }
+
+    #[test]
+    fn native_host_helpers_do_not_panic() {
+        info("hello");
+        assert_eq!(node_name(), "");
+        assert_eq!(setting("x"), None);
+        assert!(settings().is_empty());
+    }
+}

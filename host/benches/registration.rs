@@ -32,7 +32,10 @@ struct Plugin {
 
 #[tonic::async_trait]
 impl Registration for std::sync::Arc<Plugin> {
-    async fn get_info(&self, _: Request<reg::InfoRequest>) -> Result<Response<reg::PluginInfo>, Status> {
+    async fn get_info(
+        &self,
+        _: Request<reg::InfoRequest>,
+    ) -> Result<Response<reg::PluginInfo>, Status> {
         Ok(Response::new(reg::PluginInfo {
             r#type: "CSIPlugin".into(),
             name: self.name.clone(),
@@ -87,7 +90,10 @@ fn start_plugin(path: &Path, name: String) -> (Instant, oneshot::Receiver<Notifi
 }
 
 fn env_count(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -115,7 +121,10 @@ fn main() {
     // `cargo bench` passes `--bench`; nothing else to parse.
     let sequential = env_count("PLUGLET_BENCH_SEQUENTIAL", 300);
     let burst = env_count("PLUGLET_BENCH_BURST", 1000);
-    let root = tempfile::Builder::new().prefix("pbench").tempdir_in("/tmp").expect("tempdir");
+    let root = tempfile::Builder::new()
+        .prefix("pbench")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
     let registry: PathBuf = root.path().join("plugins_registry");
     let admin = root.path().join("pluglet.sock");
     let daemon = DaemonProcess(

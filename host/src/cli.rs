@@ -153,7 +153,8 @@ mod tests {
 
     #[test]
     fn ctl_output_may_follow_the_subcommand() {
-        let cli = Cli::try_parse_from(["pluglet", "ctl", "--root", "/x", "sockets", "-o", "json"]).unwrap();
+        let cli = Cli::try_parse_from(["pluglet", "ctl", "--root", "/x", "sockets", "-o", "json"])
+            .unwrap();
         let Command::Ctl(args) = cli.command else {
             panic!("not ctl")
         };
@@ -164,7 +165,16 @@ mod tests {
     #[test]
     fn ctl_root_and_admin_socket_conflict() {
         assert!(
-            Cli::try_parse_from(["pluglet", "ctl", "--root", "/x", "--admin-socket", "/y", "plugins"]).is_err()
+            Cli::try_parse_from([
+                "pluglet",
+                "ctl",
+                "--root",
+                "/x",
+                "--admin-socket",
+                "/y",
+                "plugins"
+            ])
+            .is_err()
         );
     }
 }

@@ -140,7 +140,10 @@ pub struct Config {
 
 impl Config {
     /// Builds the configuration from `pluglet run` arguments; `hostname` is the default node name.
-    pub fn from_args(args: &RunArgs, hostname: impl FnOnce() -> String) -> Result<Config, ConfigError> {
+    pub fn from_args(
+        args: &RunArgs,
+        hostname: impl FnOnce() -> String,
+    ) -> Result<Config, ConfigError> {
         let mut paths = match &args.root {
             Some(root) => Paths::under_root(root),
             None => Paths::system(),
@@ -239,7 +242,10 @@ mod tests {
     fn defaults_are_kubelet_paths_and_timings() {
         let c = config(&[]).unwrap();
         assert_eq!(c.paths, Paths::system());
-        assert_eq!(c.paths.registry_dir, PathBuf::from("/var/lib/kubelet/plugins_registry"));
+        assert_eq!(
+            c.paths.registry_dir,
+            PathBuf::from("/var/lib/kubelet/plugins_registry")
+        );
         assert_eq!(c.timings, Timings::default());
         assert_eq!(c.admin_socket_mode, 0o600);
         assert_eq!(c.node_name, "node-a");
@@ -248,12 +254,21 @@ mod tests {
     #[test]
     fn root_puts_everything_under_one_directory_and_paths_override() {
         let c = config(&["--root", "/tmp/r", "--handlers-dir", "/h"]).unwrap();
-        assert_eq!(c.paths.registry_dir, PathBuf::from("/tmp/r/plugins_registry"));
-        assert_eq!(c.paths.device_plugins_dir, PathBuf::from("/tmp/r/device-plugins"));
+        assert_eq!(
+            c.paths.registry_dir,
+            PathBuf::from("/tmp/r/plugins_registry")
+        );
+        assert_eq!(
+            c.paths.device_plugins_dir,
+            PathBuf::from("/tmp/r/device-plugins")
+        );
         assert_eq!(c.paths.state_dir, PathBuf::from("/tmp/r/state"));
         assert_eq!(c.paths.admin_socket, PathBuf::from("/tmp/r/pluglet.sock"));
         assert_eq!(c.paths.handlers_dir, PathBuf::from("/h"));
-        assert_eq!(c.paths.lock_file(), PathBuf::from("/tmp/r/state/pluglet.lock"));
+        assert_eq!(
+            c.paths.lock_file(),
+            PathBuf::from("/tmp/r/state/pluglet.lock")
+        );
     }
 
     #[test]
@@ -266,7 +281,15 @@ mod tests {
             config(&["--backoff-initial", "5s", "--backoff-max", "1s"]),
             Err(ConfigError::BackoffOrder { .. })
         ));
-        assert!(matches!(config(&["--node-name", " "]), Err(ConfigError::EmptyNodeName)));
-        assert_eq!(config(&["--admin-socket-mode", "0660"]).unwrap().admin_socket_mode, 0o660);
+        assert!(matches!(
+            config(&["--node-name", " "]),
+            Err(ConfigError::EmptyNodeName)
+        ));
+        assert_eq!(
+            config(&["--admin-socket-mode", "0660"])
+                .unwrap()
+                .admin_socket_mode,
+            0o660
+        );
     }
 }

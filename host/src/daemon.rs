@@ -29,7 +29,9 @@ use crate::plugin_types::device_plugin::{DevicePluginSink, DialingSink};
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     /// The lock is held by another process.
-    #[error("state directory {dir} is in use by another pluglet daemon (pid {holder}); stop it or pass another --root/--state-dir")]
+    #[error(
+        "state directory {dir} is in use by another pluglet daemon (pid {holder}); stop it or pass another --root/--state-dir"
+    )]
     Held {
         /// The state directory.
         dir: PathBuf,
@@ -81,7 +83,11 @@ impl StateLock {
                 let holder = holder.trim();
                 Err(LockError::Held {
                     dir: path.parent().unwrap_or(path).to_owned(),
-                    holder: if holder.is_empty() { "unknown".to_owned() } else { holder.to_owned() },
+                    holder: if holder.is_empty() {
+                        "unknown".to_owned()
+                    } else {
+                        holder.to_owned()
+                    },
                 })
             }
             Err((_, errno)) => Err(io(errno.into())),
@@ -121,7 +127,8 @@ fn builtin_policy() -> ModuleSource {
 pub async fn load_handlers(dir: &Path) -> anyhow::Result<HandlerSet> {
     let dir = dir.to_owned();
     tokio::task::spawn_blocking(move || -> anyhow::Result<HandlerSet> {
-        let runtime = Runtime::new(RuntimeConfig::default()).context("cannot start the WASM runtime")?;
+        let runtime =
+            Runtime::new(RuntimeConfig::default()).context("cannot start the WASM runtime")?;
         HandlerSet::load(&runtime, &dir, builtin_plugin_types(), builtin_policy())
             .with_context(|| format!("cannot load handlers from {}", dir.display()))
     })
@@ -132,8 +139,14 @@ pub async fn load_handlers(dir: &Path) -> anyhow::Result<HandlerSet> {
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let paths = &config.paths;
-    for dir in [&paths.registry_dir, &paths.device_plugins_dir, &paths.handlers_dir, &paths.state_dir] {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create directory {}", dir.display()))?;
+    for dir in [
+        &paths.registry_dir,
+        &paths.device_plugins_dir,
+        &paths.handlers_dir,
+        &paths.state_dir,
+    ] {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create directory {}", dir.display()))?;
     }
     let _lock = StateLock::acquire(&paths.lock_file())?;
 
@@ -214,7 +227,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let _ = task.await;
         }
     };
-    if tokio::time::timeout(timings.shutdown_grace, stopping).await.is_err() {
+    if tokio::time::timeout(timings.shutdown_grace, stopping)
+        .await
+        .is_err()
+    {
         warn!(grace = ?timings.shutdown_grace, "stages did not stop within the grace period");
     }
     let _ = std::fs::remove_file(&paths.admin_socket);
@@ -236,7 +252,10 @@ mod tests {
         let first = StateLock::acquire(&path).unwrap();
         let err = StateLock::acquire(&path).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains(&format!("pid {}", std::process::id())), "{msg}");
+        assert!(
+            msg.contains(&format!("pid {}", std::process::id())),
+            "{msg}"
+        );
         drop(first);
         StateLock::acquire(&path).unwrap();
     }

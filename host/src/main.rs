@@ -28,7 +28,9 @@ fn main() -> ExitCode {
             };
             finish(tokio_runtime().and_then(|rt| rt.block_on(pluglet::daemon::run(config))))
         }
-        Command::Ctl(args) => finish(tokio_runtime().and_then(|rt| rt.block_on(pluglet::admin::ctl::run(args)))),
+        Command::Ctl(args) => {
+            finish(tokio_runtime().and_then(|rt| rt.block_on(pluglet::admin::ctl::run(args))))
+        }
         Command::Handler(args) => finish(pluglet::handler_cmd::run(args)),
     }
 }
@@ -49,7 +51,9 @@ fn finish(result: anyhow::Result<()>) -> ExitCode {
 }
 
 fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).

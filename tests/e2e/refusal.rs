@@ -5,11 +5,19 @@
 use crate::support::{CsiPlugin, DEADLINE, Daemon, DevicePlugin, TestRoot, wait_for};
 
 /// Waits for a `false` status and for `ctl sockets` to show the same reason; returns the reason.
-fn refused_with_reason(daemon: &Daemon, plugin: &crate::support::plugins::PluginProcess, reg: &std::path::Path) -> String {
-    let n = plugin.wait_notification("a false registration status", |n| n["plugin_registered"] == false);
+fn refused_with_reason(
+    daemon: &Daemon,
+    plugin: &crate::support::plugins::PluginProcess,
+    reg: &std::path::Path,
+) -> String {
+    let n = plugin.wait_notification("a false registration status", |n| {
+        n["plugin_registered"] == false
+    });
     let reason = n["error"].as_str().unwrap().to_owned();
     assert!(!reason.is_empty(), "a refusal carries a reason");
-    let s = daemon.wait_socket(reg, "shows the reason", |s| s["last_error"] == reason.as_str());
+    let s = daemon.wait_socket(reg, "shows the reason", |s| {
+        s["last_error"] == reason.as_str()
+    });
     assert_ne!(s["state"], "registered");
     reason
 }
@@ -19,7 +27,11 @@ fn csi_plugin_supporting_only_0_3_0_is_refused_and_retried() {
     let root = TestRoot::new();
     let daemon = Daemon::start(&root.path(), &[]);
     let reg = root.registry().join("old-csi-reg.sock");
-    let plugin = CsiPlugin::start(&root.side("."), &reg, &["--name", "old.example.com", "--versions", "0.3.0"]);
+    let plugin = CsiPlugin::start(
+        &root.side("."),
+        &reg,
+        &["--name", "old.example.com", "--versions", "0.3.0"],
+    );
     let reason = refused_with_reason(&daemon, &plugin, &reg);
     assert!(reason.contains("validation failed"), "{reason}");
     let s = daemon.socket(&reg).unwrap();
@@ -27,7 +39,12 @@ fn csi_plugin_supporting_only_0_3_0_is_refused_and_retried() {
     assert_eq!(s["plugin_name"], "old.example.com");
     // Validation failures are retried with backoff, each telling the plugin `false`.
     daemon.wait_socket(&reg, "retried", |s| s["attempts"].as_u64().unwrap() >= 3);
-    assert!(plugin.notifications().iter().all(|n| n["plugin_registered"] == false));
+    assert!(
+        plugin
+            .notifications()
+            .iter()
+            .all(|n| n["plugin_registered"] == false)
+    );
     assert!(daemon.plugin("old.example.com").is_none());
 }
 
@@ -57,7 +74,11 @@ fn unknown_plugin_type_is_refused_with_no_handler() {
     let root = TestRoot::new();
     let daemon = Daemon::start(&root.path(), &[]);
     let reg = root.registry().join("foo-reg.sock");
-    let plugin = CsiPlugin::start(&root.side("."), &reg, &["--type", "FooPlugin", "--name", "foo.example.com"]);
+    let plugin = CsiPlugin::start(
+        &root.side("."),
+        &reg,
+        &["--type", "FooPlugin", "--name", "foo.example.com"],
+    );
     let reason = refused_with_reason(&daemon, &plugin, &reg);
     assert_eq!(reason, "no handler registered for plugin type FooPlugin");
     let s = daemon.socket(&reg).unwrap();
@@ -70,7 +91,11 @@ fn empty_node_id_refusal_stands_until_the_socket_is_recreated() {
     let daemon = Daemon::start(&root.path(), &[]);
     let reg = root.registry().join("no-node-reg.sock");
     let side = root.side(".");
-    let mut plugin = CsiPlugin::start(&side, &reg, &["--name", "nonode.example.com", "--node-id", ""]);
+    let mut plugin = CsiPlugin::start(
+        &side,
+        &reg,
+        &["--name", "nonode.example.com", "--node-id", ""],
+    );
     let reason = refused_with_reason(&daemon, &plugin, &reg);
     assert!(reason.contains("empty node id"), "{reason}");
     let s = daemon.wait_socket(&reg, "refused", |s| s["state"] == "refused");
@@ -78,10 +103,19 @@ fn empty_node_id_refusal_stands_until_the_socket_is_recreated() {
 
     // A re-created socket is a new registration.
     plugin.terminate();
-    wait_for("socket forgotten", DEADLINE, || daemon.socket(&reg).is_none().then_some(()));
-    let fixed = CsiPlugin::start(&side, &reg, &["--name", "nonode.example.com", "--node-id", "node-2"]);
+    wait_for("socket forgotten", DEADLINE, || {
+        daemon.socket(&reg).is_none().then_some(())
+    });
+    let fixed = CsiPlugin::start(
+        &side,
+        &reg,
+        &["--name", "nonode.example.com", "--node-id", "node-2"],
+    );
     fixed.wait_registered();
-    assert_eq!(daemon.wait_plugin("nonode.example.com")["node_id"], "node-2");
+    assert_eq!(
+        daemon.wait_plugin("nonode.example.com")["node_id"],
+        "node-2"
+    );
 }
 
 #[test]
@@ -92,11 +126,19 @@ fn plugin_exiting_on_refusal_is_deregistered_cleanly() {
     let mut plugin = CsiPlugin::start(
         &root.side("."),
         &reg,
-        &["--name", "exit.example.com", "--versions", "0.3.0", "--exit-on-refusal"],
+        &[
+            "--name",
+            "exit.example.com",
+            "--versions",
+            "0.3.0",
+            "--exit-on-refusal",
+        ],
     );
     let status = plugin.wait_exit();
     assert_eq!(status.code(), Some(1), "node-driver-registrar style exit");
-    wait_for("socket forgotten", DEADLINE, || daemon.socket(&reg).is_none().then_some(()));
+    wait_for("socket forgotten", DEADLINE, || {
+        daemon.socket(&reg).is_none().then_some(())
+    });
 }
 
 #[test]
@@ -104,7 +146,11 @@ fn trapping_handler_refuses_its_plugin_and_the_next_plugin_still_registers() {
     let root = TestRoot::new();
     std::fs::create_dir_all(root.handlers()).unwrap();
     let misbehave = pluglet_wasm_guests::guest_path("misbehave");
-    assert!(misbehave.exists(), "test guest missing at {}", misbehave.display());
+    assert!(
+        misbehave.exists(),
+        "test guest missing at {}",
+        misbehave.display()
+    );
     std::fs::write(
         root.handlers().join("handlers.toml"),
         format!(
@@ -118,7 +164,10 @@ fn trapping_handler_refuses_its_plugin_and_the_next_plugin_still_registers() {
     let reg = root.registry().join("trap-reg.sock");
     let trapped = CsiPlugin::start(&side, &reg, &["--name", "trap.example.com"]);
     let reason = refused_with_reason(&daemon, &trapped, &reg);
-    assert!(reason.contains("trap") || reason.contains("panic"), "{reason}");
+    assert!(
+        reason.contains("trap") || reason.contains("panic"),
+        "{reason}"
+    );
 
     let next_reg = root.registry().join("next-reg.sock");
     let next = DevicePlugin::start(&side, &next_reg, "vendor.com/nic", &[]);
@@ -126,9 +175,8 @@ fn trapping_handler_refuses_its_plugin_and_the_next_plugin_still_registers() {
     daemon.wait_plugin("vendor.com/nic");
     let handlers = daemon.ctl_json("handlers");
     assert!(
-        handlers
-            .iter()
-            .any(|h| h["plugin_type"] == "CSIPlugin" && h["module"].as_str().unwrap().contains("misbehave")),
+        handlers.iter().any(|h| h["plugin_type"] == "CSIPlugin"
+            && h["module"].as_str().unwrap().contains("misbehave")),
         "{handlers:?}"
     );
 }

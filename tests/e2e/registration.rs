@@ -36,12 +36,18 @@ fn csi_plugin_registers_and_ctl_shows_its_node_info() {
         ],
     );
     plugin.wait_registered();
-    assert_eq!(plugin.notifications(), vec![json!({"event": "notify", "plugin_registered": true, "error": ""})]);
+    assert_eq!(
+        plugin.notifications(),
+        vec![json!({"event": "notify", "plugin_registered": true, "error": ""})]
+    );
 
     let p = daemon.wait_plugin("csi.example.com");
     assert_eq!(p["type"], "CSIPlugin");
     assert_eq!(p["versions"], json!(["1.0.0", "1.2.0"]));
-    assert_eq!(p["version"], "1.2.0", "highest supported 1.x version is chosen: {p}");
+    assert_eq!(
+        p["version"], "1.2.0",
+        "highest supported 1.x version is chosen: {p}"
+    );
     assert_eq!(p["handler"], "builtin:csi");
     assert_eq!(p["node_id"], "node-7");
     assert_eq!(p["max_volumes_per_node"], 16);
@@ -68,7 +74,10 @@ fn csi_plugin_registers_and_ctl_shows_its_node_info() {
     assert!(table.status.success());
     let table = String::from_utf8(table.stdout).unwrap();
     assert!(table.starts_with("NAME"), "{table}");
-    assert!(table.contains("csi.example.com") && table.contains("node-7"), "{table}");
+    assert!(
+        table.contains("csi.example.com") && table.contains("node-7"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -82,7 +91,10 @@ fn device_plugin_registers_through_the_watcher() {
     assert_eq!(p["type"], "DevicePlugin");
     assert_eq!(p["versions"], json!(["v1beta1"]));
     assert_eq!(p["handler"], "builtin:device-plugin");
-    assert!(p.get("node_id").is_none(), "no CSI keys on a device plugin: {p}");
+    assert!(
+        p.get("node_id").is_none(),
+        "no CSI keys on a device plugin: {p}"
+    );
     assert_eq!(daemon.socket(&reg).unwrap()["state"], "registered");
 }
 
@@ -99,14 +111,19 @@ fn removing_the_socket_deregisters_and_recreating_it_registers_again() {
     assert!(first.terminate().success());
     assert!(!reg.exists(), "the plugin removes its socket on SIGTERM");
     wait_for("deregistration", DEADLINE, || {
-        (daemon.plugin("again.example.com").is_none() && daemon.socket(&reg).is_none()).then_some(())
+        (daemon.plugin("again.example.com").is_none() && daemon.socket(&reg).is_none())
+            .then_some(())
     });
 
     let second = CsiPlugin::start(&side, &reg, &["--name", "again.example.com"]);
     second.wait_registered();
     let p = daemon.wait_plugin("again.example.com");
     assert_ne!(p["registered_at"], registered_at, "a new registration");
-    assert_eq!(daemon.socket(&reg).unwrap()["attempts"], 1, "a new socket starts a new count");
+    assert_eq!(
+        daemon.socket(&reg).unwrap()["attempts"],
+        1,
+        "a new socket starts a new count"
+    );
 }
 
 #[test]
@@ -114,10 +131,17 @@ fn dot_file_sockets_are_never_dialed_and_plain_files_are_ignored() {
     let root = TestRoot::new();
     let daemon = Daemon::start(&root.path(), &[]);
     let side = root.side(".");
-    let hidden = CsiPlugin::start(&side, &root.registry().join(".hidden-reg.sock"), &["--name", "hidden.example.com"]);
+    let hidden = CsiPlugin::start(
+        &side,
+        &root.registry().join(".hidden-reg.sock"),
+        &["--name", "hidden.example.com"],
+    );
     std::fs::write(root.registry().join("plain-file.sock"), b"not a socket").unwrap();
     wait_for("hidden socket bound", DEADLINE, || {
-        root.registry().join(".hidden-reg.sock").exists().then_some(())
+        root.registry()
+            .join(".hidden-reg.sock")
+            .exists()
+            .then_some(())
     });
     // A visible plugin created afterwards is a barrier: once it registered, the watcher has handled
     // every earlier event.
@@ -125,11 +149,22 @@ fn dot_file_sockets_are_never_dialed_and_plain_files_are_ignored() {
     let visible = CsiPlugin::start(&side, &visible_reg, &["--name", "visible.example.com"]);
     visible.wait_registered();
 
-    assert_eq!(get_info_calls(&hidden.events()), 0, "dot-file socket was dialed");
+    assert_eq!(
+        get_info_calls(&hidden.events()),
+        0,
+        "dot-file socket was dialed"
+    );
     assert!(hidden.events().is_empty(), "{:?}", hidden.events());
     let sockets = daemon.ctl_json("sockets");
-    let paths: Vec<&str> = sockets.iter().map(|s| s["path"].as_str().unwrap()).collect();
-    assert_eq!(paths, vec![visible_reg.display().to_string().as_str()], "only the visible socket is known");
+    let paths: Vec<&str> = sockets
+        .iter()
+        .map(|s| s["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        vec![visible_reg.display().to_string().as_str()],
+        "only the visible socket is known"
+    );
 }
 
 #[test]
@@ -139,7 +174,9 @@ fn sockets_in_nested_and_newly_created_directories_are_found() {
     // Present before the daemon starts: found by the start-up walk.
     let old_reg = root.registry().join("a/b/old-reg.sock");
     let old = CsiPlugin::start(&side, &old_reg, &["--name", "old.example.com"]);
-    wait_for("old socket bound", DEADLINE, || old_reg.exists().then_some(()));
+    wait_for("old socket bound", DEADLINE, || {
+        old_reg.exists().then_some(())
+    });
     let daemon = Daemon::start(&root.path(), &[]);
     old.wait_registered();
 
@@ -147,7 +184,11 @@ fn sockets_in_nested_and_newly_created_directories_are_found() {
     let mut plugins = Vec::new();
     for i in 0..5 {
         let reg = root.registry().join(format!("new{i}/deeper/x{i}-reg.sock"));
-        plugins.push(CsiPlugin::start(&side, &reg, &["--name", &format!("new{i}.example.com")]));
+        plugins.push(CsiPlugin::start(
+            &side,
+            &reg,
+            &["--name", &format!("new{i}.example.com")],
+        ));
     }
     for p in &plugins {
         p.wait_registered();
@@ -174,7 +215,12 @@ fn ctl_handlers_lists_the_builtin_handlers() {
     assert_eq!(csi["module"], "builtin:csi");
     assert_eq!(csi["sha256"].as_str().unwrap().len(), 64);
     assert!(!csi["contract_version"].as_str().unwrap().is_empty());
-    assert!(csi["families"].as_array().unwrap().contains(&json!("registration")));
+    assert!(
+        csi["families"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("registration"))
+    );
     let dp = by_type("DevicePlugin");
     assert_eq!(dp["module"], "builtin:device-plugin");
     let table = String::from_utf8(daemon.ctl(&["handlers"]).stdout).unwrap();

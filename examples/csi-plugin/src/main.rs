@@ -116,7 +116,10 @@ struct RegistrationService {
 
 #[tonic::async_trait]
 impl Registration for RegistrationService {
-    async fn get_info(&self, _: Request<reg::InfoRequest>) -> Result<Response<reg::PluginInfo>, Status> {
+    async fn get_info(
+        &self,
+        _: Request<reg::InfoRequest>,
+    ) -> Result<Response<reg::PluginInfo>, Status> {
         self.log.record(json!({"event": "get_info"}));
         if self.args.hang_getinfo {
             std::future::pending::<()>().await;
@@ -200,7 +203,11 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let log = StatusLog::open(args.status_file.as_deref())?;
-    let separate_csi = args.csi_socket.as_ref().filter(|p| **p != args.reg_socket).cloned();
+    let separate_csi = args
+        .csi_socket
+        .as_ref()
+        .filter(|p| **p != args.reg_socket)
+        .cloned();
     let endpoint = match (&args.endpoint, &separate_csi) {
         (Some(e), _) => e.clone(),
         (None, Some(csi)) => csi.display().to_string(),
@@ -216,13 +223,15 @@ async fn main() -> anyhow::Result<()> {
     let mut servers = Vec::new();
     // The CSI socket first, so the driver is up before the registration socket appears.
     if let Some(csi_path) = &separate_csi {
-        let listener = pluglet_uds::bind(csi_path, None).with_context(|| format!("cannot bind {}", csi_path.display()))?;
+        let listener = pluglet_uds::bind(csi_path, None)
+            .with_context(|| format!("cannot bind {}", csi_path.display()))?;
         let router = tonic::transport::Server::builder()
             .add_service(IdentityServer::new(csi_service()))
             .add_service(NodeServer::new(csi_service()));
-        servers.push(tokio::spawn(
-            router.serve_with_incoming_shutdown(pluglet_uds::incoming(listener), cancel.clone().cancelled_owned()),
-        ));
+        servers.push(tokio::spawn(router.serve_with_incoming_shutdown(
+            pluglet_uds::incoming(listener),
+            cancel.clone().cancelled_owned(),
+        )));
     }
     let registration = RegistrationServer::new(RegistrationService {
         args: args.clone(),

@@ -196,7 +196,10 @@ impl Plugin {
         {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state.all_unhealthy = !state.all_unhealthy;
-            tracing::info!(all_unhealthy = state.all_unhealthy, "SIGUSR1: health flipped");
+            tracing::info!(
+                all_unhealthy = state.all_unhealthy,
+                "SIGUSR1: health flipped"
+            );
         }
         self.publish();
     }
@@ -246,7 +249,8 @@ impl Plugin {
 #[derive(Clone)]
 struct DevicePluginService(Arc<Plugin>);
 
-type DeviceStream = Pin<Box<dyn Stream<Item = Result<v1beta1::ListAndWatchResponse, Status>> + Send>>;
+type DeviceStream =
+    Pin<Box<dyn Stream<Item = Result<v1beta1::ListAndWatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl DevicePlugin for DevicePluginService {
@@ -430,7 +434,12 @@ async fn register(args: &Args, kubelet_socket: &Path, socket: &Path) -> anyhow::
         .into_owned();
     let channel = pluglet_uds::connect(kubelet_socket, Duration::from_secs(10))
         .await
-        .with_context(|| format!("cannot dial the kubelet socket {}", kubelet_socket.display()))?;
+        .with_context(|| {
+            format!(
+                "cannot dial the kubelet socket {}",
+                kubelet_socket.display()
+            )
+        })?;
     let mut client = v1beta1::registration_client::RegistrationClient::new(channel);
     client
         .register(v1beta1::RegisterRequest {
@@ -564,7 +573,10 @@ async fn main() -> anyhow::Result<()> {
 
     if let Some(reg_socket) = &args.reg_socket {
         let listener = pluglet_uds::bind(reg_socket, None).with_context(|| {
-            format!("cannot bind the registration socket {}", reg_socket.display())
+            format!(
+                "cannot bind the registration socket {}",
+                reg_socket.display()
+            )
         })?;
         let service = reg::registration_server::RegistrationServer::new(RegistrationService {
             plugin: plugin.clone(),

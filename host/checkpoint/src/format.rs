@@ -637,6 +637,96 @@ mod tests {
         }
     }
 
+    /// A small deterministic generator (xorshift64), enough to vary shapes without proptest.
+    struct Gen(u64);
+
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn string(&mut self) -> String {
+            const PIECES: &[&str] = &[
+                "a", "Z", "0", "-", "/", ".", " ", "<", ">", "&", "\"", "\\", "\n", "\u{1}",
+                "\u{7f}", "é", "\u{2028}", "\u{2029}", "😀", "dev",
+            ];
+            (0..self.below(6))
+                .map(|_| PIECES[usize::try_from(self.below(PIECES.len() as u64)).unwrap()])
+                .collect()
+        }
+        fn strings(&mut self) -> Option<Vec<String>> {
+            match self.below(4) {
+                0 => None,
+                _ => Some((0..self.below(4)).map(|_| self.string()).collect()),
+            }
+        }
+        fn data(&mut self) -> CheckpointData {
+            let entries = match self.below(4) {
+                0 => None,
+                _ => Some(
+                    (0..self.below(4))
+                        .map(|_| PodDevicesEntry {
+                            pod_uid: self.string(),
+                            container_name: self.string(),
+                            resource_name: self.string(),
+                            device_ids: match self.below(4) {
+                                0 => None,
+                                _ => Some(
+                                    (0..self.below(5))
+                                        .map(|_| {
+                                            let numa = i64::try_from(self.below(25)).unwrap() - 2;
+                                            (numa, self.strings())
+                                        })
+                                        .collect(),
+                                ),
+                            },
+                            alloc_resp: match self.below(3) {
+                                0 => None,
+                                _ => Some(
+                                    (0..self.below(12))
+                                        .map(|_| u8::try_from(self.below(256)).unwrap())
+                                        .collect(),
+                                ),
+                            },
+                        })
+                        .collect(),
+                ),
+            };
+            let registered = (0..self.below(4))
+                .map(|_| (self.string(), self.strings()))
+                .collect();
+            CheckpointData {
+                pod_device_entries: entries,
+                registered_devices: registered,
+            }
+        }
+    }
+
+    #[test]
+    fn generated_data_round_trips_byte_for_byte() {
+        let mut generator = Gen(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..2000 {
+            let data = generator.data();
+            let bytes = data.encode();
+            let back = CheckpointData::decode(&bytes)
+                .unwrap_or_else(|e| panic!("{e:?} for {}", String::from_utf8_lossy(&bytes)));
+            assert_eq!(back, data);
+            assert_eq!(back.encode(), bytes);
+            assert_eq!(
+                data.checksum(),
+                u64::from(crate::fnv1a_32(data.spew().as_bytes()))
+            );
+            // The output is valid JSON that serde_json reads the same way.
+            let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(value["Checksum"].as_u64(), Some(data.checksum()));
+        }
+    }
+
     #[test]
     fn size_hint_covers_typical_files() {
         for data in [CheckpointData::default(), sample(), edge()] {

@@ -26,16 +26,31 @@ pub fn admin_socket(args: &CtlArgs) -> PathBuf {
 /// Runs one `pluglet ctl` command, printing to stdout.
 pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
     let socket = admin_socket(&args);
+    if !socket.exists() {
+        anyhow::bail!(
+            "no admin socket at {} (is `pluglet run` running? pass --root or --admin-socket)",
+            socket.display()
+        );
+    }
     let channel = pluglet_uds::connect(&socket, args.timeout)
         .await
-        .with_context(|| format!("cannot reach the pluglet daemon at {} (is `pluglet run` running?)", socket.display()))?;
+        .with_context(|| {
+            format!(
+                "cannot reach the pluglet daemon at {} (is `pluglet run` running?)",
+                socket.display()
+            )
+        })?;
     let mut client = AdminClient::new(channel);
     let out = render(&mut client, &args.command, args.output).await?;
     print!("{out}");
     Ok(())
 }
 
-async fn render(client: &mut AdminClient<Channel>, command: &CtlCommand, output: OutputFormat) -> anyhow::Result<String> {
+async fn render(
+    client: &mut AdminClient<Channel>,
+    command: &CtlCommand,
+    output: OutputFormat,
+) -> anyhow::Result<String> {
     Ok(match command {
         CtlCommand::Plugins => {
             let plugins = client
@@ -77,13 +92,18 @@ async fn render(client: &mut AdminClient<Channel>, command: &CtlCommand, output:
 }
 
 fn to_json(items: Vec<Value>) -> String {
-    let mut s = serde_json::to_string_pretty(&Value::Array(items)).unwrap_or_else(|_| "[]".to_owned());
+    let mut s =
+        serde_json::to_string_pretty(&Value::Array(items)).unwrap_or_else(|_| "[]".to_owned());
     s.push('\n');
     s
 }
 
 fn opt(s: &str) -> Value {
-    if s.is_empty() { Value::Null } else { Value::String(s.to_owned()) }
+    if s.is_empty() {
+        Value::Null
+    } else {
+        Value::String(s.to_owned())
+    }
 }
 
 /// JSON object of a registered plugin (`ctl plugins -o json`); CSI facts are flat keys.
@@ -107,7 +127,10 @@ pub fn plugin_json(p: &pb::Plugin) -> Value {
             .into_iter()
             .collect();
         map.insert("node_id".into(), json!(csi.node_id));
-        map.insert("max_volumes_per_node".into(), json!(csi.max_volumes_per_node));
+        map.insert(
+            "max_volumes_per_node".into(),
+            json!(csi.max_volumes_per_node),
+        );
         map.insert("topology".into(), Value::Object(topology));
     }
     v
@@ -166,7 +189,11 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
 }
 
 fn dash(s: &str) -> String {
-    if s.is_empty() { "-".to_owned() } else { s.to_owned() }
+    if s.is_empty() {
+        "-".to_owned()
+    } else {
+        s.to_owned()
+    }
 }
 
 fn plugins_table(plugins: &[pb::Plugin]) -> String {
@@ -186,7 +213,15 @@ fn plugins_table(plugins: &[pb::Plugin]) -> String {
         })
         .collect();
     table(
-        &["NAME", "TYPE", "VERSION", "NODE ID", "ENDPOINT", "HANDLER", "REGISTERED AT"],
+        &[
+            "NAME",
+            "TYPE",
+            "VERSION",
+            "NODE ID",
+            "ENDPOINT",
+            "HANDLER",
+            "REGISTERED AT",
+        ],
         rows,
     )
 }
@@ -205,7 +240,10 @@ fn sockets_table(sockets: &[pb::SocketStatus]) -> String {
             ]
         })
         .collect();
-    table(&["PATH", "STATE", "ATTEMPTS", "TYPE", "NAME", "LAST ERROR"], rows)
+    table(
+        &["PATH", "STATE", "ATTEMPTS", "TYPE", "NAME", "LAST ERROR"],
+        rows,
+    )
 }
 
 fn handlers_table(handlers: &[pb::HandlerInfo]) -> String {
@@ -276,7 +314,8 @@ mod tests {
     #[test]
     fn admin_socket_follows_root() {
         use clap::Parser;
-        let cli = crate::cli::Cli::try_parse_from(["pluglet", "ctl", "--root", "/r", "plugins"]).unwrap();
+        let cli =
+            crate::cli::Cli::try_parse_from(["pluglet", "ctl", "--root", "/r", "plugins"]).unwrap();
         let crate::cli::Command::Ctl(args) = cli.command else {
             panic!("not ctl")
         };

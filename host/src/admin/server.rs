@@ -128,19 +128,49 @@ fn stopped(e: crate::plugin_manager::Stopped) -> Status {
 
 #[tonic::async_trait]
 impl Admin for AdminService {
-    async fn list_plugins(&self, _: Request<pb::ListPluginsRequest>) -> Result<Response<pb::ListPluginsResponse>, Status> {
-        let mut plugins: Vec<_> = self.plugins.plugins().await.map_err(stopped)?.iter().map(plugin_to_wire).collect();
-        plugins.sort_by(|a, b| (&a.r#type, &a.name, &a.socket_path).cmp(&(&b.r#type, &b.name, &b.socket_path)));
+    async fn list_plugins(
+        &self,
+        _: Request<pb::ListPluginsRequest>,
+    ) -> Result<Response<pb::ListPluginsResponse>, Status> {
+        let mut plugins: Vec<_> = self
+            .plugins
+            .plugins()
+            .await
+            .map_err(stopped)?
+            .iter()
+            .map(plugin_to_wire)
+            .collect();
+        plugins.sort_by(|a, b| {
+            (&a.r#type, &a.name, &a.socket_path).cmp(&(&b.r#type, &b.name, &b.socket_path))
+        });
         Ok(Response::new(pb::ListPluginsResponse { plugins }))
     }
 
-    async fn list_sockets(&self, _: Request<pb::ListSocketsRequest>) -> Result<Response<pb::ListSocketsResponse>, Status> {
-        let sockets = self.plugins.sockets().await.map_err(stopped)?.iter().map(socket_to_wire).collect();
+    async fn list_sockets(
+        &self,
+        _: Request<pb::ListSocketsRequest>,
+    ) -> Result<Response<pb::ListSocketsResponse>, Status> {
+        let sockets = self
+            .plugins
+            .sockets()
+            .await
+            .map_err(stopped)?
+            .iter()
+            .map(socket_to_wire)
+            .collect();
         Ok(Response::new(pb::ListSocketsResponse { sockets }))
     }
 
-    async fn list_handlers(&self, _: Request<pb::ListHandlersRequest>) -> Result<Response<pb::ListHandlersResponse>, Status> {
-        let handlers = self.handlers.entries().iter().map(handler_to_wire).collect();
+    async fn list_handlers(
+        &self,
+        _: Request<pb::ListHandlersRequest>,
+    ) -> Result<Response<pb::ListHandlersResponse>, Status> {
+        let handlers = self
+            .handlers
+            .entries()
+            .iter()
+            .map(handler_to_wire)
+            .collect();
         Ok(Response::new(pb::ListHandlersResponse { handlers }))
     }
 
@@ -149,19 +179,31 @@ impl Admin for AdminService {
     // is wired into the daemon; replace this section with calls to its handle.
     // ---------------------------------------------------------------------------------------
 
-    async fn list_resources(&self, _: Request<pb::ListResourcesRequest>) -> Result<Response<pb::ListResourcesResponse>, Status> {
+    async fn list_resources(
+        &self,
+        _: Request<pb::ListResourcesRequest>,
+    ) -> Result<Response<pb::ListResourcesResponse>, Status> {
         Err(device_manager_missing("ListResources"))
     }
 
-    async fn allocate(&self, _: Request<pb::AllocateRequest>) -> Result<Response<pb::AllocateResponse>, Status> {
+    async fn allocate(
+        &self,
+        _: Request<pb::AllocateRequest>,
+    ) -> Result<Response<pb::AllocateResponse>, Status> {
         Err(device_manager_missing("Allocate"))
     }
 
-    async fn release(&self, _: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseResponse>, Status> {
+    async fn release(
+        &self,
+        _: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
         Err(device_manager_missing("Release"))
     }
 
-    async fn list_allocations(&self, _: Request<pb::ListAllocationsRequest>) -> Result<Response<pb::ListAllocationsResponse>, Status> {
+    async fn list_allocations(
+        &self,
+        _: Request<pb::ListAllocationsRequest>,
+    ) -> Result<Response<pb::ListAllocationsResponse>, Status> {
         Err(device_manager_missing("ListAllocations"))
     }
 }

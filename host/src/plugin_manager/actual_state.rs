@@ -87,7 +87,10 @@ impl ActualState {
     /// Records a registered plugin.
     pub fn add_registered(&mut self, record: PluginRecord) {
         let mut names = self.names.inner.write().unwrap_or_else(|e| e.into_inner());
-        names.insert(record.name_key(), (record.socket.clone(), record.as_registered()));
+        names.insert(
+            record.name_key(),
+            (record.socket.clone(), record.as_registered()),
+        );
         drop(names);
         self.entries.insert(
             record.socket.clone(),

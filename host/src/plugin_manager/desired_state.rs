@@ -38,7 +38,10 @@ pub type DesiredMap = BTreeMap<SocketPath, DesiredEntry>;
 pub fn channel() -> (DesiredStateWriter, DesiredStateReader) {
     let (tx, rx) = watch::channel(DesiredMap::new());
     (
-        DesiredStateWriter { tx, next_generation: 1 },
+        DesiredStateWriter {
+            tx,
+            next_generation: 1,
+        },
         DesiredStateReader { rx },
     )
 }
@@ -59,7 +62,13 @@ impl DesiredStateWriter {
         self.tx.send_if_modified(|map| match map.get(&path) {
             Some(e) if e.file_id == file_id => false,
             _ => {
-                map.insert(path, DesiredEntry { generation, file_id });
+                map.insert(
+                    path,
+                    DesiredEntry {
+                        generation,
+                        file_id,
+                    },
+                );
                 added = Some(generation);
                 true
             }
@@ -174,6 +183,9 @@ mod tests {
         assert!(r.changed().await);
         let _ = r.borrow();
         w.add_or_update(SocketPath::new("/r/a.sock"), id(1));
-        assert!(!r.rx.has_changed().unwrap(), "no-op update does not wake the reconciler");
+        assert!(
+            !r.rx.has_changed().unwrap(),
+            "no-op update does not wake the reconciler"
+        );
     }
 }

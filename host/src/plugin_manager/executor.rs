@@ -101,7 +101,12 @@ impl<T: Send + 'static, E: From<String> + Send + 'static> Executor<T, E> {
     /// Starts the future made by `future` for `op` unless its path is busy or backing off (then
     /// `future` is not called). The future resolves to `Err` on failure (backoff) and `Ok`
     /// otherwise; a panic counts as a failure.
-    pub fn try_start<F>(&mut self, op: Operation, now: Instant, future: impl FnOnce() -> F) -> TryStart
+    pub fn try_start<F>(
+        &mut self,
+        op: Operation,
+        now: Instant,
+        future: impl FnOnce() -> F,
+    ) -> TryStart
     where
         F: Future<Output = Result<T, E>> + Send + 'static,
     {
@@ -175,7 +180,8 @@ impl<T: Send + 'static, E: From<String> + Send + 'static> Executor<T, E> {
                             .map(|(op, _)| op.clone())
                     });
                     if let Some(operation) = op {
-                        return self.finish(operation, Err(E::from(format!("operation panicked: {e}"))));
+                        return self
+                            .finish(operation, Err(E::from(format!("operation panicked: {e}"))));
                     }
                 }
             }
@@ -196,7 +202,12 @@ impl<T: Send + 'static, E: From<String> + Send + 'static> Executor<T, E> {
                             .map(|(op, _)| op.clone())
                     });
                     if let Some(operation) = op {
-                        return Some(self.finish(operation, Err(E::from(format!("operation panicked: {e}")))));
+                        return Some(
+                            self.finish(
+                                operation,
+                                Err(E::from(format!("operation panicked: {e}"))),
+                            ),
+                        );
                     }
                 }
             }
@@ -288,7 +299,8 @@ mod tests {
         }
         assert_eq!(failed.unwrap().operation, reg("/a", 1));
         let now = Instant::now();
-        let TryStart::BackingOff { until } = ex.try_start(reg("/a", 1), now, || async { Ok(()) }) else {
+        let TryStart::BackingOff { until } = ex.try_start(reg("/a", 1), now, || async { Ok(()) })
+        else {
             panic!("expected backoff")
         };
         assert_eq!(until - now, Duration::from_millis(500));
@@ -299,7 +311,11 @@ mod tests {
             TryStart::Started
         );
         assert!(ex.next_finished().await.result.is_ok());
-        assert_eq!(ex.backoff(&SocketPath::new("/a")), None, "success forgets the backoff");
+        assert_eq!(
+            ex.backoff(&SocketPath::new("/a")),
+            None,
+            "success forgets the backoff"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -94,7 +94,8 @@ impl PluginManager {
         cancel: CancellationToken,
     ) -> Result<PluginManager, WatchError> {
         let (writer, reader) = desired_state::channel();
-        let watcher = watcher::Watcher::start(&config.registry_dir, writer, config.timings.resync_period)?;
+        let watcher =
+            watcher::Watcher::start(&config.registry_dir, writer, config.timings.resync_period)?;
         let actual = actual_state::ActualState::new();
         let cx = operation::OperationContext {
             handlers,
@@ -104,13 +105,16 @@ impl PluginManager {
             node_name: config.node_name,
         };
         let (queries_tx, queries_rx) = mpsc::channel(16);
-        let reconciler = reconciler::Reconciler::new(reader, actual, cx, queries_rx, cancel.child_token());
+        let reconciler =
+            reconciler::Reconciler::new(reader, actual, cx, queries_rx, cancel.child_token());
         let tasks = vec![
             tokio::spawn(watcher.run(cancel.child_token())),
             tokio::spawn(reconciler.run()),
         ];
         Ok(PluginManager {
-            handle: PluginManagerHandle { queries: queries_tx },
+            handle: PluginManagerHandle {
+                queries: queries_tx,
+            },
             tasks,
         })
     }

@@ -54,7 +54,9 @@ impl Operation {
     /// The incarnation it is about.
     pub fn generation(&self) -> Generation {
         match self {
-            Operation::Register { generation, .. } | Operation::Deregister { generation, .. } => *generation,
+            Operation::Register { generation, .. } | Operation::Deregister { generation, .. } => {
+                *generation
+            }
         }
     }
 }
@@ -115,7 +117,11 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Runs one register operation for `socket` at `generation`.
-pub async fn register(cx: OperationContext, socket: SocketPath, generation: Generation) -> RegisterOutcome {
+pub async fn register(
+    cx: OperationContext,
+    socket: SocketPath,
+    generation: Generation,
+) -> RegisterOutcome {
     let t = &cx.timings;
     let mut client = match RegistrationClient::connect(&socket, t.dial_timeout).await {
         Ok(c) => c,
@@ -149,7 +155,10 @@ pub async fn register(cx: OperationContext, socket: SocketPath, generation: Gene
     debug!(%socket, plugin_type = %plugin_type, name = %plugin.name, "GetInfo answered");
 
     let Some(handler) = cx.handlers.for_plugin_type(&plugin.plugin_type) else {
-        let reason = format!("no handler registered for plugin type {}", plugin.plugin_type);
+        let reason = format!(
+            "no handler registered for plugin type {}",
+            plugin.plugin_type
+        );
         notify(&mut client, &cx, &socket, false, &reason).await;
         return RegisterOutcome::Failed {
             info: Some(plugin),
@@ -166,7 +175,8 @@ pub async fn register(cx: OperationContext, socket: SocketPath, generation: Gene
         let handler = handler.clone();
         let plugin = plugin.clone();
         let call_cx = call_cx.clone();
-        tokio::task::spawn_blocking(move || handler.validate(&call_cx, &plugin, existing.as_ref())).await
+        tokio::task::spawn_blocking(move || handler.validate(&call_cx, &plugin, existing.as_ref()))
+            .await
     };
     let version = match validated {
         Ok(Ok(call)) => match call.value {
@@ -258,7 +268,10 @@ pub async fn register(cx: OperationContext, socket: SocketPath, generation: Gene
         handler = handler.module(),
         "plugin registered"
     );
-    RegisterOutcome::Registered { record, notify_error }
+    RegisterOutcome::Registered {
+        record,
+        notify_error,
+    }
 }
 
 /// Runs one deregister operation: type-specific deactivation and the deregister hook for a plugin
@@ -288,7 +301,9 @@ async fn run_deregister_hook(cx: &OperationContext, record: &PluginRecord) {
     };
     match tokio::task::spawn_blocking(move || handler.deregister(&call_cx, &plugin)).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => warn!(socket = %record.socket, error = %error_chain(&e), "deregister hook failed"),
+        Ok(Err(e)) => {
+            warn!(socket = %record.socket, error = %error_chain(&e), "deregister hook failed")
+        }
         Err(e) => warn!(socket = %record.socket, error = %e, "deregister hook failed"),
     }
 }
@@ -304,7 +319,10 @@ async fn notify(
     if !registered {
         warn!(%socket, reason = error, "registration failed");
     }
-    match client.notify(registered, error, cx.timings.notify_timeout).await {
+    match client
+        .notify(registered, error, cx.timings.notify_timeout)
+        .await
+    {
         Ok(()) => None,
         Err(e) => {
             let e = error_chain(&e);

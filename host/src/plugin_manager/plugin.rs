@@ -147,6 +147,9 @@ mod tests {
             assert_eq!(PluginType::parse(wire).as_str(), wire);
         }
         assert_eq!(PluginType::parse("CSIPlugin"), PluginType::Csi);
-        assert_eq!(PluginType::parse("csiplugin"), PluginType::Other("csiplugin".into()));
+        assert_eq!(
+            PluginType::parse("csiplugin"),
+            PluginType::Other("csiplugin".into())
+        );
     }
 }

@@ -230,6 +230,7 @@ impl Reconciler {
         let cx = self.cx.clone();
         match op.clone() {
             Operation::Register { socket, generation } => {
+                let key = socket.clone();
                 let started = self.executor.try_start(op, now, || async move {
                     match operation::register(cx, socket, generation).await {
                         RegisterOutcome::Failed { info, reason } => Err(Failure { reason, info }),
@@ -237,7 +238,7 @@ impl Reconciler {
                     }
                 });
                 if started == TryStart::Started {
-                    let track = self.tracks.entry(op.socket().clone()).or_default();
+                    let track = self.tracks.entry(key).or_default();
                     if track.generation != Some(generation) {
                         *track = Track {
                             generation: Some(generation),
@@ -270,7 +271,10 @@ impl Reconciler {
         let track = self.tracks.entry(socket.clone()).or_default();
         let is_current = track.generation == Some(generation);
         match result {
-            Ok(Done::Registered(RegisterOutcome::Registered { record, notify_error })) => {
+            Ok(Done::Registered(RegisterOutcome::Registered {
+                record,
+                notify_error,
+            })) => {
                 if is_current {
                     track.last_error = notify_error;
                     track.plugin_type = Some(record.info.plugin_type.clone());
@@ -286,7 +290,8 @@ impl Reconciler {
                 }
                 self.actual.add_refused(record, reason);
             }
-            Ok(Done::Registered(RegisterOutcome::Failed { info, reason })) | Err(Failure { info, reason }) => {
+            Ok(Done::Registered(RegisterOutcome::Failed { info, reason }))
+            | Err(Failure { info, reason }) => {
                 if matches!(operation, Operation::Deregister { .. }) {
                     warn!(%socket, %reason, "deregistration failed");
                 } else if is_current {
@@ -348,7 +353,10 @@ impl Reconciler {
                         RegistrationState::Refused { .. } => (SocketState::Refused, None),
                     },
                     (None, true, _) => (SocketState::InProgress, None),
-                    (None, false, Some(b)) => (SocketState::Retrying, Some(b.until.saturating_duration_since(now))),
+                    (None, false, Some(b)) => (
+                        SocketState::Retrying,
+                        Some(b.until.saturating_duration_since(now)),
+                    ),
                     (None, false, None) => (SocketState::Pending, None),
                 };
                 let last_error = match actual.map(|a| &a.state) {
@@ -456,7 +464,12 @@ mod tests {
             },
         ];
         for c in cases {
-            assert_eq!(plan(&desired(c.desired), &actual(c.actual)), c.want, "{}", c.name);
+            assert_eq!(
+                plan(&desired(c.desired), &actual(c.actual)),
+                c.want,
+                "{}",
+                c.name
+            );
         }
     }
 
@@ -470,6 +483,15 @@ mod tests {
             SocketState::Pending,
         ];
         let strings: Vec<_> = all.iter().map(|s| s.as_str()).collect();
-        assert_eq!(strings, ["registered", "refused", "retrying", "in_progress", "pending"]);
+        assert_eq!(
+            strings,
+            [
+                "registered",
+                "refused",
+                "retrying",
+                "in_progress",
+                "pending"
+            ]
+        );
     }
 }

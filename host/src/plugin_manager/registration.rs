@@ -54,7 +54,10 @@ pub struct RegistrationClient {
 impl RegistrationClient {
     /// Connects, retrying quickly while the socket is not listening yet (it is visible from
     /// `bind()` on, before `listen()`), for at most `timeout`. Sends `:authority` `localhost`.
-    pub async fn connect(socket: &SocketPath, timeout: Duration) -> Result<RegistrationClient, RegistrationError> {
+    pub async fn connect(
+        socket: &SocketPath,
+        timeout: Duration,
+    ) -> Result<RegistrationClient, RegistrationError> {
         let channel = pluglet_uds::connect(socket.as_path(), timeout)
             .await
             .map_err(|source| RegistrationError::Dial {
@@ -80,14 +83,20 @@ impl RegistrationClient {
     }
 
     /// Tells the plugin the outcome of its registration.
-    pub async fn notify(&mut self, registered: bool, error: &str, deadline: Duration) -> Result<(), RegistrationError> {
+    pub async fn notify(
+        &mut self,
+        registered: bool,
+        error: &str,
+        deadline: Duration,
+    ) -> Result<(), RegistrationError> {
         const RPC: &str = "NotifyRegistrationStatus";
         let mut request = tonic::Request::new(RegistrationStatus {
             plugin_registered: registered,
             error: error.to_owned(),
         });
         request.set_timeout(deadline);
-        match tokio::time::timeout(deadline, self.client.notify_registration_status(request)).await {
+        match tokio::time::timeout(deadline, self.client.notify_registration_status(request)).await
+        {
             Err(_) => Err(self.deadline(RPC, deadline)),
             Ok(Err(status)) => Err(self.rpc_error(RPC, &status)),
             Ok(Ok(_)) => Ok(()),

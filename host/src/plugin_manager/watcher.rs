@@ -44,13 +44,17 @@ pub enum WatchError {
         source: io::Error,
     },
     /// No inotify instance could be created because of the per-user limit.
-    #[error("cannot create an inotify instance: the per-user limit is reached; raise the sysctl {INSTANCES_SYSCTL}")]
+    #[error(
+        "cannot create an inotify instance: the per-user limit is reached; raise the sysctl {INSTANCES_SYSCTL}"
+    )]
     InstanceLimit(#[source] notify::Error),
     /// The inotify instance could not be created for another reason.
     #[error("cannot create an inotify instance")]
     Create(#[source] notify::Error),
     /// A directory could not be watched because of the per-user watch limit.
-    #[error("cannot watch {path}: the inotify watch limit is reached; raise the sysctl {WATCHES_SYSCTL}")]
+    #[error(
+        "cannot watch {path}: the inotify watch limit is reached; raise the sysctl {WATCHES_SYSCTL}"
+    )]
     WatchLimit {
         /// The directory.
         path: PathBuf,
@@ -87,7 +91,11 @@ pub struct Watcher {
 impl Watcher {
     /// Creates `root` if missing, watches it and scans it (in that order). Fails if the root cannot
     /// be watched or read.
-    pub fn start(root: &Path, desired: DesiredStateWriter, resync: Duration) -> Result<Watcher, WatchError> {
+    pub fn start(
+        root: &Path,
+        desired: DesiredStateWriter,
+        resync: Duration,
+    ) -> Result<Watcher, WatchError> {
         std::fs::create_dir_all(root).map_err(|source| WatchError::CreateDir {
             path: root.to_owned(),
             source,
@@ -249,7 +257,9 @@ impl Watcher {
             .watch(dir, RecursiveMode::NonRecursive)
             .map_err(|source| {
                 if matches!(source.kind, notify::ErrorKind::MaxFilesWatch) {
-                    WatchError::WatchLimit { path: dir.to_owned() }
+                    WatchError::WatchLimit {
+                        path: dir.to_owned(),
+                    }
                 } else {
                     WatchError::Watch {
                         path: dir.to_owned(),
@@ -281,7 +291,10 @@ mod tests {
     use super::super::desired_state;
     use super::*;
 
-    async fn wait_for(reader: &mut desired_state::DesiredStateReader, what: impl Fn(&desired_state::DesiredMap) -> bool) {
+    async fn wait_for(
+        reader: &mut desired_state::DesiredStateReader,
+        what: impl Fn(&desired_state::DesiredMap) -> bool,
+    ) {
         tokio::time::timeout(Duration::from_secs(5), async {
             loop {
                 if what(&reader.snapshot()) {
@@ -304,7 +317,10 @@ mod tests {
         let watcher = Watcher::start(root, w, Duration::from_secs(30)).unwrap();
         let cancel = CancellationToken::new();
         let task = tokio::spawn(watcher.run(cancel.clone()));
-        assert!(r.snapshot().contains_key(&SocketPath::new(root.join("before.sock"))));
+        assert!(
+            r.snapshot()
+                .contains_key(&SocketPath::new(root.join("before.sock")))
+        );
 
         let _hidden = UnixListener::bind(root.join(".hidden.sock")).unwrap();
         std::fs::create_dir(root.join("sub")).unwrap();

@@ -57,7 +57,11 @@ pub fn endpoint_path(endpoint: &str) -> &Path {
 }
 
 /// Calls NodeGetInfo on `endpoint`.
-pub async fn node_get_info(endpoint: &str, dial_timeout: Duration, deadline: Duration) -> Result<CsiNodeInfo, CsiError> {
+pub async fn node_get_info(
+    endpoint: &str,
+    dial_timeout: Duration,
+    deadline: Duration,
+) -> Result<CsiNodeInfo, CsiError> {
     let path = endpoint_path(endpoint).to_owned();
     let channel = pluglet_uds::connect(&path, dial_timeout)
         .await
@@ -69,7 +73,12 @@ pub async fn node_get_info(endpoint: &str, dial_timeout: Duration, deadline: Dur
     let mut request = tonic::Request::new(NodeGetInfoRequest {});
     request.set_timeout(deadline);
     let response = match tokio::time::timeout(deadline, client.node_get_info(request)).await {
-        Err(_) => return Err(CsiError::Deadline { endpoint: path, deadline }),
+        Err(_) => {
+            return Err(CsiError::Deadline {
+                endpoint: path,
+                deadline,
+            });
+        }
         Ok(Err(status)) => {
             return Err(CsiError::Rpc {
                 endpoint: path,
@@ -97,7 +106,10 @@ mod tests {
 
     #[test]
     fn endpoint_may_carry_a_unix_scheme() {
-        assert_eq!(endpoint_path("unix:///run/csi.sock"), Path::new("/run/csi.sock"));
+        assert_eq!(
+            endpoint_path("unix:///run/csi.sock"),
+            Path::new("/run/csi.sock")
+        );
         assert_eq!(endpoint_path("/run/csi.sock"), Path::new("/run/csi.sock"));
     }
 }

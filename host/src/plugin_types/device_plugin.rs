@@ -24,7 +24,11 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait DevicePluginSink: Send + Sync + 'static {
     /// Called after the DevicePlugin handler accepted a watcher-registered plugin: dial `endpoint`,
     /// GetDevicePluginOptions, start ListAndWatch. Err = registration refused with that message.
-    fn connect(&self, resource: String, endpoint: PathBuf) -> BoxFuture<'static, Result<(), String>>;
+    fn connect(
+        &self,
+        resource: String,
+        endpoint: PathBuf,
+    ) -> BoxFuture<'static, Result<(), String>>;
     /// Called when the plugin's registration socket disappeared.
     fn disconnect(&self, resource: String, endpoint: PathBuf) -> BoxFuture<'static, ()>;
 }
@@ -38,7 +42,11 @@ pub struct DialingSink {
 }
 
 impl DevicePluginSink for DialingSink {
-    fn connect(&self, resource: String, endpoint: PathBuf) -> BoxFuture<'static, Result<(), String>> {
+    fn connect(
+        &self,
+        resource: String,
+        endpoint: PathBuf,
+    ) -> BoxFuture<'static, Result<(), String>> {
         let timeout = self.timeout;
         Box::pin(async move {
             let channel = pluglet_uds::connect(&endpoint, timeout)
@@ -48,7 +56,13 @@ impl DevicePluginSink for DialingSink {
             let options = tokio::time::timeout(timeout, client.get_device_plugin_options(Empty {}))
                 .await
                 .map_err(|_| format!("GetDevicePluginOptions did not answer within {timeout:?}"))?
-                .map_err(|s| format!("GetDevicePluginOptions failed: {:?}: {}", s.code(), s.message()))?
+                .map_err(|s| {
+                    format!(
+                        "GetDevicePluginOptions failed: {:?}: {}",
+                        s.code(),
+                        s.message()
+                    )
+                })?
                 .into_inner();
             info!(
                 %resource,

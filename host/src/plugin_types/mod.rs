@@ -53,7 +53,11 @@ pub struct PluginTypes {
 impl PluginTypes {
     /// CSI calls use `dial_timeout` and `node_get_info_timeout`; device plugins are handed to
     /// `device_plugins`.
-    pub fn new(dial_timeout: Duration, node_get_info_timeout: Duration, device_plugins: Arc<dyn DevicePluginSink>) -> PluginTypes {
+    pub fn new(
+        dial_timeout: Duration,
+        node_get_info_timeout: Duration,
+        device_plugins: Arc<dyn DevicePluginSink>,
+    ) -> PluginTypes {
         PluginTypes {
             dial_timeout,
             node_get_info_timeout,
@@ -62,10 +66,19 @@ impl PluginTypes {
     }
 
     /// Gathers what the register hook needs (CSI: NodeGetInfo on the endpoint).
-    pub async fn gather_facts(&self, plugin_type: &PluginType, plugin: &PluginInfo) -> Result<GatheredFacts, TypeError> {
+    pub async fn gather_facts(
+        &self,
+        plugin_type: &PluginType,
+        plugin: &PluginInfo,
+    ) -> Result<GatheredFacts, TypeError> {
         match plugin_type {
             PluginType::Csi => {
-                let info = csi::node_get_info(&plugin.endpoint, self.dial_timeout, self.node_get_info_timeout).await?;
+                let info = csi::node_get_info(
+                    &plugin.endpoint,
+                    self.dial_timeout,
+                    self.node_get_info_timeout,
+                )
+                .await?;
                 Ok(GatheredFacts {
                     facts: RegistrationFacts {
                         node_id: Some(info.node_id.clone()),
@@ -80,7 +93,11 @@ impl PluginTypes {
     }
 
     /// Starts what follows an accepted registration (device plugin: the device manager connects).
-    pub async fn activate(&self, plugin_type: &PluginType, plugin: &PluginInfo) -> Result<(), TypeError> {
+    pub async fn activate(
+        &self,
+        plugin_type: &PluginType,
+        plugin: &PluginInfo,
+    ) -> Result<(), TypeError> {
         match plugin_type {
             PluginType::DevicePlugin => {
                 let endpoint = PathBuf::from(&plugin.endpoint);

@@ -671,3 +671,254 @@ fn put_frame_header(out: &mut BytesMut, len: usize, kind: u8, flags: u8, stream_
     out.extend_from_slice(&[kind, flags]);
     out.extend_from_slice(&stream_id.to_be_bytes());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        put_frame_header(&mut out, payload.len(), kind, flags, stream_id);
+        out.extend_from_slice(payload);
+        out.to_vec()
+    }
+
+    fn literal(name: &str, value: &str, first: u8) -> Vec<u8> {
+        let mut out = vec![first];
+        encode_string(name.as_bytes(), &mut out);
+        encode_string(value.as_bytes(), &mut out);
+        out
+    }
+
+    fn run(input: &[u8], step: usize) -> (Vec<u8>, Result<(), String>, bool) {
+        let mut rewriter = Rewriter::new();
+        let mut out = BytesMut::new();
+        for chunk in input.chunks(step) {
+            if let Err(error) = rewriter.feed(chunk, &mut out) {
+                return (out.to_vec(), Err(error.to_string()), rewriter.rewriting);
+            }
+        }
+        rewriter.finish(&mut out);
+        (out.to_vec(), Ok(()), rewriter.rewriting)
+    }
+
+    fn decode_blocks(output: &[u8]) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
+        assert!(output.starts_with(PREFACE));
+        let mut rest = &output[PREFACE.len()..];
+        let mut decoder = Decoder::new();
+        let mut blocks = Vec::new();
+        let mut block = Vec::new();
+        while !rest.is_empty() {
+            let mut raw = [0; FRAME_HEADER_LEN];
+            raw.copy_from_slice(&rest[..FRAME_HEADER_LEN]);
+            let header = FrameHeader::parse(raw);
+            let payload = &rest[FRAME_HEADER_LEN..FRAME_HEADER_LEN + header.len];
+            rest = &rest[FRAME_HEADER_LEN + header.len..];
+            if header.kind == TYPE_HEADERS || header.kind == TYPE_CONTINUATION {
+                let skip = if header.flags & FLAG_PRIORITY != 0 {
+                    5
+                } else {
+                    0
+                };
+                assert_eq!(header.flags & FLAG_PADDED, 0);
+                block.extend_from_slice(&payload[skip..]);
+                if header.flags & FLAG_END_HEADERS != 0 {
+                    blocks.push(decoder.decode(&block).unwrap());
+                    block.clear();
+                }
+            }
+        }
+        blocks
+    }
+
+    #[test]
+    fn integers_encode_as_in_rfc_7541_appendix_c1() {
+        let mut out = Vec::new();
+        encode_integer(10, 5, 0, &mut out);
+        assert_eq!(out, [0x0a]);
+        out.clear();
+        encode_integer(1337, 5, 0, &mut out);
+        assert_eq!(out, [0x1f, 0x9a, 0x0a]);
+        out.clear();
+        encode_integer(42, 8, 0, &mut out);
+        assert_eq!(out, [0x2a]);
+    }
+
+    #[test]
+    fn valid_authority_passes_through_byte_for_byte() {
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(0x4, 0, 0, &[]));
+        let block = [
+            literal(":method", "POST", 0x40),
+            literal(":authority", "localhost", 0x40),
+        ]
+        .concat();
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &block));
+        input.extend(frame(
+            0x0,
+            FLAG_END_STREAM | FLAG_PADDED,
+            1,
+            &[2, b'x', 0, 0],
+        ));
+        for step in [1, 2, 7, 9, 4096] {
+            let (out, result, rewriting) = run(&input, step);
+            result.unwrap();
+            assert!(!rewriting);
+            assert_eq!(out, input, "step {step}");
+        }
+    }
+
+    #[test]
+    fn path_authority_is_rewritten_whatever_the_read_sizes() {
+        let mut input = PREFACE.to_vec();
+        let block = [
+            literal(":method", "POST", 0x00),
+            literal(":authority", "/run/plugin.sock", 0x00),
+            literal("te", "trailers", 0x00),
+        ]
+        .concat();
+        let mut headers = vec![2, 0, 0, 0, 3, 200];
+        headers.extend_from_slice(&block[..5]);
+        headers.extend_from_slice(&[0, 0]);
+        input.extend(frame(
+            TYPE_HEADERS,
+            FLAG_PADDED | FLAG_PRIORITY | FLAG_END_STREAM,
+            5,
+            &headers,
+        ));
+        input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 5, &block[5..]));
+        let mut expected = None;
+        for step in [1, 3, 9, 10, 4096] {
+            let (out, result, rewriting) = run(&input, step);
+            result.unwrap();
+            assert!(rewriting);
+            let blocks = decode_blocks(&out);
+            assert_eq!(
+                blocks,
+                [vec![
+                    (b":method".to_vec(), b"POST".to_vec()),
+                    (b":authority".to_vec(), b"localhost".to_vec()),
+                    (b"te".to_vec(), b"trailers".to_vec()),
+                ]]
+            );
+            // HEADERS keeps END_STREAM and the priority bytes, loses the padding.
+            let first = FrameHeader::parse(out[24..33].try_into().unwrap());
+            assert_eq!(
+                first.flags,
+                FLAG_END_STREAM | FLAG_PRIORITY | FLAG_END_HEADERS
+            );
+            assert_eq!(&out[33..38], &[0, 0, 0, 3, 200]);
+            assert_eq!(first.stream_id, 5);
+            match &expected {
+                None => expected = Some(out),
+                Some(expected) => assert_eq!(&out, expected, "step {step}"),
+            }
+        }
+    }
+
+    #[test]
+    fn large_rewritten_blocks_are_cut_into_continuations() {
+        let mut input = PREFACE.to_vec();
+        let big = "v".repeat(100);
+        let mut block = literal(":authority", "/x.sock", 0x00);
+        for i in 0..400 {
+            block.extend(literal(&format!("x-h{i}"), &big, 0x00));
+        }
+        assert!(block.len() > 2 * MAX_CHUNK && block.len() < MAX_HEADER_BLOCK);
+        for chunk in block.chunks(MAX_CHUNK) {
+            let first = input.len() == PREFACE.len();
+            let last = chunk.as_ptr_range().end == block.as_ptr_range().end;
+            let kind = if first {
+                TYPE_HEADERS
+            } else {
+                TYPE_CONTINUATION
+            };
+            let flags = if last { FLAG_END_HEADERS } else { 0 };
+            input.extend(frame(kind, flags, 1, chunk));
+        }
+        let (out, result, _) = run(&input, 8192);
+        result.unwrap();
+        let blocks = decode_blocks(&out);
+        assert_eq!(blocks.len(), 1);
+        assert_eq!(blocks[0].len(), 401);
+        assert_eq!(blocks[0][0].1, b"localhost");
+        let mut rest = &out[PREFACE.len()..];
+        while !rest.is_empty() {
+            let header = FrameHeader::parse(rest[..9].try_into().unwrap());
+            assert!(header.len <= MAX_CHUNK);
+            rest = &rest[9 + header.len..];
+        }
+    }
+
+    #[test]
+    fn oversized_header_block_is_refused() {
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, 0, 1, &[0x82]));
+        for _ in 0..4 {
+            input.extend(frame(TYPE_CONTINUATION, 0, 1, &[0; MAX_CHUNK]));
+        }
+        let (_, result, _) = run(&input, 4096);
+        let error = result.unwrap_err();
+        assert!(error.contains("exceeds 65536 bytes"), "{error}");
+    }
+
+    #[test]
+    fn hpack_bomb_is_refused() {
+        let mut input = PREFACE.to_vec();
+        let value = "b".repeat(4000);
+        let first = literal("x-bomb", &value, 0x40);
+        input.extend(frame(
+            TYPE_HEADERS,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            1,
+            &first,
+        ));
+        // 100 references of ~4 KiB each decode to ~400 KiB.
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 3, &[0x80 | 62; 100]));
+        let (_, result, _) = run(&input, 4096);
+        let error = result.unwrap_err();
+        assert!(error.contains("decoded header list on stream 3"), "{error}");
+    }
+
+    #[test]
+    fn hpack_errors_before_rewriting_are_left_to_h2() {
+        let mut input = PREFACE.to_vec();
+        // Index 70 does not exist in an empty dynamic table.
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &[0x80 | 70]));
+        input.extend(frame(0x6, 0, 0, &[0; 8]));
+        let (out, result, _) = run(&input, 4096);
+        result.unwrap();
+        assert_eq!(out, input);
+    }
+
+    #[test]
+    fn hpack_errors_after_rewriting_close_the_connection() {
+        let mut input = PREFACE.to_vec();
+        let block = literal(":authority", "/x.sock", 0x00);
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &block));
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 3, &[0x80 | 70]));
+        let (_, result, _) = run(&input, 4096);
+        let error = result.unwrap_err();
+        assert!(error.contains("HPACK error"), "{error}");
+    }
+
+    #[test]
+    fn not_a_preface_passes_through() {
+        let input = b"PRI * HTTP/1.1\r\n\r\nhello".to_vec();
+        for step in [1, 5, 100] {
+            let (out, result, _) = run(&input, step);
+            result.unwrap();
+            assert_eq!(out, input);
+        }
+    }
+
+    #[test]
+    fn truncated_input_is_forwarded_as_it_came() {
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, 0, 1, &literal(":method", "GET", 0)));
+        input.extend(&frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, &[0x82, 0x84])[..11]);
+        let (out, result, _) = run(&input, 7);
+        result.unwrap();
+        assert_eq!(out, input);
+    }
+}

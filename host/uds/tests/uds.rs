@@ -179,8 +179,20 @@ impl RawClient {
     }
 
     async fn send(&mut self, kind: u8, flags: u8, stream_id: u32, payload: &[u8]) {
+        self.try_send(kind, flags, stream_id, payload)
+            .await
+            .unwrap();
+    }
+
+    async fn try_send(
+        &mut self,
+        kind: u8,
+        flags: u8,
+        stream_id: u32,
+        payload: &[u8],
+    ) -> std::io::Result<()> {
         let frame = frame(kind, flags, stream_id, payload);
-        self.stream.write_all(&frame).await.unwrap();
+        self.stream.write_all(&frame).await
     }
 
     async fn read_frame(&mut self) -> Option<Frame> {
@@ -215,8 +227,13 @@ impl RawClient {
                 return outcome;
             };
             match f.kind {
-                SETTINGS if f.flags & ACK == 0 => self.send(SETTINGS, ACK, 0, &[]).await,
-                PING if f.flags & ACK == 0 => self.send(PING, ACK, 0, &f.payload).await,
+                SETTINGS if f.flags & ACK == 0 => {
+                    // The server may already be closing; the outcome says so.
+                    let _ = self.try_send(SETTINGS, ACK, 0, &[]).await;
+                }
+                PING if f.flags & ACK == 0 => {
+                    let _ = self.try_send(PING, ACK, 0, &f.payload).await;
+                }
                 GOAWAY => {
                     outcome.goaway = Some(u32::from_be_bytes(f.payload[4..8].try_into().unwrap()));
                     return outcome;

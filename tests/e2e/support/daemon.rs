@@ -74,7 +74,10 @@ impl Daemon {
     pub fn wait_ready(&mut self) {
         wait_for("the daemon's admin API", Duration::from_secs(120), || {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!("pluglet exited during start-up with {status}; log:\n{}", self.log_text());
+                panic!(
+                    "pluglet exited during start-up with {status}; log:\n{}",
+                    self.log_text()
+                );
             }
             self.ctl(&["plugins"]).status.success().then_some(())
         });
@@ -118,25 +121,33 @@ impl Daemon {
 
     /// The registered plugin named `name`, if any.
     pub fn plugin(&self, name: &str) -> Option<Value> {
-        self.ctl_json("plugins").into_iter().find(|p| p["name"] == name)
+        self.ctl_json("plugins")
+            .into_iter()
+            .find(|p| p["name"] == name)
     }
 
     /// The socket status of `path`, if the watcher knows it.
     pub fn socket(&self, path: &Path) -> Option<Value> {
         let path = path.display().to_string();
-        self.ctl_json("sockets").into_iter().find(|s| s["path"] == path.as_str())
+        self.ctl_json("sockets")
+            .into_iter()
+            .find(|s| s["path"] == path.as_str())
     }
 
     /// Waits until `ctl plugins` lists `name`, returning its JSON.
     pub fn wait_plugin(&self, name: &str) -> Value {
-        wait_for(&format!("plugin {name} in ctl plugins"), DEADLINE, || self.plugin(name))
+        wait_for(&format!("plugin {name} in ctl plugins"), DEADLINE, || {
+            self.plugin(name)
+        })
     }
 
     /// Waits until the socket at `path` has a status satisfying `pred`.
     pub fn wait_socket(&self, path: &Path, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        wait_for(&format!("socket {} {what}", path.display()), DEADLINE, || {
-            self.socket(path).filter(|s| pred(s))
-        })
+        wait_for(
+            &format!("socket {} {what}", path.display()),
+            DEADLINE,
+            || self.socket(path).filter(|s| pred(s)),
+        )
     }
 
     /// Sends SIGTERM and waits for the exit status.

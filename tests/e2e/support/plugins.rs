@@ -59,9 +59,11 @@ impl PluginProcess {
 
     /// Waits for a NotifyRegistrationStatus satisfying `pred`.
     pub fn wait_notification(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        wait_for(&format!("{what} at {}", self.status_file.display()), DEADLINE, || {
-            self.notifications().into_iter().find(|n| pred(n))
-        })
+        wait_for(
+            &format!("{what} at {}", self.status_file.display()),
+            DEADLINE,
+            || self.notifications().into_iter().find(|n| pred(n)),
+        )
     }
 
     /// Waits for a `true` status; fails on the way if a `false` came first.
@@ -133,7 +135,12 @@ pub struct DevicePlugin;
 impl DevicePlugin {
     /// Starts it with its registration socket at `reg_socket` and its DevicePlugin socket in
     /// `side_dir`.
-    pub fn start(side_dir: &Path, reg_socket: &Path, resource: &str, extra: &[&str]) -> PluginProcess {
+    pub fn start(
+        side_dir: &Path,
+        reg_socket: &Path,
+        resource: &str,
+        extra: &[&str],
+    ) -> PluginProcess {
         let n = unique();
         let status_file = side_dir.join(format!("dp-{n}.status"));
         let log = side_dir.join(format!("dp-{n}.log"));

@@ -1,0 +1,218 @@
+//! The devices of one resource: health, NUMA nodes, capacity and allocatable (facts §7.2, §7.3).
+//!
+//! Owned by the manager's state; written by the manager loop from [`crate::endpoint`] messages
+//! (every ListAndWatch update is the full new list) and by disconnects; read by the allocator
+//! and the admin API.
+
+use std::collections::HashMap;
+
+use pluglet_proto::constants::HEALTHY;
+use pluglet_proto::v1beta1;
+
+/// A device's health. The kubelet counts a device as healthy only when the plugin's `health`
+/// string is exactly `"Healthy"`; any other value, empty included, is unhealthy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Health {
+    /// Counted in allocatable; may be allocated.
+    Healthy,
+    /// Counted in capacity only.
+    Unhealthy,
+}
+
+impl Health {
+    /// Parses the plugin's wire string as the kubelet does.
+    pub fn from_wire(health: &str) -> Health {
+        if health == HEALTHY {
+            Health::Healthy
+        } else {
+            Health::Unhealthy
+        }
+    }
+
+    /// The wire string: `"Healthy"` or `"Unhealthy"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => pluglet_proto::constants::HEALTHY,
+            Health::Unhealthy => pluglet_proto::constants::UNHEALTHY,
+        }
+    }
+}
+
+/// One device as its plugin last reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    /// Device id, unique within its resource.
+    pub id: String,
+    /// Current health.
+    pub health: Health,
+    /// NUMA nodes it is attached to; empty when the plugin gave no topology.
+    pub numa: Vec<i64>,
+}
+
+impl Device {
+    /// Converts a ListAndWatch device.
+    pub fn from_wire(device: v1beta1::Device) -> Device {
+        Device {
+            health: Health::from_wire(&device.health),
+            numa: device
+                .topology
+                .map(|t| t.nodes.into_iter().map(|n| n.id).collect())
+                .unwrap_or_default(),
+            id: device.id,
+        }
+    }
+}
+
+/// Every device of one resource, in the order the plugin listed them.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceSet {
+    devices: Vec<Device>,
+    index: HashMap<String, usize>,
+    healthy: usize,
+}
+
+impl DeviceSet {
+    /// A set holding `devices` (a later duplicate id replaces an earlier one).
+    pub fn new(devices: Vec<Device>) -> DeviceSet {
+        let mut set = DeviceSet::default();
+        set.replace(devices);
+        set
+    }
+
+    /// Replaces the whole list (one ListAndWatch update): devices absent from `devices` are gone.
+    /// Returns whether anything changed.
+    pub fn replace(&mut self, devices: Vec<Device>) -> bool {
+        let mut index = HashMap::with_capacity(devices.len());
+        let mut list: Vec<Device> = Vec::with_capacity(devices.len());
+        for device in devices {
+            match index.get(&device.id) {
+                Some(&at) => list[at] = device,
+                None => {
+                    index.insert(device.id.clone(), list.len());
+                    list.push(device);
+                }
+            }
+        }
+        if list == self.devices {
+            return false;
+        }
+        self.healthy = list
+            .iter()
+            .filter(|d| d.health == Health::Healthy)
+            .count();
+        self.devices = list;
+        self.index = index;
+        true
+    }
+
+    /// Turns every device unhealthy at once (the plugin's stream ended or its socket went).
+    pub fn mark_all_unhealthy(&mut self) {
+        for device in &mut self.devices {
+            device.health = Health::Unhealthy;
+        }
+        self.healthy = 0;
+    }
+
+    /// Every device, healthy or not (the kubelet's capacity).
+    pub fn capacity(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Healthy devices (the kubelet's allocatable).
+    pub fn allocatable(&self) -> usize {
+        self.healthy
+    }
+
+    /// The devices in plugin order.
+    pub fn iter(&self) -> impl Iterator<Item = &Device> {
+        self.devices.iter()
+    }
+
+    /// The device with this id.
+    pub fn get(&self, id: &str) -> Option<&Device> {
+        self.index.get(id).map(|&at| &self.devices[at])
+    }
+
+    /// Whether `id` is known and healthy.
+    pub fn is_healthy(&self, id: &str) -> bool {
+        self.get(id).is_some_and(|d| d.health == Health::Healthy)
+    }
+
+    /// Ids of the healthy devices, sorted (what the kubelet checkpoints as `RegisteredDevices`).
+    pub fn healthy_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .devices
+            .iter()
+            .filter(|d| d.health == Health::Healthy)
+            .map(|d| d.id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(id: &str, health: &str, numa: &[i64]) -> v1beta1::Device {
+        v1beta1::Device {
+            id: id.into(),
+            health: health.into(),
+            topology: (!numa.is_empty()).then(|| v1beta1::TopologyInfo {
+                nodes: numa.iter().map(|&id| v1beta1::NumaNode { id }).collect(),
+            }),
+        }
+    }
+
+    #[test]
+    fn only_exactly_healthy_counts_as_healthy() {
+        assert_eq!(Health::from_wire("Healthy"), Health::Healthy);
+        for other in ["", "healthy", "Unhealthy", "Healthy "] {
+            assert_eq!(Health::from_wire(other), Health::Unhealthy, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn capacity_is_all_allocatable_is_healthy() {
+        let set = DeviceSet::new(
+            [
+                wire("a", "Healthy", &[0]),
+                wire("b", "Unhealthy", &[1]),
+                wire("c", "", &[]),
+            ]
+            .into_iter()
+            .map(Device::from_wire)
+            .collect(),
+        );
+        assert_eq!(set.capacity(), 3);
+        assert_eq!(set.allocatable(), 1);
+        assert_eq!(set.get("a").unwrap().numa, [0]);
+        assert!(set.get("c").unwrap().numa.is_empty());
+        assert_eq!(set.healthy_ids(), ["a"]);
+    }
+
+    #[test]
+    fn an_update_replaces_the_whole_list() {
+        let mut set = DeviceSet::new(vec![
+            Device::from_wire(wire("a", "Healthy", &[])),
+            Device::from_wire(wire("b", "Healthy", &[])),
+        ]);
+        assert!(set.replace(vec![Device::from_wire(wire("c", "Healthy", &[0]))]));
+        assert_eq!(set.capacity(), 1);
+        assert!(set.get("a").is_none());
+        assert!(set.is_healthy("c"));
+        assert!(!set.replace(vec![Device::from_wire(wire("c", "Healthy", &[0]))]));
+    }
+
+    #[test]
+    fn marking_all_unhealthy_keeps_capacity() {
+        let mut set = DeviceSet::new(vec![
+            Device::from_wire(wire("a", "Healthy", &[])),
+            Device::from_wire(wire("b", "Healthy", &[])),
+        ]);
+        set.mark_all_unhealthy();
+        assert_eq!((set.capacity(), set.allocatable()), (2, 0));
+        assert!(set.healthy_ids().is_empty());
+    }
+}

@@ -1,0 +1,257 @@
+//! What each pod's containers hold (the kubelet's `pod_devices.go`).
+//!
+//! One entry per (pod, container, resource). An entry is first *reserved* (the allocator chose
+//! its devices and no one else may take them, but the plugin's Allocate has not answered yet),
+//! then *allocated* (the plugin answered) or dropped again. Only allocated entries are
+//! checkpointed. Written by the allocator, by releases and by the restore at start; read by the
+//! allocator (what is free) and the admin API.
+
+use std::collections::{BTreeMap, HashMap};
+
+use pluglet_proto::v1beta1::ContainerAllocateResponse;
+
+/// Who holds devices: one container of one pod, for one resource.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HolderKey {
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// The container's name.
+    pub container: String,
+    /// The extended resource name.
+    pub resource: String,
+}
+
+/// Where an entry stands.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EntryState {
+    /// Devices chosen and held; the plugin's Allocate (and PreStartContainer) not yet done.
+    /// `token` identifies the one request that may commit or cancel it.
+    Reserved {
+        /// The reserving request.
+        token: u64,
+    },
+    /// The plugin answered Allocate.
+    Allocated {
+        /// The plugin's answer for this container.
+        response: ContainerAllocateResponse,
+    },
+}
+
+/// The devices one container holds of one resource.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// Device ids in the order they were chosen.
+    pub devices: Vec<String>,
+    /// The same ids by NUMA node (`-1`: no topology), as the kubelet checkpoints them.
+    pub numa: BTreeMap<i64, Vec<String>>,
+    /// Reserved or allocated.
+    pub state: EntryState,
+}
+
+/// Every holder's devices, with a per-resource index of what is held.
+#[derive(Clone, Debug, Default)]
+pub struct PodDevices {
+    entries: BTreeMap<HolderKey, Entry>,
+    /// resource → device id → number of entries holding it (more than 1 only after restoring a
+    /// checkpoint that says so).
+    held: HashMap<String, HashMap<String, u32>>,
+}
+
+impl PodDevices {
+    /// The entry of `key`, if any.
+    pub fn get(&self, key: &HolderKey) -> Option<&Entry> {
+        self.entries.get(key)
+    }
+
+    /// Whether some container holds (or has reserved) device `id` of `resource`.
+    pub fn is_held(&self, resource: &str, id: &str) -> bool {
+        self.held
+            .get(resource)
+            .is_some_and(|held| held.contains_key(id))
+    }
+
+    /// Number of devices of `resource` held or reserved.
+    pub fn held_count(&self, resource: &str) -> usize {
+        self.held.get(resource).map_or(0, HashMap::len)
+    }
+
+    /// Adds an entry; the caller has checked that `key` has none and its devices are free.
+    pub fn insert(&mut self, key: HolderKey, entry: Entry) {
+        let held = self.held.entry(key.resource.clone()).or_default();
+        for id in &entry.devices {
+            *held.entry(id.clone()).or_default() += 1;
+        }
+        if let Some(old) = self.entries.insert(key.clone(), entry) {
+            self.unhold(&key.resource, &old.devices);
+        }
+    }
+
+    /// Turns the reservation `token` of `key` into an allocation. False when the reservation is
+    /// gone (released meanwhile).
+    pub fn commit(
+        &mut self,
+        key: &HolderKey,
+        token: u64,
+        response: ContainerAllocateResponse,
+    ) -> bool {
+        match self.entries.get_mut(key) {
+            Some(entry) if entry.state == (EntryState::Reserved { token }) => {
+                entry.state = EntryState::Allocated { response };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Drops the reservation `token` of `key` (its allocation failed). False when it is gone.
+    pub fn cancel(&mut self, key: &HolderKey, token: u64) -> bool {
+        match self.entries.get(key) {
+            Some(entry) if entry.state == (EntryState::Reserved { token }) => {
+                self.remove(key);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes every entry of `pod_uid` (only `container`'s when given), reserved ones included;
+    /// returns the keys removed.
+    pub fn release(&mut self, pod_uid: &str, container: Option<&str>) -> Vec<HolderKey> {
+        let keys: Vec<HolderKey> = self
+            .entries
+            .keys()
+            .filter(|k| k.pod_uid == pod_uid && container.is_none_or(|c| k.container == c))
+            .cloned()
+            .collect();
+        for key in &keys {
+            self.remove(key);
+        }
+        keys
+    }
+
+    /// Every entry, sorted by pod, container and resource.
+    pub fn iter(&self) -> impl Iterator<Item = (&HolderKey, &Entry)> {
+        self.entries.iter()
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no one holds anything.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn remove(&mut self, key: &HolderKey) {
+        if let Some(entry) = self.entries.remove(key) {
+            self.unhold(&key.resource, &entry.devices);
+        }
+    }
+
+    fn unhold(&mut self, resource: &str, devices: &[String]) {
+        if let Some(held) = self.held.get_mut(resource) {
+            for id in devices {
+                if let Some(count) = held.get_mut(id) {
+                    *count -= 1;
+                    if *count == 0 {
+                        held.remove(id);
+                    }
+                }
+            }
+            if held.is_empty() {
+                self.held.remove(resource);
+            }
+        }
+    }
+}
+
+/// Groups `devices` by NUMA node as the kubelet checkpoints them: a device on several nodes is
+/// listed under each, a device without topology under `-1`.
+pub fn group_by_numa<'a>(
+    devices: impl IntoIterator<Item = (&'a str, &'a [i64])>,
+) -> BTreeMap<i64, Vec<String>> {
+    let mut out: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    for (id, numa) in devices {
+        if numa.is_empty() {
+            out.entry(-1).or_default().push(id.to_owned());
+        }
+        for node in numa {
+            out.entry(*node).or_default().push(id.to_owned());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(pod: &str, container: &str) -> HolderKey {
+        HolderKey {
+            pod_uid: pod.into(),
+            container: container.into(),
+            resource: "vendor.com/gpu".into(),
+        }
+    }
+
+    fn reserved(ids: &[&str], token: u64) -> Entry {
+        Entry {
+            devices: ids.iter().map(|s| s.to_string()).collect(),
+            numa: BTreeMap::new(),
+            state: EntryState::Reserved { token },
+        }
+    }
+
+    #[test]
+    fn reserve_commit_release_returns_devices() {
+        let mut pods = PodDevices::default();
+        pods.insert(key("p", "c"), reserved(&["d0", "d1"], 7));
+        assert!(pods.is_held("vendor.com/gpu", "d0"));
+        assert!(!pods.commit(&key("p", "c"), 8, Default::default()));
+        assert!(pods.commit(&key("p", "c"), 7, Default::default()));
+        assert!(!pods.cancel(&key("p", "c"), 7), "allocated entries are not cancelled");
+        assert_eq!(pods.held_count("vendor.com/gpu"), 2);
+        assert_eq!(pods.release("p", None), [key("p", "c")]);
+        assert!(!pods.is_held("vendor.com/gpu", "d0"));
+        assert!(pods.is_empty());
+    }
+
+    #[test]
+    fn release_of_one_container_keeps_the_others() {
+        let mut pods = PodDevices::default();
+        pods.insert(key("p", "a"), reserved(&["d0"], 1));
+        pods.insert(key("p", "b"), reserved(&["d1"], 2));
+        pods.insert(key("q", "a"), reserved(&["d2"], 3));
+        assert_eq!(pods.release("p", Some("b")), [key("p", "b")]);
+        assert_eq!(pods.len(), 2);
+        assert!(pods.is_held("vendor.com/gpu", "d0"));
+        assert!(!pods.is_held("vendor.com/gpu", "d1"));
+    }
+
+    #[test]
+    fn cancel_frees_a_reservation() {
+        let mut pods = PodDevices::default();
+        pods.insert(key("p", "c"), reserved(&["d0"], 1));
+        assert!(pods.cancel(&key("p", "c"), 1));
+        assert_eq!(pods.held_count("vendor.com/gpu"), 0);
+    }
+
+    #[test]
+    fn numa_grouping_follows_the_kubelet() {
+        let grouped = group_by_numa([
+            ("a", &[0][..]),
+            ("b", &[0, 1][..]),
+            ("c", &[][..]),
+        ]);
+        assert_eq!(
+            grouped,
+            BTreeMap::from([
+                (-1, vec!["c".to_string()]),
+                (0, vec!["a".to_string(), "b".to_string()]),
+                (1, vec!["b".to_string()]),
+            ])
+        );
+    }
+}
