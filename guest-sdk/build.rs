@@ -29,7 +29,7 @@ macro_rules! __pluglet_generate_world {{
         ::pluglet_guest::__private::wit_bindgen::generate!({{
             inline: r{hashes}"{wit}"{hashes},
             world: $world,
-            runtime_path: "::pluglet_guest::__private::wit_bindgen",
+            runtime_path: "::pluglet_guest::__private::wit_bindgen::rt",
             with: {{
                 "pluglet:handler/types@{version}": ::pluglet_guest::__private::bindings::pluglet::handler::types,
                 "pluglet:handler/host@{version}": ::pluglet_guest::__private::bindings::pluglet::handler::host,

@@ -1,1 +1,140 @@
-fn main() {}
+//! Builds every guest component of the workspace with an inner
+//! `$CARGO build --release --target wasm32-wasip2` into `<outer target dir>/wasm-guests`.
+//!
+//! The inner build has its own target directory (sharing the outer one would deadlock on its
+//! lock) and a cleaned environment (no wrappers such as clippy-driver, no outer RUSTFLAGS or
+//! target). Guests whose crate is still a placeholder (no export macro in `src/lib.rs`, see
+//! `optional` below) are skipped rather than failing the build.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A guest crate: short name, package name, directory relative to the workspace root, and whether
+/// it is optional (built only once its `src/lib.rs` exports something).
+const GUESTS: &[(&str, &str, &str, bool)] = &[
+    ("csi", "pluglet-handler-csi", "handlers/csi", false),
+    ("device-plugin", "pluglet-handler-device-plugin", "handlers/device-plugin", false),
+    ("misbehave", "test-guest-misbehave", "tests/guests/misbehave", false),
+    ("uses-fs", "test-guest-uses-fs", "tests/guests/uses-fs", false),
+    ("uses-tcp", "test-guest-uses-tcp", "tests/guests/uses-tcp", false),
+    ("contract-v1-0", "test-guest-contract-v1-0", "tests/guests/contract-v1-0", false),
+    ("spread-policy", "example-spread-policy", "examples/spread-policy", true),
+];
+
+const TARGET: &str = "wasm32-wasip2";
+
+fn main() {
+    let manifest_dir = PathBuf::from(env("CARGO_MANIFEST_DIR"));
+    let root = manifest_dir
+        .parent()
+        .and_then(Path::parent)
+        .expect("host/wasm-guests sits two levels below the workspace root")
+        .to_path_buf();
+    // OUT_DIR = <target>[/<triple>]/<profile>/build/<pkg>-<hash>/out
+    let out_dir = PathBuf::from(env("OUT_DIR"));
+    let outer_target = out_dir
+        .ancestors()
+        .nth(4)
+        .expect("OUT_DIR is inside the target directory")
+        .to_path_buf();
+    let target_dir = outer_target.join("wasm-guests");
+    let artifacts = target_dir.join(TARGET).join("release");
+
+    for dir in ["guest-sdk/src", "guest-sdk/wit", "guest-sdk/wit-history", "guest-sdk/Cargo.toml", "guest-sdk/build.rs"] {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+    println!("cargo:rerun-if-changed={}", root.join("Cargo.lock").display());
+
+    check_target_installed();
+
+    let mut packages = Vec::new();
+    let mut built = Vec::new();
+    for (name, package, dir, optional) in GUESTS {
+        let dir = root.join(dir);
+        println!("cargo:rerun-if-changed={}", dir.join("src").display());
+        println!("cargo:rerun-if-changed={}", dir.join("Cargo.toml").display());
+        if *optional {
+            let lib = std::fs::read_to_string(dir.join("src/lib.rs")).unwrap_or_default();
+            if !lib.contains("export_handler!") && !lib.contains("export!(") {
+                println!(
+                    "cargo:warning=guest {name} ({package}) is not a handler yet (no export macro \
+                     in src/lib.rs); skipped"
+                );
+                continue;
+            }
+        }
+        packages.push(*package);
+        built.push(*name);
+    }
+
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&root)
+        .args(["build", "--release", "--target", TARGET, "--target-dir"])
+        .arg(&target_dir);
+    for package in &packages {
+        cmd.args(["-p", package]);
+    }
+    for var in [
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_BUILD_RUSTC_WRAPPER",
+        "CARGO_BUILD_RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_BUILD_TARGET_DIR",
+        "CARGO_LLVM_COV",
+        "LLVM_PROFILE_FILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    // Small components: no DWARF (the name section stays, for wasm backtraces).
+    cmd.env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cargo for the wasm guests: {e}"));
+    if !output.status.success() {
+        panic!(
+            "building the wasm guests failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    for (name, package, _, _) in GUESTS {
+        let file = artifacts.join(format!("{}.wasm", package.replace('-', "_")));
+        if built.contains(name) && !file.exists() {
+            panic!("the wasm guest build did not produce {}", file.display());
+        }
+    }
+    println!("cargo:rustc-env=PLUGLET_WASM_GUESTS_DIR={}", artifacts.display());
+    println!("cargo:rustc-env=PLUGLET_WASM_GUESTS_BUILT={}", built.join(","));
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("cargo sets {name} for build scripts"))
+}
+
+/// Fails with a clear message when the standard library for wasm32-wasip2 is missing.
+fn check_target_installed() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    if let Some(sysroot) = sysroot
+        && !sysroot.join("lib/rustlib").join(TARGET).exists()
+    {
+        panic!(
+            "the Rust target {TARGET} is not installed (no {}); run `rustup target add {TARGET}` \
+             and build again",
+            sysroot.join("lib/rustlib").join(TARGET).display()
+        );
+    }
+}

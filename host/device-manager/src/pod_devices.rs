@@ -107,7 +107,7 @@ impl PodDevices {
     pub fn cancel(&mut self, key: &HolderKey, token: u64) -> bool {
         match self.entries.get(key) {
             Some(entry) if entry.state == (EntryState::Reserved { token }) => {
-                self.remove(key);
+                self.release_key(key);
                 true
             }
             _ => false,
@@ -124,7 +124,7 @@ impl PodDevices {
             .cloned()
             .collect();
         for key in &keys {
-            self.remove(key);
+            self.release_key(key);
         }
         keys
     }
@@ -144,7 +144,8 @@ impl PodDevices {
         self.entries.is_empty()
     }
 
-    fn remove(&mut self, key: &HolderKey) {
+    /// Removes the entry of `key`, whatever its state.
+    pub fn release_key(&mut self, key: &HolderKey) {
         if let Some(entry) = self.entries.remove(key) {
             self.unhold(&key.resource, &entry.devices);
         }

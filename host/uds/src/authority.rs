@@ -27,15 +27,15 @@
 //! list larger than [`MAX_HEADER_LIST`] (HPACK bombs), or an HPACK error after rewriting started
 //! closes the connection with an error that is logged.
 //!
-//! Cost: one HPACK decode per header block (a few µs without Huffman strings, ~20 µs per Huffman
-//! string with loona-hpack); see the crate's bench for measured numbers.
+//! Cost: one HPACK decode per header block with the decoder in [`crate::hpack`]; see
+//! `benches/connection.rs` for measured numbers.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use crate::hpack::{Decoder, HpackError};
 use bytes::{Buf, BytesMut};
-use loona_hpack::Decoder;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
@@ -43,8 +43,8 @@ use tonic::transport::server::Connected;
 /// one stream; a larger one closes the connection. gRPC requests carry well under 1 KiB.
 pub const MAX_HEADER_BLOCK: usize = 64 * 1024;
 
-/// Largest decoded header list accepted in one block, counted as in RFC 7541 §4.1 (name + value
-/// + 32 per field); a larger one closes the connection. Bounds the memory an HPACK bomb
+/// Largest decoded header list accepted in one block, counted as in RFC 7541 §4.1 (name, value
+/// and 32 bytes per field); a larger one closes the connection. Bounds the memory an HPACK bomb
 /// (a small block of references to large table entries) can make the layer allocate.
 pub const MAX_HEADER_LIST: usize = 256 * 1024;
 
@@ -222,7 +222,7 @@ enum RewriteError {
     Hpack {
         stream_id: u32,
         #[source]
-        source: loona_hpack::decoder::DecoderError,
+        source: HpackError,
     },
 }
 
@@ -285,19 +285,17 @@ struct Block {
 struct Rewriter {
     state: State,
     block: Option<Block>,
-    decoder: Decoder<'static>,
+    decoder: Decoder,
     /// A block has been rewritten on this connection: every later block is re-encoded.
     rewriting: bool,
 }
 
 impl Rewriter {
     fn new() -> Rewriter {
-        let mut decoder = Decoder::new();
-        decoder.set_max_allowed_table_size(HEADER_TABLE_SIZE);
         Rewriter {
             state: State::Preface { matched: 0 },
             block: None,
-            decoder,
+            decoder: Decoder::new(HEADER_TABLE_SIZE),
             rewriting: false,
         }
     }
@@ -513,12 +511,12 @@ impl Rewriter {
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut list_size = 0usize;
         let mut too_large = false;
-        let decoded = self.decoder.decode_with_cb(&block.fragment, |name, value| {
+        let decoded = self.decoder.decode(&block.fragment, |name, value| {
             list_size = list_size.saturating_add(name.len() + value.len() + 32);
             if list_size > MAX_HEADER_LIST {
                 too_large = true;
             } else {
-                fields.push((name.into_owned(), value.into_owned()));
+                fields.push((name.to_vec(), value.to_vec()));
             }
         });
         if too_large {
@@ -705,7 +703,7 @@ mod tests {
     fn decode_blocks(output: &[u8]) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
         assert!(output.starts_with(PREFACE));
         let mut rest = &output[PREFACE.len()..];
-        let mut decoder = Decoder::new();
+        let mut decoder = loona_hpack::Decoder::new();
         let mut blocks = Vec::new();
         let mut block = Vec::new();
         while !rest.is_empty() {

@@ -15,6 +15,7 @@
 //! Socket paths here are filesystem paths; no abstract sockets.
 
 mod authority;
+mod hpack;
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

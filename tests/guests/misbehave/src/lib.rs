@@ -1,1 +1,85 @@
-//! Placeholder, replaced by its owner.
+//! Test guest that misbehaves on request: the `mode` setting chooses what `validate` does.
+//!
+//! | mode | behaviour |
+//! |---|---|
+//! | `ok` (default) | accepts, logs the node name, `accepted.version` = setting `version` |
+//! | `loop` | spins forever (hits the deadline or the fuel budget) |
+//! | `spin` | spins for setting `ms` milliseconds (default 5), then accepts |
+//! | `burn` | runs setting `iterations` loop iterations (default 1000), then accepts |
+//! | `alloc` | allocates 1 MiB blocks forever (hits the memory cap) |
+//! | `alloc-some` | allocates and touches setting `mib` MiB (default 4), then accepts |
+//! | `panic` | panics with "misbehave: asked to panic" |
+//! | `log` | logs setting `lines` lines (default 10), then accepts |
+//! | `refuse` | refuses with kind `other` |
+
+use pluglet_guest::{Accepted, PluginInfo, Refusal, RefusalKind, RegisteredPlugin, Registration};
+
+/// The misbehaving handler.
+pub struct Misbehave;
+
+fn number(key: &str, default: u64) -> u64 {
+    pluglet_guest::setting(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs the behaviour `mode` asks for.
+pub fn run(mode: &str) -> Result<Accepted, Refusal> {
+    match mode {
+        "loop" => {
+            let mut x = 0u64;
+            loop {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+        "spin" => {
+            let until = std::time::Instant::now()
+                + std::time::Duration::from_millis(number("ms", 5));
+            let mut x = 0u64;
+            while std::time::Instant::now() < until {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+        "burn" => {
+            let mut x = 0u64;
+            for i in 0..number("iterations", 1000) {
+                x = std::hint::black_box(x.wrapping_add(i));
+            }
+        }
+        "alloc" => {
+            let mut blocks: Vec<Vec<u8>> = Vec::new();
+            loop {
+                let block = vec![1u8; 1 << 20];
+                blocks.push(std::hint::black_box(block));
+            }
+        }
+        "alloc-some" => {
+            let block = vec![1u8; (number("mib", 4) as usize) << 20];
+            std::hint::black_box(&block);
+        }
+        "panic" => panic!("misbehave: asked to panic"),
+        "log" => {
+            for i in 0..number("lines", 10) {
+                pluglet_guest::info(&format!("line {i}"));
+            }
+        }
+        "refuse" => {
+            return Err(Refusal::new(RefusalKind::Other, "misbehave: asked to refuse"));
+        }
+        _ => pluglet_guest::info(&format!("ok on node {}", pluglet_guest::node_name())),
+    }
+    Ok(Accepted {
+        version: pluglet_guest::setting("version"),
+    })
+}
+
+impl Registration for Misbehave {
+    fn validate(
+        _plugin: PluginInfo,
+        _existing: Option<RegisteredPlugin>,
+    ) -> Result<Accepted, Refusal> {
+        run(&pluglet_guest::setting("mode").unwrap_or_else(|| "ok".into()))
+    }
+}
+
+pluglet_guest::export_handler!(Misbehave: registration);

@@ -1,0 +1,482 @@
+//! The device manager's state on disk (facts §7.7): `kubelet_internal_checkpoint` in the device
+//! plugins directory, in the kubelet's exact format, plus a side file in the state directory
+//! for what that format cannot hold (every device with its health and NUMA nodes, the policy in
+//! force). Both are written through `pluglet-checkpoint` (temporary file, fsync, rename).
+//!
+//! Writes are coalesced by one writer task: a change calls [`Checkpointer::request`] (after
+//! releasing the state lock) and gets a sequence number; whoever must not answer before the
+//! change is on disk (an allocation) awaits [`Checkpointer::flush`] with it. The writer takes
+//! one snapshot of the state per write, so a burst of changes costs one write.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pluglet_checkpoint::{CheckpointData, CheckpointError, Durability, LoadOutcome, PodDevicesEntry};
+use pluglet_proto::v1beta1::ContainerAllocateResponse;
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+
+use crate::devices::{Device, DeviceSet, Health};
+use crate::error::error_chain;
+use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices};
+
+/// File name of the side file in the state directory.
+pub const SIDE_FILE_NAME: &str = "device-manager.json";
+
+/// The side file's content.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SideState {
+    /// Per resource: every device and the policy in force.
+    pub resources: BTreeMap<String, SideResource>,
+}
+
+/// One resource in the side file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SideResource {
+    /// Every device, healthy or not.
+    pub devices: Vec<SideDevice>,
+    /// Module id of the allocation policy in force when written.
+    pub policy_module: String,
+    /// sha256 of that policy module.
+    pub policy_sha256: String,
+}
+
+/// One device in the side file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SideDevice {
+    /// Device id.
+    pub id: String,
+    /// `Healthy` or `Unhealthy`.
+    pub health: String,
+    /// NUMA nodes.
+    pub numa: Vec<i64>,
+}
+
+/// A file found corrupt at start and renamed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetAside {
+    /// Where it was.
+    pub path: PathBuf,
+    /// Where it is now.
+    pub moved_to: PathBuf,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+/// What the start restored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Allocations restored.
+    pub allocations: usize,
+    /// Resources restored (waiting for their plugins).
+    pub resources: Vec<String>,
+    /// Corrupt files set aside (the state started empty for them).
+    pub set_aside: Vec<SetAside>,
+}
+
+/// State read back from disk.
+pub(crate) struct Restored {
+    /// Devices per resource (all unhealthy until their plugin is back).
+    pub resources: BTreeMap<String, DeviceSet>,
+    /// Allocations.
+    pub pods: PodDevices,
+    /// What happened.
+    pub report: RestoreReport,
+}
+
+/// Reads the checkpoint and side file; corrupt files are set aside.
+pub(crate) fn restore(checkpoint: &Path, side: &Path) -> Result<Restored, CheckpointError> {
+    let mut report = RestoreReport::default();
+    let data = match pluglet_checkpoint::load_or_set_aside(checkpoint)? {
+        LoadOutcome::Loaded(data) => Some(data),
+        LoadOutcome::Missing => None,
+        LoadOutcome::SetAside { reason, moved_to } => {
+            report.set_aside.push(SetAside {
+                path: checkpoint.to_path_buf(),
+                moved_to,
+                reason: error_chain(&reason),
+            });
+            None
+        }
+    };
+    let side_state = match pluglet_checkpoint::load_side_or_set_aside::<SideState>(side)? {
+        LoadOutcome::Loaded(state) => Some(state),
+        LoadOutcome::Missing => None,
+        LoadOutcome::SetAside { reason, moved_to } => {
+            report.set_aside.push(SetAside {
+                path: side.to_path_buf(),
+                moved_to,
+                reason: error_chain(&reason),
+            });
+            None
+        }
+    };
+    // Without a valid kubelet checkpoint the state starts empty, whatever the side file says.
+    let Some(data) = data else {
+        return Ok(Restored {
+            resources: BTreeMap::new(),
+            pods: PodDevices::default(),
+            report,
+        });
+    };
+    let side_state = side_state.unwrap_or_default();
+
+    let mut resources = BTreeMap::new();
+    let names = data
+        .registered_devices
+        .keys()
+        .chain(side_state.resources.keys())
+        .cloned()
+        .collect::<std::collections::BTreeSet<String>>();
+    for name in names {
+        let mut devices: Vec<Device> = side_state
+            .resources
+            .get(&name)
+            .map(|r| {
+                r.devices
+                    .iter()
+                    .map(|d| Device {
+                        id: d.id.clone(),
+                        health: Health::Unhealthy,
+                        numa: d.numa.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(Some(healthy)) = data.registered_devices.get(&name) {
+            for id in healthy {
+                if !devices.iter().any(|d| &d.id == id) {
+                    devices.push(Device {
+                        id: id.clone(),
+                        health: Health::Unhealthy,
+                        numa: Vec::new(),
+                    });
+                }
+            }
+        }
+        report.resources.push(name.clone());
+        resources.insert(name, DeviceSet::new(devices));
+    }
+
+    let mut pods = PodDevices::default();
+    for entry in data.pod_device_entries.unwrap_or_default() {
+        let numa: BTreeMap<i64, Vec<String>> = entry
+            .device_ids
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(node, ids)| (node, ids.unwrap_or_default()))
+            .collect();
+        let mut devices: Vec<String> = Vec::new();
+        for id in numa.values().flatten() {
+            if !devices.contains(id) {
+                devices.push(id.clone());
+            }
+        }
+        let response = match ContainerAllocateResponse::decode(
+            entry.alloc_resp.as_deref().unwrap_or_default(),
+        ) {
+            Ok(response) => response,
+            Err(err) => {
+                tracing::warn!(
+                    pod_uid = %entry.pod_uid,
+                    container = %entry.container_name,
+                    resource = %entry.resource_name,
+                    %err,
+                    "checkpointed Allocate answer does not decode; keeping the devices with an empty answer"
+                );
+                ContainerAllocateResponse::default()
+            }
+        };
+        pods.insert(
+            HolderKey {
+                pod_uid: entry.pod_uid,
+                container: entry.container_name,
+                resource: entry.resource_name,
+            },
+            Entry {
+                devices,
+                numa,
+                state: EntryState::Allocated { response },
+            },
+        );
+        report.allocations += 1;
+    }
+    Ok(Restored {
+        resources,
+        pods,
+        report,
+    })
+}
+
+/// The kubelet checkpoint for these resources and allocations.
+pub(crate) fn kubelet_data<'a>(
+    resources: impl Iterator<Item = (&'a String, &'a DeviceSet)>,
+    pods: &PodDevices,
+) -> CheckpointData {
+    let entries: Vec<PodDevicesEntry> = pods
+        .iter()
+        .filter_map(|(key, entry)| match &entry.state {
+            EntryState::Allocated { response } => Some(PodDevicesEntry {
+                pod_uid: key.pod_uid.clone(),
+                container_name: key.container.clone(),
+                resource_name: key.resource.clone(),
+                device_ids: Some(
+                    entry
+                        .numa
+                        .iter()
+                        .map(|(node, ids)| (*node, Some(ids.clone())))
+                        .collect(),
+                ),
+                alloc_resp: Some(response.encode_to_vec()),
+            }),
+            EntryState::Reserved { .. } => None,
+        })
+        .collect();
+    CheckpointData {
+        // The kubelet writes a nil slice (`null`) when no pod holds devices.
+        pod_device_entries: (!entries.is_empty()).then_some(entries),
+        registered_devices: resources
+            .map(|(name, devices)| (name.clone(), Some(devices.healthy_ids())))
+            .collect(),
+    }
+}
+
+/// The side file's content for this resource.
+pub(crate) fn side_resource(devices: &DeviceSet, policy_module: &str, policy_sha256: &str) -> SideResource {
+    SideResource {
+        devices: devices
+            .iter()
+            .map(|d| SideDevice {
+                id: d.id.clone(),
+                health: d.health.as_str().to_owned(),
+                numa: d.numa.clone(),
+            })
+            .collect(),
+        policy_module: policy_module.to_owned(),
+        policy_sha256: policy_sha256.to_owned(),
+    }
+}
+
+/// Writes both files.
+pub(crate) fn write_files(
+    checkpoint: &Path,
+    side: &Path,
+    data: &CheckpointData,
+    side_state: &SideState,
+    durability: Durability,
+) -> Result<(), CheckpointError> {
+    pluglet_checkpoint::write_with(checkpoint, data, durability)?;
+    pluglet_checkpoint::save_side_with(side, side_state, durability)
+}
+
+/// The outcome of the latest write.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Written {
+    /// Every change requested up to this number is on disk (or failed with `error`).
+    pub seq: u64,
+    /// The write's error, if it failed.
+    pub error: Option<Arc<CheckpointError>>,
+}
+
+/// Coalesces write requests for the writer task.
+#[derive(Debug)]
+pub(crate) struct Checkpointer {
+    requested: AtomicU64,
+    wake: Notify,
+    written: watch::Sender<Written>,
+}
+
+impl Default for Checkpointer {
+    fn default() -> Self {
+        Checkpointer {
+            requested: AtomicU64::new(0),
+            wake: Notify::new(),
+            written: watch::Sender::new(Written::default()),
+        }
+    }
+}
+
+impl Checkpointer {
+    /// Asks for a write of the current state; call after the change, with the lock released.
+    pub fn request(&self) -> u64 {
+        let seq = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
+        self.wake.notify_one();
+        seq
+    }
+
+    /// Waits until the write covering request `seq` is done.
+    pub async fn flush(&self, seq: u64) -> Result<(), Arc<CheckpointError>> {
+        let mut rx = self.written.subscribe();
+        let written = rx
+            .wait_for(|w| w.seq >= seq)
+            .await
+            .map(|w| w.clone())
+            .unwrap_or_default();
+        match written.error {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Writer side: waits for a request newer than the last write; returns its number.
+    pub async fn next_request(&self) -> u64 {
+        loop {
+            let target = self.requested.load(Ordering::SeqCst);
+            if target > self.written.borrow().seq {
+                return target;
+            }
+            self.wake.notified().await;
+        }
+    }
+
+    /// Writer side: whether requests are waiting.
+    pub fn pending(&self) -> bool {
+        self.requested.load(Ordering::SeqCst) > self.written.borrow().seq
+    }
+
+    /// Writer side: records the outcome of the write covering `seq`.
+    pub fn done(&self, seq: u64, error: Option<CheckpointError>) {
+        self.written.send_replace(Written {
+            seq,
+            error: error.map(Arc::new),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu_set() -> DeviceSet {
+        DeviceSet::new(vec![
+            Device {
+                id: "d1".into(),
+                health: Health::Healthy,
+                numa: vec![1],
+            },
+            Device {
+                id: "d0".into(),
+                health: Health::Healthy,
+                numa: vec![0],
+            },
+            Device {
+                id: "d2".into(),
+                health: Health::Unhealthy,
+                numa: vec![],
+            },
+        ])
+    }
+
+    #[test]
+    fn empty_state_is_the_kubelet_empty_checkpoint() {
+        let data = kubelet_data(std::iter::empty(), &PodDevices::default());
+        assert_eq!(
+            String::from_utf8(data.encode()).unwrap(),
+            r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3467439661}"#
+        );
+    }
+
+    #[test]
+    fn state_round_trips_through_both_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let checkpoint = dir.path().join("kubelet_internal_checkpoint");
+        let side = dir.path().join("state").join(SIDE_FILE_NAME);
+        let resources = BTreeMap::from([("vendor.com/gpu".to_string(), gpu_set())]);
+        let mut pods = PodDevices::default();
+        let response = ContainerAllocateResponse {
+            envs: [("A".to_string(), "B".to_string())].into(),
+            ..Default::default()
+        };
+        pods.insert(
+            HolderKey {
+                pod_uid: "pod-1".into(),
+                container: "ctr".into(),
+                resource: "vendor.com/gpu".into(),
+            },
+            Entry {
+                devices: vec!["d0".into(), "d1".into()],
+                numa: crate::pod_devices::group_by_numa([("d0", &[0][..]), ("d1", &[1][..])]),
+                state: EntryState::Allocated {
+                    response: response.clone(),
+                },
+            },
+        );
+        pods.insert(
+            HolderKey {
+                pod_uid: "pod-2".into(),
+                container: "ctr".into(),
+                resource: "vendor.com/gpu".into(),
+            },
+            Entry {
+                devices: vec!["d2".into()],
+                numa: BTreeMap::new(),
+                state: EntryState::Reserved { token: 1 },
+            },
+        );
+        let data = kubelet_data(resources.iter(), &pods);
+        let side_state = SideState {
+            resources: resources
+                .iter()
+                .map(|(k, v)| (k.clone(), side_resource(v, "builtin:device-plugin", "ab")))
+                .collect(),
+        };
+        write_files(&checkpoint, &side, &data, &side_state, Durability::NoFsync).unwrap();
+        let text = std::fs::read_to_string(&checkpoint).unwrap();
+        assert!(
+            text.contains(r#""RegisteredDevices":{"vendor.com/gpu":["d0","d1"]}"#),
+            "{text}"
+        );
+        assert!(!text.contains("pod-2"), "reservations are not checkpointed");
+
+        let restored = restore(&checkpoint, &side).unwrap();
+        assert_eq!(restored.report.allocations, 1);
+        assert_eq!(restored.report.resources, ["vendor.com/gpu"]);
+        let set = &restored.resources["vendor.com/gpu"];
+        assert_eq!(set.capacity(), 3);
+        assert_eq!(set.allocatable(), 0, "restored devices wait for their plugin");
+        assert_eq!(set.get("d1").unwrap().numa, [1]);
+        let (key, entry) = restored.pods.iter().next().unwrap();
+        assert_eq!(key.pod_uid, "pod-1");
+        assert_eq!(entry.devices, ["d0", "d1"]);
+        assert_eq!(entry.state, EntryState::Allocated { response });
+        assert!(restored.pods.is_held("vendor.com/gpu", "d1"));
+    }
+
+    #[test]
+    fn a_corrupt_checkpoint_is_set_aside_and_the_state_starts_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let checkpoint = dir.path().join("kubelet_internal_checkpoint");
+        let side = dir.path().join(SIDE_FILE_NAME);
+        std::fs::write(
+            &checkpoint,
+            r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1}"#,
+        )
+        .unwrap();
+        let restored = restore(&checkpoint, &side).unwrap();
+        assert!(restored.pods.is_empty());
+        assert_eq!(restored.report.set_aside.len(), 1);
+        let aside = &restored.report.set_aside[0];
+        assert!(aside.moved_to.exists());
+        assert!(!checkpoint.exists());
+        assert!(aside.reason.contains("checksum"), "{}", aside.reason);
+    }
+
+    #[tokio::test]
+    async fn flush_waits_for_the_covering_write() {
+        let cp = Arc::new(Checkpointer::default());
+        let seq = cp.request();
+        let writer = {
+            let cp = cp.clone();
+            tokio::spawn(async move {
+                let target = cp.next_request().await;
+                cp.done(target, None);
+            })
+        };
+        cp.flush(seq).await.unwrap();
+        writer.await.unwrap();
+        assert!(!cp.pending());
+    }
+}

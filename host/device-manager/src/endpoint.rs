@@ -1,0 +1,189 @@
+//! One connected device plugin (the kubelet's `endpoint.go` and `client.go`).
+//!
+//! [`Endpoint::connect`] dials the plugin's socket and asks GetDevicePluginOptions; [`run`] is
+//! the endpoint's task: it keeps the ListAndWatch stream and sends every update to the manager
+//! as an [`Event`], tagged with the endpoint's generation. The manager applies an event only
+//! while that generation is the resource's current one, so when a plugin registers again, the
+//! old stream ending later cannot disconnect the new registration (the kubelet looks its client
+//! up by name there and does disconnect it, facts §7.1).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
+use pluglet_proto::v1beta1::{DevicePluginOptions, Empty};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::devices::Device;
+use crate::error::RegisterError;
+
+/// How a plugin registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    /// Register on `kubelet.sock`; the endpoint is a file name in the device plugins directory.
+    Classic,
+    /// A `DevicePlugin` socket found by the plugin watcher; the endpoint is an absolute path.
+    Watcher,
+}
+
+/// A message from an endpoint task (or a timer, or the socket watcher) to the manager loop.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A ListAndWatch update: the full new device list.
+    Devices {
+        resource: String,
+        generation: u64,
+        devices: Vec<Device>,
+    },
+    /// The ListAndWatch stream ended or could not be opened.
+    StreamEnded {
+        resource: String,
+        generation: u64,
+        reason: String,
+    },
+    /// A socket in the device plugins directory was removed.
+    SocketRemoved(PathBuf),
+    /// The grace period of a disconnected resource ran out.
+    GraceExpired { resource: String, generation: u64 },
+}
+
+/// A connected plugin: its client, options and identity.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    /// The socket dialed.
+    pub path: PathBuf,
+    /// How it registered.
+    pub flow: Flow,
+    /// Unique per connection; events of older generations are ignored.
+    pub generation: u64,
+    /// What GetDevicePluginOptions said.
+    pub options: DevicePluginOptions,
+    /// The gRPC client (cheap to clone).
+    pub client: DevicePluginClient<Channel>,
+    /// Cancelled when the endpoint is replaced, disconnected or the manager stops.
+    pub cancel: CancellationToken,
+}
+
+impl Endpoint {
+    /// Dials `path` and asks GetDevicePluginOptions, each within `timeout`.
+    pub async fn connect(
+        resource: &str,
+        path: PathBuf,
+        flow: Flow,
+        generation: u64,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Result<Endpoint, RegisterError> {
+        let channel = pluglet_uds::connect(&path, timeout)
+            .await
+            .map_err(|source| RegisterError::Dial {
+                resource: resource.to_owned(),
+                endpoint: path.clone(),
+                source,
+            })?;
+        let mut client = DevicePluginClient::new(channel);
+        let options = match tokio::time::timeout(timeout, client.get_device_plugin_options(Empty {}))
+            .await
+        {
+            Ok(Ok(options)) => options.into_inner(),
+            Ok(Err(status)) => {
+                return Err(RegisterError::Options {
+                    resource: resource.to_owned(),
+                    endpoint: path,
+                    status,
+                });
+            }
+            Err(_) => {
+                return Err(RegisterError::Options {
+                    resource: resource.to_owned(),
+                    endpoint: path,
+                    status: tonic::Status::deadline_exceeded(format!(
+                        "no answer within {timeout:?}"
+                    )),
+                });
+            }
+        };
+        Ok(Endpoint {
+            path,
+            flow,
+            generation,
+            options,
+            client,
+            cancel,
+        })
+    }
+}
+
+/// The endpoint's task: opens ListAndWatch and forwards every update until the stream ends or
+/// the endpoint is cancelled. A stream that ends is reported once as [`Event::StreamEnded`];
+/// a cancelled endpoint reports nothing (whoever cancelled it has already updated the state).
+pub(crate) async fn run(
+    resource: String,
+    generation: u64,
+    mut client: DevicePluginClient<Channel>,
+    cancel: CancellationToken,
+    events: mpsc::Sender<Event>,
+) {
+    let opened = tokio::select! {
+        _ = cancel.cancelled() => return,
+        opened = client.list_and_watch(Empty {}) => opened,
+    };
+    let mut stream = match opened {
+        Ok(response) => response.into_inner(),
+        Err(status) => {
+            let reason = format!(
+                "ListAndWatch failed: {:?}: {}",
+                status.code(),
+                status.message()
+            );
+            let _ = events
+                .send(Event::StreamEnded {
+                    resource,
+                    generation,
+                    reason,
+                })
+                .await;
+            return;
+        }
+    };
+    loop {
+        let message = tokio::select! {
+            _ = cancel.cancelled() => return,
+            message = stream.message() => message,
+        };
+        let reason = match message {
+            Ok(Some(update)) => {
+                let devices = update.devices.into_iter().map(Device::from_wire).collect();
+                tracing::debug!(%resource, generation, "ListAndWatch update");
+                if events
+                    .send(Event::Devices {
+                        resource: resource.clone(),
+                        generation,
+                        devices,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                continue;
+            }
+            Ok(None) => "ListAndWatch stream ended".to_owned(),
+            Err(status) => format!(
+                "ListAndWatch stream failed: {:?}: {}",
+                status.code(),
+                status.message()
+            ),
+        };
+        let _ = events
+            .send(Event::StreamEnded {
+                resource,
+                generation,
+                reason,
+            })
+            .await;
+        return;
+    }
+}

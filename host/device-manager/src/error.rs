@@ -1,0 +1,357 @@
+//! Errors of the device manager, one enum per boundary: [`StartError`] (the daemon cannot start
+//! the device manager), [`RegisterError`] (a plugin's registration is refused),
+//! [`AllocateError`] (an allocation is refused; nothing is held afterwards).
+//!
+//! Causes sit in `#[source]`; print the chain ([`error_chain`]) to see them. Mapping to gRPC
+//! statuses happens in one place per service (`registration_server.rs`, the admin server).
+
+use std::io;
+use std::path::PathBuf;
+
+use pluglet_checkpoint::CheckpointError;
+use pluglet_handler_runtime::{HandlerError, Refusal};
+use pluglet_uds::UdsError;
+
+/// Why the device manager did not start. It has touched nothing in the device plugins
+/// directory when it fails with [`StartError::DirectoryInUse`].
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// `kubelet.sock` answers a connect: a kubelet (or another Pluglet) owns the directory.
+    #[error(
+        "{socket} answers: a kubelet or another Pluglet owns this device plugins directory; stop it or give Pluglet another directory (nothing was changed)"
+    )]
+    DirectoryInUse {
+        /// The live registration socket.
+        socket: PathBuf,
+    },
+    /// The device plugins directory could not be created or listed.
+    #[error("cannot prepare the device plugins directory {dir}: check that it is writable")]
+    Directory {
+        /// The directory.
+        dir: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A stale socket could not be removed.
+    #[error("cannot remove stale socket {path}: remove it by hand and start again")]
+    RemoveStale {
+        /// The socket.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The checkpoint or side file could not be read or set aside.
+    #[error("cannot restore the device manager's state")]
+    Restore(#[source] CheckpointError),
+    /// `kubelet.sock` could not be bound.
+    #[error("cannot serve the device plugin registration socket")]
+    Bind(#[source] UdsError),
+    /// The device plugins directory could not be watched for removed plugin sockets.
+    #[error(
+        "cannot watch {dir} for removed device plugin sockets: raise fs.inotify.max_user_watches / max_user_instances"
+    )]
+    Watch {
+        /// The directory.
+        dir: PathBuf,
+        /// notify's error.
+        #[source]
+        source: notify::Error,
+    },
+}
+
+/// Why a device plugin's registration (either flow) was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// No registration handler is configured or built in for `DevicePlugin`.
+    #[error(
+        "device plugin {resource}: no registration handler for plugin type DevicePlugin; configure one in handlers.toml"
+    )]
+    NoHandler {
+        /// The resource the plugin advertises.
+        resource: String,
+    },
+    /// The DevicePlugin handler refused the plugin (bad version, bad resource name, …).
+    #[error("device plugin {resource} refused by {module} ({}): {}", refusal.kind, refusal.message)]
+    Refused {
+        /// The resource the plugin advertises.
+        resource: String,
+        /// The handler module that refused.
+        module: String,
+        /// Its refusal.
+        refusal: Refusal,
+    },
+    /// The DevicePlugin handler failed (trap, deadline, memory cap).
+    #[error("device plugin {resource}: the registration handler failed")]
+    Handler {
+        /// The resource the plugin advertises.
+        resource: String,
+        /// What went wrong in the handler.
+        #[source]
+        source: HandlerError,
+    },
+    /// The handler's blocking task died.
+    #[error("device plugin {resource}: the registration handler's task died")]
+    Task {
+        /// The resource the plugin advertises.
+        resource: String,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// The plugin's endpoint could not be dialed.
+    #[error(
+        "device plugin {resource}: cannot dial its endpoint {endpoint}; it must serve v1beta1.DevicePlugin there before it registers"
+    )]
+    Dial {
+        /// The resource the plugin advertises.
+        resource: String,
+        /// The endpoint dialed.
+        endpoint: PathBuf,
+        /// The dial error.
+        #[source]
+        source: UdsError,
+    },
+    /// GetDevicePluginOptions failed or timed out.
+    #[error(
+        "device plugin {resource}: GetDevicePluginOptions on {endpoint} failed; it must serve v1beta1.DevicePlugin there"
+    )]
+    Options {
+        /// The resource the plugin advertises.
+        resource: String,
+        /// The endpoint dialed.
+        endpoint: PathBuf,
+        /// The plugin's answer (or a deadline status).
+        #[source]
+        status: tonic::Status,
+    },
+    /// The device manager is shutting down.
+    #[error("device plugin {resource}: the device manager is shutting down")]
+    Stopped {
+        /// The resource the plugin advertises.
+        resource: String,
+    },
+}
+
+/// Why an allocation was refused. Nothing is held after any of these.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocateError {
+    /// A request for zero devices.
+    #[error("cannot allocate 0 devices of {resource}: ask for at least 1")]
+    ZeroCount {
+        /// The resource.
+        resource: String,
+    },
+    /// No plugin ever registered the resource (or it was removed after its grace period).
+    #[error(
+        "cannot allocate unregistered resource {resource}: no device plugin has registered it"
+    )]
+    UnknownResource {
+        /// The resource.
+        resource: String,
+    },
+    /// The resource is known but its plugin is not connected (stream ended, socket removed, or
+    /// not back since a restart).
+    #[error(
+        "no device plugin is connected for {resource}: wait for it to register again, then retry"
+    )]
+    NotConnected {
+        /// The resource.
+        resource: String,
+    },
+    /// The container already holds a different number of devices of this resource.
+    #[error(
+        "pod {pod_uid} container {container} already holds {held} devices of {resource}, not {requested}: changed request; release it first"
+    )]
+    ChangedRequest {
+        /// The pod.
+        pod_uid: String,
+        /// The container.
+        container: String,
+        /// The resource.
+        resource: String,
+        /// Devices held now.
+        held: usize,
+        /// Devices requested.
+        requested: u32,
+    },
+    /// Another allocation for the same container and resource is still running.
+    #[error(
+        "an allocation of {resource} for pod {pod_uid} container {container} is already in progress; retry when it is done"
+    )]
+    InProgress {
+        /// The pod.
+        pod_uid: String,
+        /// The container.
+        container: String,
+        /// The resource.
+        resource: String,
+    },
+    /// Fewer free healthy devices than requested (the kubelet's wording).
+    #[error(
+        "requested number of devices unavailable for {resource}. Requested: {requested}, Available: {available}"
+    )]
+    Unavailable {
+        /// The resource.
+        resource: String,
+        /// Devices requested.
+        requested: u32,
+        /// Healthy devices nobody holds.
+        available: usize,
+    },
+    /// GetPreferredAllocation failed.
+    #[error("GetPreferredAllocation of the {resource} device plugin failed")]
+    Preferred {
+        /// The resource.
+        resource: String,
+        /// The plugin's answer.
+        #[source]
+        status: tonic::Status,
+    },
+    /// The allocation policy refused the request.
+    #[error("allocation policy {module} refused {resource} ({}): {}", refusal.kind, refusal.message)]
+    PolicyRefused {
+        /// The resource.
+        resource: String,
+        /// The policy module.
+        module: String,
+        /// Its refusal.
+        refusal: Refusal,
+    },
+    /// The allocation policy failed (trap, deadline, memory cap).
+    #[error("allocation policy for {resource} failed")]
+    PolicyFailed {
+        /// The resource.
+        resource: String,
+        /// What went wrong in the policy.
+        #[source]
+        source: HandlerError,
+    },
+    /// The policy's blocking task died.
+    #[error("allocation policy for {resource}: its task died")]
+    PolicyTask {
+        /// The resource.
+        resource: String,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// The policy answered something other than `count` distinct available ids including the
+    /// must-include ones.
+    #[error(
+        "allocation policy {module} answered {answer:?} for {count} devices of {resource}: {problem}; fix the policy (or remove it from handlers.toml)"
+    )]
+    BadPolicyAnswer {
+        /// The resource.
+        resource: String,
+        /// The policy module.
+        module: String,
+        /// What it answered.
+        answer: Vec<String>,
+        /// Devices requested.
+        count: u32,
+        /// What is wrong with the answer.
+        problem: String,
+    },
+    /// A chosen device turned unhealthy or vanished while the policy was choosing.
+    #[error("device {device} of {resource} became unavailable during the allocation; retry")]
+    Raced {
+        /// The resource.
+        resource: String,
+        /// The device.
+        device: String,
+    },
+    /// The plugin's Allocate failed.
+    #[error("Allocate of the {resource} device plugin failed for devices {devices:?}")]
+    Allocate {
+        /// The resource.
+        resource: String,
+        /// The devices asked for.
+        devices: Vec<String>,
+        /// The plugin's answer.
+        #[source]
+        status: tonic::Status,
+    },
+    /// The plugin's Allocate answered no container response.
+    #[error(
+        "Allocate of the {resource} device plugin returned no container response for devices {devices:?}"
+    )]
+    EmptyAllocateResponse {
+        /// The resource.
+        resource: String,
+        /// The devices asked for.
+        devices: Vec<String>,
+    },
+    /// The plugin's PreStartContainer failed.
+    #[error("PreStartContainer of the {resource} device plugin failed for devices {devices:?}")]
+    PreStart {
+        /// The resource.
+        resource: String,
+        /// The devices.
+        devices: Vec<String>,
+        /// The plugin's answer.
+        #[source]
+        status: tonic::Status,
+    },
+    /// The container was released while its allocation was in flight.
+    #[error(
+        "pod {pod_uid} container {container} was released while its {resource} allocation was in flight"
+    )]
+    Released {
+        /// The pod.
+        pod_uid: String,
+        /// The container.
+        container: String,
+        /// The resource.
+        resource: String,
+    },
+    /// The checkpoint recording the allocation could not be written; the allocation was undone.
+    #[error("cannot record the allocation of {resource}; it was undone")]
+    Checkpoint {
+        /// The resource.
+        resource: String,
+        /// The write error.
+        #[source]
+        source: std::sync::Arc<CheckpointError>,
+    },
+    /// The device manager is shutting down.
+    #[error("the device manager is shutting down")]
+    Stopped,
+}
+
+/// An error and its causes on one line, `: `-separated (for logs and gRPC messages).
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        // tonic's Display of a status dumps details and metadata; people need code and message.
+        let cause_text = match cause.downcast_ref::<tonic::Status>() {
+            Some(status) => format!("{:?}: {}", status.code(), status.message()),
+            None => cause.to_string(),
+        };
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_names_every_cause_once() {
+        let err = AllocateError::Allocate {
+            resource: "vendor.com/gpu".into(),
+            devices: vec!["d0".into()],
+            status: tonic::Status::internal("boom"),
+        };
+        let text = error_chain(&err);
+        assert!(text.starts_with("Allocate of the vendor.com/gpu device plugin failed"));
+        assert!(text.contains("boom"), "{text}");
+    }
+}

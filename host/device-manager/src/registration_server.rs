@@ -1,0 +1,260 @@
+//! The kubelet's side of `v1beta1.Registration` on `kubelet.sock` (the classic flow, facts
+//! §7.1; the kubelet's `plugin/v1beta1/server.go`), and the start-up steps around the device
+//! plugins directory.
+//!
+//! Register runs the same DevicePlugin handler hooks as a watcher registration (validate: the
+//! version and the extended resource name; then register), dials `<dir>/<endpoint>` and asks
+//! GetDevicePluginOptions before answering, as the kubelet does. Any refusal reaches the plugin
+//! as a gRPC error whose message says what was wrong.
+//!
+//! The socket is served through `pluglet_uds::incoming_any_authority`: Go plugins dial the
+//! socket by its bare path, so their HTTP/2 `:authority` looks like a path, which tonic would
+//! refuse (facts §0.1).
+
+use std::io;
+use std::os::unix::fs::FileTypeExt as _;
+use std::path::{Path, PathBuf};
+
+use pluglet_handler_runtime::{CallContext, PluginInfo, RegisteredPlugin, RegistrationFacts};
+use pluglet_proto::constants::{CHECKPOINT_FILE, DEVICE_PLUGIN};
+use pluglet_proto::v1beta1;
+use pluglet_proto::v1beta1::registration_server::{Registration, RegistrationServer};
+use tokio::net::UnixListener;
+use tokio::sync::mpsc;
+
+use crate::endpoint::{Event, Flow};
+use crate::error::{RegisterError, StartError, error_chain};
+use crate::manager::DeviceManager;
+
+/// Fails with [`StartError::DirectoryInUse`] when something answers on `socket`.
+pub(crate) fn check_not_in_use(socket: &Path) -> Result<(), StartError> {
+    match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(_) => Err(StartError::DirectoryInUse {
+            socket: socket.to_path_buf(),
+        }),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Creates the directory (0750, as the kubelet) and removes every socket in it: stale plugin
+/// sockets tell nobody anything, and their removal tells plugins to register again. Other files
+/// (the checkpoint, set-aside files) and sub-directories are kept.
+pub(crate) fn prepare_directory(dir: &Path) -> Result<(), StartError> {
+    let fail = |source: io::Error| StartError::Directory {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir)
+            .map_err(fail)?;
+    }
+    for entry in std::fs::read_dir(dir).map_err(fail)? {
+        let entry = entry.map_err(fail)?;
+        if entry.file_name() == CHECKPOINT_FILE {
+            continue;
+        }
+        let is_socket = entry.file_type().map(|t| t.is_socket()).unwrap_or(false);
+        if is_socket {
+            let path = entry.path();
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::info!(socket = %path.display(), "removed stale socket"),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => return Err(StartError::RemoveStale { path, source }),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Watches `dir` for removed sockets and reports them to the manager loop (a classic-flow
+/// plugin whose socket is removed is disconnected).
+pub(crate) fn watch_directory(
+    dir: &Path,
+    events: mpsc::Sender<Event>,
+) -> Result<notify::RecommendedWatcher, StartError> {
+    use notify::Watcher as _;
+    let fail = |source: notify::Error| StartError::Watch {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if matches!(event.kind, notify::EventKind::Remove(_)) {
+            for path in event.paths {
+                // Runs on notify's own thread, outside the runtime.
+                let _ = events.blocking_send(Event::SocketRemoved(path));
+            }
+        }
+    })
+    .map_err(fail)?;
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .map_err(fail)?;
+    Ok(watcher)
+}
+
+/// Serves Registration on the bound `kubelet.sock` until the manager is cancelled, then removes
+/// the socket.
+pub(crate) async fn serve(manager: DeviceManager, listener: UnixListener, socket: PathBuf) {
+    let cancel = manager.inner.cancel.clone();
+    let service = RegistrationServer::new(RegistrationService { manager });
+    let result = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(
+            pluglet_uds::incoming_any_authority(listener),
+            cancel.cancelled_owned(),
+        )
+        .await;
+    if let Err(err) = result {
+        tracing::error!(error = %error_chain(&err), socket = %socket.display(), "kubelet.sock server failed");
+    }
+    if let Err(err) = std::fs::remove_file(&socket)
+        && err.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(%err, socket = %socket.display(), "cannot remove kubelet.sock");
+    }
+}
+
+/// `v1beta1.Registration`.
+struct RegistrationService {
+    manager: DeviceManager,
+}
+
+#[tonic::async_trait]
+impl Registration for RegistrationService {
+    async fn register(
+        &self,
+        request: tonic::Request<v1beta1::RegisterRequest>,
+    ) -> Result<tonic::Response<v1beta1::Empty>, tonic::Status> {
+        let request = request.into_inner();
+        let resource = request.resource_name.clone();
+        match self.manager.register_classic(request).await {
+            Ok(()) => Ok(tonic::Response::new(v1beta1::Empty {})),
+            Err(err) => {
+                let message = error_chain(&err);
+                tracing::warn!(%resource, error = %message, "device plugin Register refused");
+                Err(to_status(&err, message))
+            }
+        }
+    }
+}
+
+/// The one place Register errors become gRPC statuses.
+fn to_status(err: &RegisterError, message: String) -> tonic::Status {
+    let code = match err {
+        RegisterError::Refused { .. } => tonic::Code::InvalidArgument,
+        RegisterError::NoHandler { .. } => tonic::Code::FailedPrecondition,
+        RegisterError::Dial { .. } | RegisterError::Options { .. } => tonic::Code::Unavailable,
+        RegisterError::Handler { .. } | RegisterError::Task { .. } => tonic::Code::Internal,
+        RegisterError::Stopped { .. } => tonic::Code::Unavailable,
+    };
+    tonic::Status::new(code, message)
+}
+
+impl DeviceManager {
+    /// A Register on `kubelet.sock`: handler hooks, then dial and connect.
+    pub(crate) async fn register_classic(
+        &self,
+        request: v1beta1::RegisterRequest,
+    ) -> Result<(), RegisterError> {
+        let resource = request.resource_name.clone();
+        let info = PluginInfo {
+            plugin_type: DEVICE_PLUGIN.to_owned(),
+            name: resource.clone(),
+            endpoint: request.endpoint.clone(),
+            supported_versions: vec![request.version.clone()],
+        };
+        let existing = self
+            .lock()
+            .resources
+            .get(&resource)
+            .and_then(|r| r.registration.clone());
+        let handler = self
+            .inner
+            .handlers
+            .for_plugin_type(DEVICE_PLUGIN)
+            .ok_or_else(|| RegisterError::NoHandler {
+                resource: resource.clone(),
+            })?;
+        let module = handler.module().to_owned();
+        let cx = CallContext {
+            node_name: self.inner.config.node_name.clone(),
+        };
+        let hooks = {
+            let info = info.clone();
+            tokio::task::spawn_blocking(move || {
+                let accepted = match handler.validate(&cx, &info, existing.as_ref())?.value {
+                    Ok(accepted) => accepted,
+                    Err(refusal) => return Ok(Err(refusal)),
+                };
+                let facts = RegistrationFacts {
+                    node_id: None,
+                    max_volumes_per_node: None,
+                    topology: Default::default(),
+                };
+                Ok(handler
+                    .register(&cx, &info, &facts)?
+                    .value
+                    .map(|()| accepted))
+            })
+        };
+        let accepted = hooks
+            .await
+            .map_err(|source| RegisterError::Task {
+                resource: resource.clone(),
+                source,
+            })?
+            .map_err(|source| RegisterError::Handler {
+                resource: resource.clone(),
+                source,
+            })?
+            .map_err(|refusal| RegisterError::Refused {
+                resource: resource.clone(),
+                module,
+                refusal,
+            })?;
+        let endpoint = self.inner.config.device_plugins_dir.join(&request.endpoint);
+        let registration = RegisteredPlugin {
+            info,
+            version: accepted.version,
+        };
+        self.connect(resource, endpoint, Flow::Classic, registration)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepare_removes_sockets_and_keeps_other_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join("old-plugin.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&stale).unwrap();
+        std::fs::write(dir.path().join(CHECKPOINT_FILE), "{}").unwrap();
+        std::fs::write(dir.path().join("kubelet_internal_checkpoint.corrupt-1"), "x").unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        prepare_directory(dir.path()).unwrap();
+        assert!(!stale.exists());
+        assert!(dir.path().join(CHECKPOINT_FILE).exists());
+        assert!(dir.path().join("kubelet_internal_checkpoint.corrupt-1").exists());
+        assert!(dir.path().join("sub").is_dir());
+    }
+
+    #[test]
+    fn a_live_socket_means_in_use_and_a_dead_one_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        assert!(check_not_in_use(&socket).is_ok(), "missing socket");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let err = check_not_in_use(&socket).unwrap_err();
+        assert!(matches!(err, StartError::DirectoryInUse { .. }), "{err}");
+        drop(listener);
+        assert!(check_not_in_use(&socket).is_ok(), "stale socket");
+    }
+}
