@@ -30,15 +30,19 @@ struct Plugin {
     notified: Mutex<Option<oneshot::Sender<Notified>>>,
 }
 
+/// The plugin's gRPC services (one state shared by both).
+#[derive(Clone)]
+struct Service(std::sync::Arc<Plugin>);
+
 #[tonic::async_trait]
-impl Registration for std::sync::Arc<Plugin> {
+impl Registration for Service {
     async fn get_info(
         &self,
         _: Request<reg::InfoRequest>,
     ) -> Result<Response<reg::PluginInfo>, Status> {
         Ok(Response::new(reg::PluginInfo {
             r#type: "CSIPlugin".into(),
-            name: self.name.clone(),
+            name: self.0.name.clone(),
             endpoint: String::new(),
             supported_versions: vec!["1.0.0".into()],
         }))
@@ -50,7 +54,7 @@ impl Registration for std::sync::Arc<Plugin> {
     ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
         let now = Instant::now();
         let s = request.into_inner();
-        if let Some(tx) = self.notified.lock().unwrap().take() {
+        if let Some(tx) = self.0.notified.lock().unwrap().take() {
             let _ = tx.send((now, s.plugin_registered, s.error));
         }
         Ok(Response::new(reg::RegistrationStatusResponse {}))
@@ -58,7 +62,7 @@ impl Registration for std::sync::Arc<Plugin> {
 }
 
 #[tonic::async_trait]
-impl Node for std::sync::Arc<Plugin> {
+impl Node for Service {
     async fn node_get_info(
         &self,
         _: Request<csi::NodeGetInfoRequest>,
@@ -74,10 +78,10 @@ impl Node for std::sync::Arc<Plugin> {
 /// Binds `path` (the clock starts just before `bind()`) and serves the plugin on it.
 fn start_plugin(path: &Path, name: String) -> (Instant, oneshot::Receiver<Notified>) {
     let (tx, rx) = oneshot::channel();
-    let plugin = std::sync::Arc::new(Plugin {
+    let plugin = Service(std::sync::Arc::new(Plugin {
         name,
         notified: Mutex::new(Some(tx)),
-    });
+    }));
     let t0 = Instant::now();
     let listener = tokio::net::UnixListener::bind(path).expect("bind plugin socket");
     tokio::spawn(

@@ -20,6 +20,7 @@ pub struct Cli {
 
 /// Top-level subcommands.
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per process")]
 pub enum Command {
     /// Run the node daemon (plugin watcher, registration, device manager, admin API).
     Run(RunArgs),

@@ -102,14 +102,14 @@ fn builtin_plugin_types() -> Vec<(String, ModuleSource)> {
             constants::CSI_PLUGIN.to_owned(),
             ModuleSource::Builtin {
                 name: "csi".to_owned(),
-                bytes: &[],
+                bytes: pluglet_wasm_guests::CSI,
             },
         ),
         (
             constants::DEVICE_PLUGIN.to_owned(),
             ModuleSource::Builtin {
                 name: "device-plugin".to_owned(),
-                bytes: &[],
+                bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
             },
         ),
     ]
@@ -119,7 +119,7 @@ fn builtin_plugin_types() -> Vec<(String, ModuleSource)> {
 fn builtin_policy() -> ModuleSource {
     ModuleSource::Builtin {
         name: "device-plugin".to_owned(),
-        bytes: &[],
+        bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
     }
 }
 

@@ -30,6 +30,7 @@ pub mod error;
 mod manager;
 pub mod pod_devices;
 pub mod registration_server;
+pub mod stub;
 
 pub use allocator::{Allocation, check_answer};
 pub use checkpoint::{RestoreReport, SetAside};

@@ -123,11 +123,12 @@ pub(crate) fn import_allowed(name: &str) -> bool {
             .any(|(p, ifaces)| *p == pkg && ifaces.contains(&parsed.interface))
 }
 
-/// The first import that is not allowed, if any.
-pub(crate) fn first_forbidden_import<'a>(
-    imports: impl IntoIterator<Item = &'a str>,
-) -> Option<&'a str> {
-    imports.into_iter().find(|name| !import_allowed(name))
+/// Every import that is not allowed, in order.
+pub(crate) fn forbidden_imports<'a>(imports: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    imports
+        .into_iter()
+        .filter(|name| !import_allowed(name))
+        .collect()
 }
 
 /// What a component's exports say about the contract.
@@ -262,8 +263,8 @@ mod tests {
             assert!(!import_allowed(name), "{name} should be refused");
         }
         assert_eq!(
-            first_forbidden_import(["wasi:io/poll@0.2.6", "wasi:filesystem/types@0.2.6"]),
-            Some("wasi:filesystem/types@0.2.6")
+            forbidden_imports(["wasi:io/poll@0.2.6", "wasi:filesystem/types@0.2.6"]),
+            vec!["wasi:filesystem/types@0.2.6"]
         );
     }
 

@@ -252,11 +252,11 @@ impl Runtime {
         let ty = component.component_type();
         let engine = &self.inner.engine;
         let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
-        if let Some(import) = admission::first_forbidden_import(imports.iter().map(String::as_str))
-        {
+        let forbidden = admission::forbidden_imports(imports.iter().map(String::as_str));
+        if !forbidden.is_empty() {
             return Err(LoadError::ForbiddenImport {
                 module,
-                import: import.to_string(),
+                imports: forbidden.into_iter().map(str::to_string).collect(),
             });
         }
         let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();

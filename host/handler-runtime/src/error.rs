@@ -60,15 +60,16 @@ pub enum LoadError {
     },
     /// The component imports something outside the sandbox's allow-list.
     #[error(
-        "handler {module} imports `{import}`, which handlers may not use (allowed: \
+        "handler {module} imports {}, which handlers may not use (allowed: \
          pluglet:handler/host and the wasi:io, wasi:cli, wasi:clocks and wasi:random interfaces; \
-         no files, sockets or HTTP); remove the code that uses it"
+         no files, sockets or HTTP); remove the code that uses them",
+        .imports.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
     )]
     ForbiddenImport {
         /// Module id.
         module: String,
-        /// The import's name, e.g. `wasi:filesystem/types@0.2.6`.
-        import: String,
+        /// Every forbidden import's name, e.g. `wasi:filesystem/types@0.2.6`.
+        imports: Vec<String>,
     },
     /// wasmtime could not compile the component.
     #[error("handler {module} does not compile: {message}")]

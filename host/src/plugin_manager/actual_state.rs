@@ -36,10 +36,13 @@ pub struct ActualEntry {
     pub state: RegistrationState,
 }
 
+/// Registered plugins by (type, name), with the socket that registered them.
+type NameIndex = HashMap<(String, String), (SocketPath, RegisteredPlugin)>;
+
 /// Read access to the registered plugins by (type, name), for validate's `existing` argument.
 #[derive(Clone, Debug, Default)]
 pub struct RegisteredNames {
-    inner: Arc<RwLock<HashMap<(String, String), (SocketPath, RegisteredPlugin)>>>,
+    inner: Arc<RwLock<NameIndex>>,
 }
 
 impl RegisteredNames {

@@ -138,7 +138,7 @@ struct Track {
 /// What an operation task returns.
 #[derive(Debug)]
 enum Done {
-    Registered(RegisterOutcome),
+    Registered(Box<RegisterOutcome>),
     Deregistered,
 }
 
@@ -234,7 +234,7 @@ impl Reconciler {
                 let started = self.executor.try_start(op, now, || async move {
                     match operation::register(cx, socket, generation).await {
                         RegisterOutcome::Failed { info, reason } => Err(Failure { reason, info }),
-                        outcome => Ok(Done::Registered(outcome)),
+                        outcome => Ok(Done::Registered(Box::new(outcome))),
                     }
                 });
                 if started == TryStart::Started {
@@ -268,44 +268,47 @@ impl Reconciler {
         let Finished { operation, result } = finished;
         let socket = operation.socket().clone();
         let generation = operation.generation();
-        let track = self.tracks.entry(socket.clone()).or_default();
-        let is_current = track.generation == Some(generation);
-        match result {
-            Ok(Done::Registered(RegisterOutcome::Registered {
-                record,
-                notify_error,
-            })) => {
-                if is_current {
-                    track.last_error = notify_error;
-                    track.plugin_type = Some(record.info.plugin_type.clone());
-                    track.plugin_name = Some(record.info.name.clone());
-                }
-                self.actual.add_registered(record);
+        let outcome = match (result, &operation) {
+            (Ok(Done::Deregistered), _) => None,
+            (Err(Failure { reason, .. }), Operation::Deregister { .. }) => {
+                warn!(%socket, %reason, "deregistration failed");
+                None
             }
-            Ok(Done::Registered(RegisterOutcome::Refused { record, reason })) => {
-                if is_current {
-                    track.last_error = Some(reason.clone());
-                    track.plugin_type = Some(record.info.plugin_type.clone());
-                    track.plugin_name = Some(record.info.name.clone());
-                }
-                self.actual.add_refused(record, reason);
-            }
-            Ok(Done::Registered(RegisterOutcome::Failed { info, reason }))
-            | Err(Failure { info, reason }) => {
-                if matches!(operation, Operation::Deregister { .. }) {
-                    warn!(%socket, %reason, "deregistration failed");
-                } else if is_current {
-                    if let Some(info) = info {
-                        track.plugin_type = Some(info.plugin_type);
-                        track.plugin_name = Some(info.name);
+            (Ok(Done::Registered(outcome)), _) => Some(*outcome),
+            (Err(Failure { info, reason }), Operation::Register { .. }) => Some(RegisterOutcome::Failed { info, reason }),
+        };
+        if let Some(outcome) = outcome {
+            let track = self.tracks.entry(socket.clone()).or_default();
+            let is_current = track.generation == Some(generation);
+            match outcome {
+                RegisterOutcome::Registered { record, notify_error } => {
+                    if is_current {
+                        track.last_error = notify_error;
+                        track.plugin_type = Some(record.info.plugin_type.clone());
+                        track.plugin_name = Some(record.info.name.clone());
                     }
-                    track.last_error = Some(reason);
+                    self.actual.add_registered(record);
+                }
+                RegisterOutcome::Refused { record, reason } => {
+                    if is_current {
+                        track.last_error = Some(reason.clone());
+                        track.plugin_type = Some(record.info.plugin_type.clone());
+                        track.plugin_name = Some(record.info.name.clone());
+                    }
+                    self.actual.add_refused(record, reason);
+                }
+                RegisterOutcome::Failed { info, reason } => {
+                    if is_current {
+                        if let Some(info) = info {
+                            track.plugin_type = Some(info.plugin_type);
+                            track.plugin_name = Some(info.name);
+                        }
+                        track.last_error = Some(reason);
+                    }
                 }
             }
-            Ok(Done::Deregistered) => {}
         }
-        let still_desired = self.desired.snapshot_contains(&socket);
-        if !still_desired && self.actual.get(&socket).is_none() {
+        if !self.desired.snapshot_contains(&socket) && self.actual.get(&socket).is_none() {
             self.tracks.remove(&socket);
             self.executor.forget(&socket);
         }

@@ -14,7 +14,7 @@
 //!
 //! Socket paths here are filesystem paths; no abstract sockets.
 
-mod authority;
+pub mod authority;
 mod hpack;
 
 use std::io;
@@ -127,8 +127,9 @@ pub enum UdsError {
 /// Requests on the channel carry `:authority: localhost` (endpoint URI `http://localhost`), which
 /// every gRPC server accepts. The first connection is made eagerly, so a dead socket fails here
 /// rather than on the first RPC. A socket file appears at `bind(2)`, before its owner calls
-/// `listen(2)`, so "connection refused" and "no such file" are retried quickly (pauses growing
-/// from 1 ms to 50 ms) until `timeout` has passed; other errors fail at once. If the connection
+/// `listen(2)`, so "connection refused", "no such file" and a full listen backlog are retried
+/// quickly (pauses growing from 1 ms to 50 ms) until `timeout` has passed; other errors (such as
+/// "permission denied") fail at once. If the connection
 /// later breaks, the channel redials `path` on the next request (one attempt, no retry loop).
 ///
 /// The returned error names the path and carries the last cause.

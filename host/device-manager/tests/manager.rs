@@ -1,0 +1,494 @@
+//! The device manager over real unix sockets, with in-process stub plugins and the real
+//! built-in WASM handler (`handlers/device-plugin`).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use pluglet_device_manager::stub::{Stub, devices};
+use pluglet_device_manager::{
+    AllocateError, Config, DeviceManager, Durability, Health, ResourceInfo, StartError,
+};
+use pluglet_handler_runtime::{HandlerSet, ModuleSource, Runtime, RuntimeConfig};
+use pluglet_proto::v1beta1;
+use tokio_util::sync::CancellationToken;
+
+const GPU: &str = "vendor.com/gpu";
+
+fn builtin() -> ModuleSource {
+    ModuleSource::Builtin {
+        name: "device-plugin".into(),
+        bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
+    }
+}
+
+fn load_handlers(dir: &Path) -> Arc<HandlerSet> {
+    let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
+    Arc::new(
+        HandlerSet::load(
+            &runtime,
+            dir,
+            vec![("DevicePlugin".into(), builtin())],
+            builtin(),
+        )
+        .unwrap(),
+    )
+}
+
+/// Built-ins only; compiled once for the whole test binary.
+fn handlers() -> Arc<HandlerSet> {
+    static SET: OnceLock<Arc<HandlerSet>> = OnceLock::new();
+    SET.get_or_init(|| load_handlers(Path::new("/nonexistent")))
+        .clone()
+}
+
+struct Node {
+    root: tempfile::TempDir,
+    manager: DeviceManager,
+}
+
+impl Node {
+    fn dp_dir(&self) -> PathBuf {
+        self.root.path().join("device-plugins")
+    }
+
+    fn config(root: &Path) -> Config {
+        let mut config = Config::new(
+            root.join("device-plugins"),
+            root.join("state"),
+            "node-1".into(),
+        );
+        config.durability = Durability::NoFsync;
+        config
+    }
+
+    async fn start() -> Node {
+        Node::start_with(|_| {}).await
+    }
+
+    async fn start_with(tune: impl FnOnce(&mut Config)) -> Node {
+        let root = tempfile::tempdir().unwrap();
+        let mut config = Node::config(root.path());
+        tune(&mut config);
+        let manager = DeviceManager::start(config, handlers(), CancellationToken::new())
+            .await
+            .unwrap();
+        Node { root, manager }
+    }
+
+    async fn restart(self) -> Node {
+        self.manager.shutdown().await;
+        let manager = DeviceManager::start(
+            Node::config(self.root.path()),
+            handlers(),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        Node {
+            root: self.root,
+            manager,
+        }
+    }
+
+    fn plugin(&self, name: &str, n: usize, options: v1beta1::DevicePluginOptions) -> Stub {
+        Stub::start(&self.dp_dir().join(name), devices(n, 2), options)
+    }
+
+    fn kubelet_socket(&self) -> PathBuf {
+        self.dp_dir().join("kubelet.sock")
+    }
+
+    fn resource(&self, name: &str) -> Option<ResourceInfo> {
+        self.manager
+            .resources()
+            .into_iter()
+            .find(|r| r.resource == name)
+    }
+
+    /// Waits (10 s at most) until `check` holds for the resource list.
+    async fn wait(&self, what: &str, check: impl Fn(&Node) -> bool) {
+        let mut changes = self.manager.changes();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !check(self) {
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                panic!("timed out waiting for {what}: {:#?}", self.manager.resources());
+            }
+        }
+    }
+
+    async fn wait_allocatable(&self, name: &str, n: usize) {
+        self.wait(&format!("{name} allocatable {n}"), |node| {
+            node.resource(name).is_some_and(|r| r.allocatable == n)
+        })
+        .await;
+    }
+}
+
+fn options(preferred: bool, pre_start: bool) -> v1beta1::DevicePluginOptions {
+    v1beta1::DevicePluginOptions {
+        pre_start_required: pre_start,
+        get_preferred_allocation_available: preferred,
+    }
+}
+
+#[tokio::test]
+async fn register_lists_devices_and_applies_health_updates() {
+    let node = Node::start().await;
+    let plugin = node.plugin("gpu.sock", 4, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 4).await;
+    let r = node.resource(GPU).unwrap();
+    assert_eq!(r.capacity, 4);
+    assert!(r.connected);
+    assert_eq!(r.policy, "builtin:device-plugin");
+    assert_eq!(r.devices[1].numa, [1]);
+
+    let mut list = devices(4, 2);
+    list[2].health = "Unhealthy".into();
+    plugin.set_devices(list);
+    node.wait_allocatable(GPU, 3).await;
+    let r = node.resource(GPU).unwrap();
+    assert_eq!(r.capacity, 4);
+    assert_eq!(r.devices[2].health, Health::Unhealthy);
+
+    // Full-list replacement: devices absent from an update disappear.
+    plugin.set_devices(devices(2, 2));
+    node.wait("capacity 2", |n| n.resource(GPU).unwrap().capacity == 2)
+        .await;
+    let text = std::fs::read_to_string(node.dp_dir().join("kubelet_internal_checkpoint")).unwrap();
+    assert!(text.contains(r#""RegisteredDevices":{"vendor.com/gpu":["d0","d1"]}"#), "{text}");
+}
+
+#[tokio::test]
+async fn register_refusals_are_clear_grpc_errors() {
+    let node = Node::start().await;
+    let plugin = node.plugin("gpu.sock", 1, options(false, false));
+
+    let err = plugin.register(&node.kubelet_socket(), "gpu").await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("builtin:device-plugin"), "{err:?}");
+    assert!(err.message().contains("gpu"), "{err:?}");
+
+    let mut client = v1beta1::registration_client::RegistrationClient::new(
+        pluglet_uds::connect(&node.kubelet_socket(), Duration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    let err = client
+        .register(v1beta1::RegisterRequest {
+            version: "v1alpha2".into(),
+            endpoint: "gpu.sock".into(),
+            resource_name: GPU.into(),
+            options: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("v1alpha2"), "{err:?}");
+
+    let err = client
+        .register(v1beta1::RegisterRequest {
+            version: "v1beta1".into(),
+            endpoint: "nobody-serves-this.sock".into(),
+            resource_name: GPU.into(),
+            options: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(err.message().contains("nobody-serves-this.sock"), "{err:?}");
+    assert!(node.resource(GPU).is_none(), "nothing registered");
+}
+
+#[tokio::test]
+async fn allocation_is_idempotent_refuses_a_changed_count_and_release_returns_devices() {
+    let node = Node::start().await;
+    let plugin = node.plugin("gpu.sock", 4, options(false, true));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 4).await;
+
+    let first = node.manager.allocate("pod-1", "ctr", GPU, 2).await.unwrap();
+    assert_eq!(first.device_ids.len(), 2);
+    assert!(!first.reused);
+    assert_eq!(
+        first.response.envs["STUB_DEVICES"],
+        first.device_ids.join(",")
+    );
+    // The built-in policy packs onto one NUMA node (d0, d2 on node 0).
+    assert_eq!(first.device_ids, ["d0", "d2"]);
+    assert_eq!(plugin.state.pre_start_calls.load(Ordering::SeqCst), 1);
+
+    let again = node.manager.allocate("pod-1", "ctr", GPU, 2).await.unwrap();
+    assert!(again.reused);
+    assert_eq!(again.device_ids, first.device_ids);
+    assert_eq!(plugin.state.allocate_calls.load(Ordering::SeqCst), 1, "no new RPC");
+
+    let err = node
+        .manager
+        .allocate("pod-1", "ctr", GPU, 3)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AllocateError::ChangedRequest { held: 2, requested: 3, .. }), "{err}");
+
+    let err = node
+        .manager
+        .allocate("pod-2", "ctr", GPU, 3)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AllocateError::Unavailable { requested: 3, available: 2, .. }),
+        "{err}"
+    );
+
+    let text = std::fs::read_to_string(node.dp_dir().join("kubelet_internal_checkpoint")).unwrap();
+    assert!(text.contains(r#""PodUID":"pod-1""#), "{text}");
+
+    assert_eq!(node.manager.release("pod-1", None).await, 1);
+    assert!(node.manager.allocations().is_empty());
+    let all = node.manager.allocate("pod-2", "ctr", GPU, 4).await.unwrap();
+    assert_eq!(all.device_ids.len(), 4);
+}
+
+#[tokio::test]
+async fn the_plugin_preference_reaches_the_policy() {
+    let node = Node::start().await;
+    let plugin = node.plugin("gpu.sock", 4, options(true, false));
+    *plugin.state.preferred.lock().unwrap() = Some(vec!["d3".into(), "d0".into()]);
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 4).await;
+    let got = node.manager.allocate("pod", "ctr", GPU, 2).await.unwrap();
+    assert_eq!(got.device_ids, ["d3", "d0"]);
+    assert_eq!(plugin.state.preferred_calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn failures_leave_nothing_held() {
+    let node = Node::start().await;
+    let plugin = node.plugin("gpu.sock", 2, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 2).await;
+    plugin.state.fail_allocate.store(true, Ordering::SeqCst);
+    let err = node.manager.allocate("pod", "ctr", GPU, 1).await.unwrap_err();
+    assert!(matches!(err, AllocateError::Allocate { .. }), "{err}");
+    assert!(pluglet_device_manager::error_chain(&err).contains("fails on purpose"));
+    assert!(node.manager.allocations().is_empty());
+
+    let err = node.manager.allocate("pod", "ctr", "vendor.com/nic", 1).await.unwrap_err();
+    assert!(matches!(err, AllocateError::UnknownResource { .. }), "{err}");
+    let err = node.manager.allocate("pod", "ctr", GPU, 0).await.unwrap_err();
+    assert!(matches!(err, AllocateError::ZeroCount { .. }), "{err}");
+
+    plugin.state.fail_allocate.store(false, Ordering::SeqCst);
+    let got = node.manager.allocate("pod", "ctr", GPU, 2).await.unwrap();
+    assert_eq!(got.device_ids.len(), 2);
+}
+
+#[tokio::test]
+async fn concurrent_requests_never_share_a_device() {
+    let node = Node::start().await;
+    let plugin = node.plugin("gpu.sock", 8, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 8).await;
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let manager = node.manager.clone();
+        tasks.push(tokio::spawn(async move {
+            manager.allocate(&format!("pod-{i}"), "ctr", GPU, 1).await
+        }));
+    }
+    let mut got = Vec::new();
+    let mut refused = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(a) => got.extend(a.device_ids),
+            Err(AllocateError::Unavailable { .. }) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    got.sort();
+    got.dedup();
+    assert_eq!(got.len(), 8);
+    assert_eq!(refused, 2);
+}
+
+#[tokio::test]
+async fn an_old_stream_ending_does_not_disconnect_the_new_registration() {
+    let node = Node::start().await;
+    let old = node.plugin("old.sock", 2, options(false, false));
+    old.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 2).await;
+    let new = node.plugin("new.sock", 3, options(false, false));
+    new.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 3).await;
+    old.stop();
+    drop(old);
+    // Give a wrong disconnect every chance to happen, then check it did not.
+    let got = node.manager.allocate("pod", "ctr", GPU, 1).await.unwrap();
+    assert_eq!(got.response.envs.len(), 1);
+    let r = node.resource(GPU).unwrap();
+    assert!(r.connected);
+    assert_eq!(r.allocatable, 3);
+    assert_eq!(r.endpoint.unwrap(), node.dp_dir().join("new.sock"));
+}
+
+#[tokio::test]
+async fn stream_end_and_socket_removal_turn_devices_unhealthy_then_the_resource_goes() {
+    let node = Node::start_with(|c| c.grace_period = Duration::from_millis(300)).await;
+    let plugin = node.plugin("gpu.sock", 2, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 2).await;
+    plugin.stop();
+    node.wait("gpu disconnected", |n| {
+        n.resource(GPU).is_some_and(|r| !r.connected && r.allocatable == 0 && r.capacity == 2)
+    })
+    .await;
+    let err = node.manager.allocate("pod", "ctr", GPU, 1).await.unwrap_err();
+    assert!(matches!(err, AllocateError::NotConnected { .. }), "{err}");
+    node.wait("gpu removed", |n| n.resource(GPU).is_none()).await;
+
+    let nic = "vendor.com/nic";
+    let plugin = node.plugin("nic.sock", 2, options(false, false));
+    plugin.register(&node.kubelet_socket(), nic).await.unwrap();
+    node.wait_allocatable(nic, 2).await;
+    std::fs::remove_file(&plugin.socket).unwrap();
+    node.wait("nic disconnected", |n| {
+        n.resource(nic).is_some_and(|r| !r.connected && r.allocatable == 0)
+    })
+    .await;
+    node.wait("nic removed", |n| n.resource(nic).is_none()).await;
+}
+
+#[tokio::test]
+async fn a_plugin_back_within_the_grace_period_keeps_its_resource() {
+    let node = Node::start_with(|c| c.grace_period = Duration::from_millis(300)).await;
+    let plugin = node.plugin("gpu.sock", 2, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 2).await;
+    plugin.stop();
+    drop(plugin);
+    node.wait("disconnected", |n| n.resource(GPU).is_some_and(|r| !r.connected))
+        .await;
+    let plugin = node.plugin("gpu2.sock", 2, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 2).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(node.resource(GPU).is_some_and(|r| r.connected), "kept after the grace period");
+}
+
+#[tokio::test]
+async fn watcher_flow_connects_and_disconnects() {
+    let node = Node::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("gpu.sock");
+    let _plugin = Stub::start(&socket, devices(3, 1), options(false, false));
+    node.manager
+        .connect_watcher(GPU.into(), socket.clone())
+        .await
+        .unwrap();
+    node.wait_allocatable(GPU, 3).await;
+    // A disconnect for another endpoint changes nothing.
+    node.manager
+        .disconnect_watcher(GPU.into(), dir.path().join("other.sock"))
+        .await;
+    assert!(node.resource(GPU).unwrap().connected);
+    node.manager.disconnect_watcher(GPU.into(), socket).await;
+    node.wait("disconnected", |n| {
+        n.resource(GPU).is_some_and(|r| !r.connected && r.allocatable == 0)
+    })
+    .await;
+    let err = node
+        .manager
+        .connect_watcher("vendor.com/nic".into(), dir.path().join("missing.sock"))
+        .await;
+    assert!(err.is_err());
+}
+
+#[tokio::test]
+async fn allocations_survive_a_restart_and_held_devices_are_not_offered_again() {
+    let node = Node::start().await;
+    let plugin = node.plugin("gpu.sock", 2, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 2).await;
+    let held = node.manager.allocate("pod", "ctr", GPU, 1).await.unwrap();
+    drop(plugin);
+
+    let node = node.restart().await;
+    assert_eq!(node.manager.restore_report().allocations, 1);
+    let allocations = node.manager.allocations();
+    assert_eq!(allocations.len(), 1);
+    assert_eq!(allocations[0].device_ids, held.device_ids);
+    let r = node.resource(GPU).unwrap();
+    assert!(!r.connected);
+    assert_eq!((r.capacity, r.allocatable), (2, 0));
+    assert!(!node.dp_dir().join("gpu.sock").exists(), "stale socket removed");
+
+    // Same answer for the same container, no plugin needed.
+    let again = node.manager.allocate("pod", "ctr", GPU, 1).await.unwrap();
+    assert_eq!(again.response, held.response);
+
+    let plugin = node.plugin("gpu.sock", 2, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 2).await;
+    let err = node.manager.allocate("pod-2", "ctr", GPU, 2).await.unwrap_err();
+    assert!(
+        matches!(err, AllocateError::Unavailable { available: 1, .. }),
+        "{err}"
+    );
+    let other = node.manager.allocate("pod-2", "ctr", GPU, 1).await.unwrap();
+    assert_ne!(other.device_ids, held.device_ids);
+}
+
+#[tokio::test]
+async fn a_corrupt_checkpoint_is_set_aside() {
+    let root = tempfile::tempdir().unwrap();
+    let dp = root.path().join("device-plugins");
+    std::fs::create_dir_all(&dp).unwrap();
+    std::fs::write(dp.join("kubelet_internal_checkpoint"), "{not json").unwrap();
+    let manager = DeviceManager::start(
+        Node::config(root.path()),
+        handlers(),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let report = manager.restore_report();
+    assert_eq!(report.set_aside.len(), 1);
+    assert!(report.set_aside[0].moved_to.exists());
+    assert_eq!(
+        std::fs::read_to_string(&report.set_aside[0].moved_to).unwrap(),
+        "{not json"
+    );
+    assert!(manager.allocations().is_empty());
+    // A fresh, valid checkpoint replaced it.
+    let text = std::fs::read_to_string(dp.join("kubelet_internal_checkpoint")).unwrap();
+    assert!(text.starts_with(r#"{"Data":"#), "{text}");
+    manager.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_live_kubelet_socket_refuses_the_start_and_touches_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let dp = root.path().join("device-plugins");
+    std::fs::create_dir_all(&dp).unwrap();
+    let _live = std::os::unix::net::UnixListener::bind(dp.join("kubelet.sock")).unwrap();
+    let _other = std::os::unix::net::UnixListener::bind(dp.join("plugin.sock")).unwrap();
+    std::fs::write(dp.join("kubelet_internal_checkpoint"), "{not json").unwrap();
+    let err = DeviceManager::start(
+        Node::config(root.path()),
+        handlers(),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, StartError::DirectoryInUse { .. }), "{err}");
+    assert!(dp.join("plugin.sock").exists());
+    assert_eq!(
+        std::fs::read_to_string(dp.join("kubelet_internal_checkpoint")).unwrap(),
+        "{not json"
+    );
+}

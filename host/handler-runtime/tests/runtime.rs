@@ -1,0 +1,795 @@
+//! The handler runtime driving the real guests built from source by `pluglet-wasm-guests`:
+//! the built-in handlers' accepted and refused cases, the allocation policy, bad guests (deadline,
+//! fuel, memory, panic, forbidden imports) followed by a good call, the 1.0.0 contract guest,
+//! the call gate and `handlers.toml`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use pluglet_handler_runtime::{
+    AllocationRequest, CallContext, ConfigError, Device, Family, Handler, HandlerFault,
+    HandlerSet, Limits, LoadError, LogLevel, ModuleSource, PluginInfo, RefusalKind,
+    RegisteredPlugin, RegistrationFacts, Runtime, RuntimeConfig,
+};
+
+/// Deadline for calls that must succeed: generous, because the test machine is shared.
+const GENEROUS: Duration = Duration::from_secs(5);
+
+fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        Runtime::new(RuntimeConfig {
+            default_limits: Limits {
+                deadline: GENEROUS,
+                ..Limits::default()
+            },
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime")
+    })
+}
+
+fn builtin(name: &str, bytes: &'static [u8]) -> ModuleSource {
+    ModuleSource::Builtin {
+        name: name.into(),
+        bytes,
+    }
+}
+
+fn csi() -> Arc<Handler> {
+    static CSI: OnceLock<Arc<Handler>> = OnceLock::new();
+    CSI.get_or_init(|| {
+        runtime()
+            .load(
+                builtin("csi", pluglet_wasm_guests::CSI),
+                BTreeMap::new(),
+                None,
+            )
+            .expect("builtin csi loads")
+    })
+    .clone()
+}
+
+fn device_plugin() -> Arc<Handler> {
+    static DP: OnceLock<Arc<Handler>> = OnceLock::new();
+    DP.get_or_init(|| {
+        runtime()
+            .load(
+                builtin("device-plugin", pluglet_wasm_guests::DEVICE_PLUGIN),
+                BTreeMap::new(),
+                None,
+            )
+            .expect("builtin device-plugin loads")
+    })
+    .clone()
+}
+
+fn guest(name: &str) -> ModuleSource {
+    ModuleSource::File(pluglet_wasm_guests::guest_path(name))
+}
+
+fn misbehave(settings: &[(&str, &str)], limits: Limits) -> Arc<Handler> {
+    let settings = settings
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    runtime()
+        .load(guest("misbehave"), settings, Some(limits))
+        .expect("misbehave loads")
+}
+
+fn cx() -> CallContext {
+    CallContext {
+        node_name: "node-7".into(),
+    }
+}
+
+fn plugin(plugin_type: &str, name: &str, versions: &[&str]) -> PluginInfo {
+    PluginInfo {
+        plugin_type: plugin_type.into(),
+        name: name.into(),
+        endpoint: format!("/var/lib/kubelet/plugins/{name}/csi.sock"),
+        supported_versions: versions.iter().map(|v| v.to_string()).collect(),
+    }
+}
+
+/// A call on a good handler in the same runtime succeeds (run after every bad-guest case).
+fn good_call_succeeds() {
+    let call = csi()
+        .validate(&cx(), &plugin("CSIPlugin", "csi.example.com", &["1.0.0"]), None)
+        .expect("good handler still works");
+    assert_eq!(call.value.unwrap().version.as_deref(), Some("1.0.0"));
+}
+
+mod builtin_csi {
+    use super::*;
+
+    #[test]
+    fn families_and_contract_are_read_from_the_component() {
+        let h = csi();
+        assert_eq!(h.module(), "builtin:csi");
+        assert_eq!(h.contract_version(), "1.1.0");
+        assert_eq!(h.families(), &[Family::Registration]);
+        assert_eq!(h.sha256().len(), 64);
+    }
+
+    #[test]
+    fn accepts_and_chooses_the_highest_1x_version() {
+        let call = csi()
+            .validate(
+                &cx(),
+                &plugin("CSIPlugin", "csi.example.com", &["0.3.0", "1.2.0", "1.10.0", "2.0.0"]),
+                None,
+            )
+            .unwrap();
+        assert_eq!(call.value.unwrap().version.as_deref(), Some("1.10.0"));
+        assert!(call.elapsed > Duration::ZERO);
+    }
+
+    #[test]
+    fn refuses_an_empty_version_list() {
+        let refusal = csi()
+            .validate(&cx(), &plugin("CSIPlugin", "csi.example.com", &[]), None)
+            .unwrap()
+            .value
+            .unwrap_err();
+        assert_eq!(refusal.kind, RefusalKind::UnsupportedVersion);
+        assert!(refusal.message.contains("empty list"), "{refusal}");
+    }
+
+    #[test]
+    fn refuses_0x_only_drivers() {
+        let refusal = csi()
+            .validate(&cx(), &plugin("CSIPlugin", "csi.example.com", &["0.3.0"]), None)
+            .unwrap()
+            .value
+            .unwrap_err();
+        assert_eq!(refusal.kind, RefusalKind::UnsupportedVersion);
+        assert!(refusal.message.contains("must be v1.x"), "{refusal}");
+    }
+
+    #[test]
+    fn refuses_a_name_that_is_not_a_dns_subdomain() {
+        let refusal = csi()
+            .validate(&cx(), &plugin("CSIPlugin", "My_Driver", &["1.0.0"]), None)
+            .unwrap()
+            .value
+            .unwrap_err();
+        assert_eq!(refusal.kind, RefusalKind::InvalidName);
+        assert!(refusal.message.contains("API server would refuse"), "{refusal}");
+        assert_eq!(refusal.kind.to_string(), "invalid-name");
+    }
+
+    #[test]
+    fn same_name_needs_a_strictly_higher_version() {
+        let existing = RegisteredPlugin {
+            info: plugin("CSIPlugin", "csi.example.com", &["1.2.0"]),
+            version: Some("1.2.0".into()),
+        };
+        for (versions, accepted) in [(&["1.2.0"], false), (&["1.1.0"], false), (&["1.3.0"], true)]
+        {
+            let out = csi()
+                .validate(
+                    &cx(),
+                    &plugin("CSIPlugin", "csi.example.com", versions),
+                    Some(&existing),
+                )
+                .unwrap()
+                .value;
+            match out {
+                Ok(a) => {
+                    assert!(accepted, "{versions:?} should be refused");
+                    assert_eq!(a.version.as_deref(), Some(versions[0]));
+                }
+                Err(refusal) => {
+                    assert!(!accepted, "{versions:?} should be accepted");
+                    assert_eq!(refusal.kind, RefusalKind::AlreadyRegistered);
+                    assert!(refusal.message.contains("strictly higher"), "{refusal}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn register_refuses_an_empty_node_id_and_accepts_a_real_one() {
+        let p = plugin("CSIPlugin", "csi.example.com", &["1.0.0"]);
+        let facts = RegistrationFacts {
+            node_id: Some(String::new()),
+            max_volumes_per_node: Some(0),
+            topology: BTreeMap::new(),
+        };
+        let refusal = csi().register(&cx(), &p, &facts).unwrap().value.unwrap_err();
+        assert_eq!(refusal.kind, RefusalKind::InvalidFacts);
+        assert!(refusal.message.contains("empty node id"), "{refusal}");
+
+        let facts = RegistrationFacts {
+            node_id: Some("node-7".into()),
+            max_volumes_per_node: Some(-1),
+            topology: BTreeMap::from([("topology.example.com/zone".into(), "a".into())]),
+        };
+        let call = csi().register(&cx(), &p, &facts).unwrap();
+        assert_eq!(call.value, Ok(()));
+        assert!(
+            call.logs
+                .iter()
+                .any(|l| l.level == LogLevel::Warn && l.message.contains("negative")),
+            "{:?}",
+            call.logs
+        );
+    }
+
+    #[test]
+    fn deregister_runs() {
+        let p = plugin("CSIPlugin", "csi.example.com", &["1.0.0"]);
+        csi().deregister(&cx(), &p).unwrap();
+    }
+
+    #[test]
+    fn allocate_on_a_registration_only_handler_names_the_missing_family() {
+        let err = csi()
+            .allocate(&cx(), &request(vec![], &[], 0, None))
+            .unwrap_err();
+        assert_eq!(
+            err.fault,
+            HandlerFault::MissingFamily {
+                family: Family::AllocationPolicy
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "handler builtin:csi hook allocate: does not export the allocation-policy family"
+        );
+    }
+}
+
+fn dev(id: &str, numa: &[i64]) -> Device {
+    Device {
+        id: id.into(),
+        numa_nodes: numa.to_vec(),
+    }
+}
+
+fn request(
+    available: Vec<Device>,
+    must: &[&str],
+    count: u32,
+    preferred: Option<&[&str]>,
+) -> AllocationRequest {
+    AllocationRequest {
+        resource: "vendor.com/gpu".into(),
+        available,
+        must_include: must.iter().map(|s| s.to_string()).collect(),
+        count,
+        preferred: preferred.map(|p| p.iter().map(|s| s.to_string()).collect()),
+    }
+}
+
+mod builtin_device_plugin {
+    use super::*;
+
+    #[test]
+    fn exports_both_families() {
+        let h = device_plugin();
+        assert_eq!(
+            h.families(),
+            &[Family::Registration, Family::AllocationPolicy]
+        );
+        assert_eq!(h.contract_version(), "1.1.0");
+    }
+
+    #[test]
+    fn accepts_v1beta1_with_an_extended_resource_name() {
+        let call = device_plugin()
+            .validate(
+                &cx(),
+                &plugin("DevicePlugin", "vendor.com/gpu", &["v1beta1"]),
+                None,
+            )
+            .unwrap();
+        assert_eq!(call.value.unwrap().version.as_deref(), Some("v1beta1"));
+    }
+
+    #[test]
+    fn refuses_other_versions() {
+        let refusal = device_plugin()
+            .validate(
+                &cx(),
+                &plugin("DevicePlugin", "vendor.com/gpu", &["v1alpha"]),
+                None,
+            )
+            .unwrap()
+            .value
+            .unwrap_err();
+        assert_eq!(refusal.kind, RefusalKind::UnsupportedVersion);
+        assert!(refusal.message.contains("not supported by kubelet"), "{refusal}");
+    }
+
+    #[test]
+    fn refuses_names_that_are_not_extended_resources() {
+        for name in ["gpu", "kubernetes.io/gpu", "Vendor.com/gpu"] {
+            let refusal = device_plugin()
+                .validate(&cx(), &plugin("DevicePlugin", name, &["v1beta1"]), None)
+                .unwrap()
+                .value
+                .unwrap_err();
+            assert_eq!(refusal.kind, RefusalKind::InvalidName, "{name}");
+            assert!(refusal.message.contains("is invalid"), "{refusal}");
+        }
+    }
+
+    #[test]
+    fn same_name_replaces_the_registered_plugin() {
+        let existing = RegisteredPlugin {
+            info: plugin("DevicePlugin", "vendor.com/gpu", &["v1beta1"]),
+            version: Some("v1beta1".into()),
+        };
+        let call = device_plugin()
+            .validate(
+                &cx(),
+                &plugin("DevicePlugin", "vendor.com/gpu", &["v1beta1"]),
+                Some(&existing),
+            )
+            .unwrap();
+        assert!(call.value.is_ok());
+        assert!(
+            call.logs.iter().any(|l| l.message.contains("replaces")),
+            "{:?}",
+            call.logs
+        );
+    }
+
+    #[test]
+    fn allocation_packs_onto_the_fullest_numa_node() {
+        let r = request(
+            vec![
+                dev("a0", &[0]),
+                dev("b0", &[1]),
+                dev("b1", &[1]),
+                dev("x", &[]),
+            ],
+            &[],
+            2,
+            None,
+        );
+        let chosen = device_plugin().allocate(&cx(), &r).unwrap().value.unwrap();
+        assert_eq!(chosen, vec!["b0", "b1"]);
+    }
+
+    #[test]
+    fn allocation_puts_must_include_first_then_the_preference() {
+        let r = request(
+            vec![dev("a0", &[0]), dev("a1", &[0]), dev("b0", &[1])],
+            &["a1"],
+            2,
+            Some(&["b0", "gone"]),
+        );
+        let chosen = device_plugin().allocate(&cx(), &r).unwrap().value.unwrap();
+        assert_eq!(chosen, vec!["a1", "b0"]);
+    }
+
+    #[test]
+    fn allocation_refuses_when_too_few_devices() {
+        let r = request(vec![dev("a0", &[0])], &[], 3, None);
+        let refusal = device_plugin()
+            .allocate(&cx(), &r)
+            .unwrap()
+            .value
+            .unwrap_err();
+        assert_eq!(refusal.kind, RefusalKind::Unsatisfiable);
+        assert!(refusal.message.contains("only 1 are available"), "{refusal}");
+    }
+}
+
+mod limits {
+    use super::*;
+
+    fn limits(deadline_ms: u64, memory_mib: u32, fuel: Option<u64>) -> Limits {
+        Limits {
+            deadline: Duration::from_millis(deadline_ms),
+            memory_mib,
+            fuel,
+        }
+    }
+
+    fn validate(h: &Handler) -> Result<(), pluglet_handler_runtime::HandlerError> {
+        h.validate(&cx(), &plugin("CSIPlugin", "x.example.com", &["1.0.0"]), None)
+            .map(|call| assert!(call.value.is_ok()))
+    }
+
+    #[test]
+    fn deadline_obeyed() {
+        let h = misbehave(&[("mode", "spin"), ("ms", "5")], limits(2000, 16, None));
+        validate(&h).expect("5 ms of work fits a 2 s deadline");
+    }
+
+    #[test]
+    fn deadline_violated() {
+        let h = misbehave(&[("mode", "loop")], limits(50, 16, None));
+        let started = std::time::Instant::now();
+        let err = validate(&h).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            err.fault,
+            HandlerFault::Deadline {
+                deadline: Duration::from_millis(50)
+            }
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("handler {} hook validate: deadline of 50 ms exceeded", h.module())),
+            "{text}"
+        );
+        good_call_succeeds();
+        // The same handler works again: every call has a fresh instance.
+        let h = misbehave(&[("mode", "ok")], limits(2000, 16, None));
+        validate(&h).unwrap();
+    }
+
+    #[test]
+    fn fuel_obeyed() {
+        let h = misbehave(
+            &[("mode", "burn"), ("iterations", "1000")],
+            limits(5000, 16, Some(10_000_000)),
+        );
+        validate(&h).expect("1000 iterations fit 10M fuel");
+    }
+
+    #[test]
+    fn fuel_violated() {
+        let h = misbehave(&[("mode", "loop")], limits(10_000, 16, Some(1_000_000)));
+        let err = validate(&h).unwrap_err();
+        assert_eq!(err.fault, HandlerFault::Fuel { fuel: 1_000_000 });
+        assert!(err.to_string().contains("fuel budget of 1000000 exhausted"), "{err}");
+        good_call_succeeds();
+    }
+
+    #[test]
+    fn memory_obeyed() {
+        let h = misbehave(
+            &[("mode", "alloc-some"), ("mib", "4")],
+            limits(5000, 16, None),
+        );
+        validate(&h).expect("4 MiB fit a 16 MiB cap");
+    }
+
+    #[test]
+    fn memory_violated() {
+        let h = misbehave(&[("mode", "alloc")], limits(5000, 16, None));
+        let err = validate(&h).unwrap_err();
+        assert_eq!(err.fault, HandlerFault::MemoryCap { mib: 16 });
+        assert!(err.to_string().contains("memory cap 16 MiB exceeded"), "{err}");
+        good_call_succeeds();
+    }
+
+    #[test]
+    fn panic_text_surfaces() {
+        let h = misbehave(&[("mode", "panic")], limits(5000, 16, None));
+        let err = validate(&h).unwrap_err();
+        let HandlerFault::Trapped { message } = &err.fault else {
+            panic!("expected a trap, got {err}");
+        };
+        assert!(message.contains("misbehave: asked to panic"), "{message}");
+        assert!(err.to_string().contains("hook validate: trapped: "), "{err}");
+        good_call_succeeds();
+    }
+
+    #[test]
+    fn invalid_limits_are_refused_at_load() {
+        let err = runtime()
+            .load(guest("misbehave"), BTreeMap::new(), Some(limits(50, 100_000, None)))
+            .unwrap_err();
+        assert!(matches!(err, LoadError::InvalidLimits { .. }), "{err}");
+        assert!(err.to_string().contains("memory_mib must be between 1 and"), "{err}");
+    }
+}
+
+mod admission {
+    use super::*;
+
+    #[test]
+    fn a_guest_using_std_fs_is_refused_naming_the_import() {
+        let err = runtime()
+            .load(guest("uses-fs"), BTreeMap::new(), None)
+            .unwrap_err();
+        let LoadError::ForbiddenImport { imports, .. } = &err else {
+            panic!("expected a forbidden import, got {err}");
+        };
+        let fs = imports
+            .iter()
+            .find(|i| i.starts_with("wasi:filesystem/"))
+            .unwrap_or_else(|| panic!("{imports:?}"));
+        assert!(err.to_string().contains(&format!("`{fs}`")), "{err}");
+        good_call_succeeds();
+    }
+
+    #[test]
+    fn a_guest_using_tcp_is_refused_naming_the_import() {
+        let err = runtime()
+            .load(guest("uses-tcp"), BTreeMap::new(), None)
+            .unwrap_err();
+        let LoadError::ForbiddenImport { imports, .. } = &err else {
+            panic!("expected a forbidden import, got {err}");
+        };
+        let tcp = imports
+            .iter()
+            .find(|i| i.starts_with("wasi:sockets/"))
+            .unwrap_or_else(|| panic!("{imports:?}"));
+        assert!(err.to_string().contains(&format!("`{tcp}`")), "{err}");
+        good_call_succeeds();
+    }
+
+    #[test]
+    fn a_core_module_is_not_a_component() {
+        static CORE: &[u8] = b"\0asm\x01\0\0\0";
+        let err = runtime()
+            .load(builtin("core", CORE), BTreeMap::new(), None)
+            .unwrap_err();
+        assert!(matches!(err, LoadError::NotAComponent { .. }), "{err}");
+        assert!(err.to_string().contains("core WebAssembly module"), "{err}");
+    }
+
+    #[test]
+    fn text_is_not_webassembly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notes.wasm");
+        std::fs::write(&path, "hello").unwrap();
+        let err = runtime()
+            .load(ModuleSource::File(path), BTreeMap::new(), None)
+            .unwrap_err();
+        assert!(err.to_string().contains("not WebAssembly at all"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_file_names_the_path() {
+        let err = runtime()
+            .load(
+                ModuleSource::File(PathBuf::from("/nonexistent/handler.wasm")),
+                BTreeMap::new(),
+                None,
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/handler.wasm"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_component_is_of_another_contract() {
+        static EMPTY: &[u8] = b"\0asm\x0d\0\x01\0";
+        let err = runtime()
+            .load(builtin("empty", EMPTY), BTreeMap::new(), None)
+            .unwrap_err();
+        assert!(matches!(err, LoadError::OtherContract { .. }), "{err}");
+        assert!(err.to_string().contains("exports nothing"), "{err}");
+    }
+
+    #[test]
+    fn a_1_0_0_component_loads_and_validates_in_the_1_1_0_host() {
+        let h = runtime()
+            .load(guest("contract-v1-0"), BTreeMap::new(), None)
+            .expect("the 1.0.0 guest loads");
+        assert_eq!(h.contract_version(), "1.0.0");
+        assert_eq!(h.families(), &[Family::Registration]);
+        let call = h
+            .validate(&cx(), &plugin("CSIPlugin", "old.example.com", &["1.0.0"]), None)
+            .unwrap();
+        assert_eq!(call.value.unwrap().version.as_deref(), Some("chosen-by-1.0.0"));
+        assert_eq!(call.logs.len(), 1);
+        assert!(call.logs[0].message.contains("1.0.0 guest validating old.example.com"));
+        let refusal = h
+            .validate(&cx(), &plugin("CSIPlugin", "old.example.com", &[]), None)
+            .unwrap()
+            .value
+            .unwrap_err();
+        assert_eq!(refusal.kind, RefusalKind::UnsupportedVersion);
+        let p = plugin("CSIPlugin", "old.example.com", &["1.0.0"]);
+        h.register(&cx(), &p, &RegistrationFacts::default()).unwrap();
+        h.deregister(&cx(), &p).unwrap();
+    }
+}
+
+mod host_imports {
+    use super::*;
+
+    #[test]
+    fn settings_and_node_name_reach_the_guest() {
+        let h = misbehave(&[("mode", "ok"), ("version", "9.9")], Limits::default());
+        assert_eq!(h.settings().get("version").map(String::as_str), Some("9.9"));
+        let call = h
+            .validate(&cx(), &plugin("CSIPlugin", "x.example.com", &[]), None)
+            .unwrap();
+        assert_eq!(call.value.unwrap().version.as_deref(), Some("9.9"));
+        assert_eq!(call.logs.len(), 1);
+        assert_eq!(call.logs[0].level, LogLevel::Info);
+        assert_eq!(call.logs[0].message, "ok on node node-7");
+    }
+
+    #[test]
+    fn a_log_flood_is_capped() {
+        let h = misbehave(&[("mode", "log"), ("lines", "500")], Limits::default());
+        let call = h
+            .validate(&cx(), &plugin("CSIPlugin", "x.example.com", &[]), None)
+            .unwrap();
+        assert_eq!(call.logs.len(), 65);
+        assert!(call.logs[64].message.contains("436 more log lines dropped"));
+    }
+}
+
+mod gate {
+    use super::*;
+
+    #[test]
+    fn a_burst_larger_than_the_pool_waits_rather_than_fails() {
+        let rt = Runtime::new(RuntimeConfig {
+            pool_size: 2,
+            default_limits: Limits {
+                deadline: GENEROUS,
+                ..Limits::default()
+            },
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let h = rt
+            .load(
+                builtin("csi", pluglet_wasm_guests::CSI),
+                BTreeMap::new(),
+                None,
+            )
+            .unwrap();
+        let threads: Vec<_> = (0..12)
+            .map(|_| {
+                let h = h.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..5 {
+                        let call = h
+                            .validate(
+                                &cx(),
+                                &plugin("CSIPlugin", "csi.example.com", &["1.0.0"]),
+                                None,
+                            )
+                            .expect("no pool exhaustion");
+                        assert!(call.value.is_ok());
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}
+
+mod handler_set {
+    use super::*;
+
+    fn builtins() -> (Vec<(String, ModuleSource)>, ModuleSource) {
+        (
+            vec![
+                ("CSIPlugin".into(), builtin("csi", pluglet_wasm_guests::CSI)),
+                (
+                    "DevicePlugin".into(),
+                    builtin("device-plugin", pluglet_wasm_guests::DEVICE_PLUGIN),
+                ),
+            ],
+            builtin("device-plugin", pluglet_wasm_guests::DEVICE_PLUGIN),
+        )
+    }
+
+    fn load(dir: &std::path::Path) -> Result<HandlerSet, ConfigError> {
+        let (types, policy) = builtins();
+        HandlerSet::load(runtime(), dir, types, policy)
+    }
+
+    #[test]
+    fn without_a_file_the_builtins_serve() {
+        let dir = tempfile::tempdir().unwrap();
+        let set = load(dir.path()).unwrap();
+        assert_eq!(set.for_plugin_type("CSIPlugin").unwrap().module(), "builtin:csi");
+        assert_eq!(
+            set.for_plugin_type("DevicePlugin").unwrap().module(),
+            "builtin:device-plugin"
+        );
+        assert!(set.for_plugin_type("DRAPlugin").is_none());
+        assert_eq!(set.for_resource("vendor.com/gpu").module(), "builtin:device-plugin");
+        assert_eq!(set.entries().len(), 3);
+        // The device-plugin module is loaded once for both uses.
+        assert!(Arc::ptr_eq(
+            &set.for_plugin_type("DevicePlugin").unwrap(),
+            &set.for_resource("x.com/y")
+        ));
+    }
+
+    #[test]
+    fn entries_replace_builtins_with_their_settings_and_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            pluglet_wasm_guests::guest_path("misbehave"),
+            dir.path().join("strict.wasm"),
+        )
+        .unwrap();
+        let policy = pluglet_wasm_guests::guest_path("device-plugin");
+        std::fs::write(
+            dir.path().join("handlers.toml"),
+            format!(
+                r#"
+[plugin_types.CSIPlugin]
+module = "strict.wasm"
+deadline_ms = 40
+memory_mib = 8
+fuel = 1000000
+settings = {{ mode = "ok", version = "7.0", retries = 3 }}
+
+[resources."vendor.com/gpu"]
+module = "{}"
+"#,
+                policy.display()
+            ),
+        )
+        .unwrap();
+        let set = load(dir.path()).unwrap();
+        let h = set.for_plugin_type("CSIPlugin").unwrap();
+        assert_eq!(h.module(), dir.path().join("strict.wasm").display().to_string());
+        assert_eq!(
+            *h.limits(),
+            Limits {
+                deadline: Duration::from_millis(40),
+                memory_mib: 8,
+                fuel: Some(1_000_000)
+            }
+        );
+        assert_eq!(h.settings().get("retries").map(String::as_str), Some("3"));
+        let call = h
+            .validate(&cx(), &plugin("CSIPlugin", "x.example.com", &[]), None)
+            .unwrap();
+        assert_eq!(call.value.unwrap().version.as_deref(), Some("7.0"));
+        assert_eq!(set.for_resource("vendor.com/gpu").module(), policy.display().to_string());
+        assert_eq!(set.for_resource("other.com/fpga").module(), "builtin:device-plugin");
+        let entries = set.entries();
+        assert!(entries
+            .iter()
+            .any(|e| e.resource.as_deref() == Some("vendor.com/gpu")));
+    }
+
+    #[test]
+    fn a_broken_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("handlers.toml"), "[plugin_types.CSIPlugin]\nmodul = 1\n")
+            .unwrap();
+        let err = load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("handlers.toml is not a valid handlers file"), "{err}");
+        assert!(err.contains("modul"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_module_names_the_file_and_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("handlers.toml"),
+            "[plugin_types.CSIPlugin]\nmodule = \"gone.wasm\"\n",
+        )
+        .unwrap();
+        let err = load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("handlers.toml: entry plugin_types.CSIPlugin"), "{err}");
+        assert!(err.contains("gone.wasm"), "{err}");
+    }
+
+    #[test]
+    fn a_policy_entry_needs_the_allocation_family() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("handlers.toml"),
+            format!(
+                "[resources.\"vendor.com/gpu\"]\nmodule = \"{}\"\n",
+                pluglet_wasm_guests::guest_path("csi").display()
+            ),
+        )
+        .unwrap();
+        let err = load(dir.path()).unwrap_err();
+        assert!(matches!(err, ConfigError::MissingFamily { .. }), "{err}");
+        assert!(err.to_string().contains("allocation-policy family"), "{err}");
+    }
+}
