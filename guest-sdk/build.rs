@@ -14,7 +14,12 @@ fn main() {
         .lines()
         .find_map(|l| l.trim().strip_prefix("package pluglet:handler@"))
         .and_then(|rest| rest.strip_suffix(';'))
-        .unwrap_or_else(|| panic!("{} has no `package pluglet:handler@x.y.z;` line", wit_path.display()))
+        .unwrap_or_else(|| {
+            panic!(
+                "{} has no `package pluglet:handler@x.y.z;` line",
+                wit_path.display()
+            )
+        })
         .to_string();
     let mut hashes = String::from("#");
     while wit.contains(&format!("\"{hashes}")) {

@@ -342,7 +342,10 @@ mod tests {
     fn first_fit_takes_must_include_then_in_order() {
         assert_eq!(
             first_fit(&request(&["a", "b", "c"], &["c"], 2)).unwrap(),
-            vec!["c", "a"].into_iter().map(String::from).collect::<Vec<_>>()
+            vec!["c", "a"]
+                .into_iter()
+                .map(String::from)
+                .collect::<Vec<_>>()
         );
     }
 

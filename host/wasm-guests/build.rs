@@ -13,12 +13,42 @@ use std::process::Command;
 /// it is optional (built only once its `src/lib.rs` exports something).
 const GUESTS: &[(&str, &str, &str, bool)] = &[
     ("csi", "pluglet-handler-csi", "handlers/csi", false),
-    ("device-plugin", "pluglet-handler-device-plugin", "handlers/device-plugin", false),
-    ("misbehave", "test-guest-misbehave", "tests/guests/misbehave", false),
-    ("uses-fs", "test-guest-uses-fs", "tests/guests/uses-fs", false),
-    ("uses-tcp", "test-guest-uses-tcp", "tests/guests/uses-tcp", false),
-    ("contract-v1-0", "test-guest-contract-v1-0", "tests/guests/contract-v1-0", false),
-    ("spread-policy", "example-spread-policy", "examples/spread-policy", true),
+    (
+        "device-plugin",
+        "pluglet-handler-device-plugin",
+        "handlers/device-plugin",
+        false,
+    ),
+    (
+        "misbehave",
+        "test-guest-misbehave",
+        "tests/guests/misbehave",
+        false,
+    ),
+    (
+        "uses-fs",
+        "test-guest-uses-fs",
+        "tests/guests/uses-fs",
+        false,
+    ),
+    (
+        "uses-tcp",
+        "test-guest-uses-tcp",
+        "tests/guests/uses-tcp",
+        false,
+    ),
+    (
+        "contract-v1-0",
+        "test-guest-contract-v1-0",
+        "tests/guests/contract-v1-0",
+        false,
+    ),
+    (
+        "spread-policy",
+        "example-spread-policy",
+        "examples/spread-policy",
+        true,
+    ),
 ];
 
 const TARGET: &str = "wasm32-wasip2";
@@ -40,10 +70,19 @@ fn main() {
     let target_dir = outer_target.join("wasm-guests");
     let artifacts = target_dir.join(TARGET).join("release");
 
-    for dir in ["guest-sdk/src", "guest-sdk/wit", "guest-sdk/wit-history", "guest-sdk/Cargo.toml", "guest-sdk/build.rs"] {
+    for dir in [
+        "guest-sdk/src",
+        "guest-sdk/wit",
+        "guest-sdk/wit-history",
+        "guest-sdk/Cargo.toml",
+        "guest-sdk/build.rs",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
-    println!("cargo:rerun-if-changed={}", root.join("Cargo.lock").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        root.join("Cargo.lock").display()
+    );
 
     check_target_installed();
 
@@ -52,7 +91,10 @@ fn main() {
     for (name, package, dir, optional) in GUESTS {
         let dir = root.join(dir);
         println!("cargo:rerun-if-changed={}", dir.join("src").display());
-        println!("cargo:rerun-if-changed={}", dir.join("Cargo.toml").display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            dir.join("Cargo.toml").display()
+        );
         if *optional {
             let lib = std::fs::read_to_string(dir.join("src/lib.rs")).unwrap_or_default();
             if !lib.contains("export_handler!") && !lib.contains("export!(") {
@@ -111,8 +153,14 @@ fn main() {
             panic!("the wasm guest build did not produce {}", file.display());
         }
     }
-    println!("cargo:rustc-env=PLUGLET_WASM_GUESTS_DIR={}", artifacts.display());
-    println!("cargo:rustc-env=PLUGLET_WASM_GUESTS_BUILT={}", built.join(","));
+    println!(
+        "cargo:rustc-env=PLUGLET_WASM_GUESTS_DIR={}",
+        artifacts.display()
+    );
+    println!(
+        "cargo:rustc-env=PLUGLET_WASM_GUESTS_BUILT={}",
+        built.join(",")
+    );
 }
 
 fn env(name: &str) -> String {

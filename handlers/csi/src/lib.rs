@@ -246,28 +246,27 @@ pub fn validate(
             ),
         ));
     }
-    let (chosen, parsed) =
-        highest_supported_version(&plugin.supported_versions).map_err(|e| {
-            let message = match e {
-                VersionError::Empty => format!(
-                    "CSI driver {name} reported an empty list of supported versions; it must \
+    let (chosen, parsed) = highest_supported_version(&plugin.supported_versions).map_err(|e| {
+        let message = match e {
+            VersionError::Empty => format!(
+                "CSI driver {name} reported an empty list of supported versions; it must \
                      support a 1.x version of the CSI spec"
-                ),
-                VersionError::NoneUsable { last_error } => format!(
-                    "none of the versions {:?} supported by CSI driver {name} is usable: the \
+            ),
+            VersionError::NoneUsable { last_error } => format!(
+                "none of the versions {:?} supported by CSI driver {name} is usable: the \
                      kubelet needs a parsable 1.x version{}",
-                    plugin.supported_versions,
-                    last_error
-                        .map(|e| format!(" (last error: {e})"))
-                        .unwrap_or_default()
-                ),
-                VersionError::MajorZero(v) => format!(
-                    "highest supported version reported by CSI driver {name} is {v}, must be \
+                plugin.supported_versions,
+                last_error
+                    .map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default()
+            ),
+            VersionError::MajorZero(v) => format!(
+                "highest supported version reported by CSI driver {name} is {v}, must be \
                      v1.x (0.x drivers are not supported since Kubernetes 1.17)"
-                ),
-            };
-            Refusal::new(RefusalKind::UnsupportedVersion, message)
-        })?;
+            ),
+        };
+        Refusal::new(RefusalKind::UnsupportedVersion, message)
+    })?;
     if let Some(existing) = existing
         && let Some(old) = existing_version(existing)
         && old >= parsed
@@ -399,7 +398,11 @@ mod tests {
 
         let two = validate(&plugin("csi.example.com", &["2.0.0", "nope"]), None).unwrap_err();
         assert_eq!(two.kind, RefusalKind::UnsupportedVersion);
-        assert!(two.message.contains("none of the versions"), "{}", two.message);
+        assert!(
+            two.message.contains("none of the versions"),
+            "{}",
+            two.message
+        );
     }
 
     #[test]

@@ -323,7 +323,11 @@ mod tests {
         ] {
             let refusal = validate(&plugin(bad, &["v1beta1"])).unwrap_err();
             assert_eq!(refusal.kind, RefusalKind::InvalidName, "{bad}");
-            assert!(refusal.message.contains("is invalid"), "{}", refusal.message);
+            assert!(
+                refusal.message.contains("is invalid"),
+                "{}",
+                refusal.message
+            );
         }
         let long_name = format!("vendor.com/{}", "g".repeat(64));
         assert!(check_extended_resource_name(&long_name).is_err());
@@ -340,8 +344,10 @@ mod tests {
             info: plugin("vendor.com/gpu", &["v1beta1"]),
             version: Some("v1beta1".into()),
         };
-        let accepted =
-            <DevicePlugin as Registration>::validate(plugin("vendor.com/gpu", &["v1beta1"]), Some(old));
+        let accepted = <DevicePlugin as Registration>::validate(
+            plugin("vendor.com/gpu", &["v1beta1"]),
+            Some(old),
+        );
         assert!(accepted.is_ok());
     }
 
@@ -380,7 +386,12 @@ mod tests {
     #[test]
     fn allocate_takes_devices_without_topology_last() {
         let r = request(
-            vec![dev("x", &[]), dev("a0", &[0]), dev("b0", &[1]), dev("b1", &[1])],
+            vec![
+                dev("x", &[]),
+                dev("a0", &[0]),
+                dev("b0", &[1]),
+                dev("b1", &[1]),
+            ],
             &[],
             4,
         );
@@ -403,7 +414,11 @@ mod tests {
         let r = request(vec![dev("a0", &[0])], &[], 2);
         let refusal = allocate(&r).unwrap_err();
         assert_eq!(refusal.kind, RefusalKind::Unsatisfiable);
-        assert!(refusal.message.contains("only 1 are available"), "{}", refusal.message);
+        assert!(
+            refusal.message.contains("only 1 are available"),
+            "{}",
+            refusal.message
+        );
         let r = request(vec![dev("a0", &[0])], &["zz"], 1);
         assert_eq!(allocate(&r).unwrap_err().kind, RefusalKind::Unsatisfiable);
         let r = request(vec![dev("a0", &[0]), dev("a1", &[0])], &["a0", "a1"], 1);
@@ -412,6 +427,9 @@ mod tests {
 
     #[test]
     fn allocate_zero_is_empty() {
-        assert_eq!(allocate(&request(vec![], &[], 0)).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            allocate(&request(vec![], &[], 0)).unwrap(),
+            Vec::<String>::new()
+        );
     }
 }

@@ -182,11 +182,21 @@ impl host::Host for CallState {
         };
         let module = &*self.module;
         match level {
-            LogLevel::Trace => tracing::trace!(target: "pluglet::guest", handler = module, "{message}"),
-            LogLevel::Debug => tracing::debug!(target: "pluglet::guest", handler = module, "{message}"),
-            LogLevel::Info => tracing::info!(target: "pluglet::guest", handler = module, "{message}"),
-            LogLevel::Warn => tracing::warn!(target: "pluglet::guest", handler = module, "{message}"),
-            LogLevel::Error => tracing::error!(target: "pluglet::guest", handler = module, "{message}"),
+            LogLevel::Trace => {
+                tracing::trace!(target: "pluglet::guest", handler = module, "{message}")
+            }
+            LogLevel::Debug => {
+                tracing::debug!(target: "pluglet::guest", handler = module, "{message}")
+            }
+            LogLevel::Info => {
+                tracing::info!(target: "pluglet::guest", handler = module, "{message}")
+            }
+            LogLevel::Warn => {
+                tracing::warn!(target: "pluglet::guest", handler = module, "{message}")
+            }
+            LogLevel::Error => {
+                tracing::error!(target: "pluglet::guest", handler = module, "{message}")
+            }
         }
         self.logs.push(GuestLog { level, message });
     }

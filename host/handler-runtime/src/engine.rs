@@ -260,20 +260,21 @@ impl Runtime {
             });
         }
         let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
-        let contract = admission::read_exports(exports.iter().map(String::as_str)).map_err(
-            |problem| match problem {
-                ExportProblem::NoFamily { found } => LoadError::OtherContract {
-                    module: module.clone(),
-                    found,
-                },
-                ExportProblem::Incompatible { found } => LoadError::IncompatibleContract {
-                    module: module.clone(),
-                    found,
-                    host: CONTRACT_VERSION,
-                    host_major: CONTRACT_MAJOR,
-                },
-            },
-        )?;
+        let contract =
+            admission::read_exports(exports.iter().map(String::as_str)).map_err(|problem| {
+                match problem {
+                    ExportProblem::NoFamily { found } => LoadError::OtherContract {
+                        module: module.clone(),
+                        found,
+                    },
+                    ExportProblem::Incompatible { found } => LoadError::IncompatibleContract {
+                        module: module.clone(),
+                        found,
+                        host: CONTRACT_VERSION,
+                        host_major: CONTRACT_MAJOR,
+                    },
+                }
+            })?;
 
         let pre = self
             .inner

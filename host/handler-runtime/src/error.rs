@@ -113,7 +113,9 @@ pub enum HandlerFault {
         deadline: Duration,
     },
     /// The call used up its fuel.
-    #[error("fuel budget of {fuel} exhausted; make the hook cheaper or raise fuel in handlers.toml")]
+    #[error(
+        "fuel budget of {fuel} exhausted; make the hook cheaper or raise fuel in handlers.toml"
+    )]
     Fuel {
         /// The budget.
         fuel: u64,

@@ -247,10 +247,11 @@ impl Handler {
     ) -> Result<Call<Result<Vec<String>, Refusal>>, HandlerError> {
         let index = self.indices.allocate.clone();
         self.call(cx, Hook::Allocate, index, |store, instance, index| {
-            let func = instance.get_typed_func::<
-                (&AllocationRequest,),
-                (Result<Vec<String>, Refusal>,),
-            >(&mut *store, index)?;
+            let func = instance
+                .get_typed_func::<(&AllocationRequest,), (Result<Vec<String>, Refusal>,)>(
+                    &mut *store,
+                    index,
+                )?;
             let (out,) = func.call(&mut *store, (request,))?;
             Ok(out)
         })

@@ -168,11 +168,15 @@ impl HandlerSet {
                 handler: handler.clone(),
             })
             .collect();
-        out.extend(self.resources.iter().map(|(resource, handler)| HandlerEntry {
-            plugin_type: None,
-            resource: Some(resource.clone()),
-            handler: handler.clone(),
-        }));
+        out.extend(
+            self.resources
+                .iter()
+                .map(|(resource, handler)| HandlerEntry {
+                    plugin_type: None,
+                    resource: Some(resource.clone()),
+                    handler: handler.clone(),
+                }),
+        );
         out.push(HandlerEntry {
             plugin_type: None,
             resource: None,

@@ -9,9 +9,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, ConfigError, Device, Family, Handler, HandlerFault,
-    HandlerSet, Limits, LoadError, LogLevel, ModuleSource, PluginInfo, RefusalKind,
-    RegisteredPlugin, RegistrationFacts, Runtime, RuntimeConfig,
+    AllocationRequest, CallContext, ConfigError, Device, Family, Handler, HandlerFault, HandlerSet,
+    Limits, LoadError, LogLevel, ModuleSource, PluginInfo, RefusalKind, RegisteredPlugin,
+    RegistrationFacts, Runtime, RuntimeConfig,
 };
 
 /// Deadline for calls that must succeed: generous, because the test machine is shared.
@@ -98,7 +98,11 @@ fn plugin(plugin_type: &str, name: &str, versions: &[&str]) -> PluginInfo {
 /// A call on a good handler in the same runtime succeeds (run after every bad-guest case).
 fn good_call_succeeds() {
     let call = csi()
-        .validate(&cx(), &plugin("CSIPlugin", "csi.example.com", &["1.0.0"]), None)
+        .validate(
+            &cx(),
+            &plugin("CSIPlugin", "csi.example.com", &["1.0.0"]),
+            None,
+        )
         .expect("good handler still works");
     assert_eq!(call.value.unwrap().version.as_deref(), Some("1.0.0"));
 }
@@ -120,7 +124,11 @@ mod builtin_csi {
         let call = csi()
             .validate(
                 &cx(),
-                &plugin("CSIPlugin", "csi.example.com", &["0.3.0", "1.2.0", "1.10.0", "2.0.0"]),
+                &plugin(
+                    "CSIPlugin",
+                    "csi.example.com",
+                    &["0.3.0", "1.2.0", "1.10.0", "2.0.0"],
+                ),
                 None,
             )
             .unwrap();
@@ -142,7 +150,11 @@ mod builtin_csi {
     #[test]
     fn refuses_0x_only_drivers() {
         let refusal = csi()
-            .validate(&cx(), &plugin("CSIPlugin", "csi.example.com", &["0.3.0"]), None)
+            .validate(
+                &cx(),
+                &plugin("CSIPlugin", "csi.example.com", &["0.3.0"]),
+                None,
+            )
             .unwrap()
             .value
             .unwrap_err();
@@ -158,7 +170,10 @@ mod builtin_csi {
             .value
             .unwrap_err();
         assert_eq!(refusal.kind, RefusalKind::InvalidName);
-        assert!(refusal.message.contains("API server would refuse"), "{refusal}");
+        assert!(
+            refusal.message.contains("API server would refuse"),
+            "{refusal}"
+        );
         assert_eq!(refusal.kind.to_string(), "invalid-name");
     }
 
@@ -168,8 +183,7 @@ mod builtin_csi {
             info: plugin("CSIPlugin", "csi.example.com", &["1.2.0"]),
             version: Some("1.2.0".into()),
         };
-        for (versions, accepted) in [(&["1.2.0"], false), (&["1.1.0"], false), (&["1.3.0"], true)]
-        {
+        for (versions, accepted) in [(&["1.2.0"], false), (&["1.1.0"], false), (&["1.3.0"], true)] {
             let out = csi()
                 .validate(
                     &cx(),
@@ -200,7 +214,11 @@ mod builtin_csi {
             max_volumes_per_node: Some(0),
             topology: BTreeMap::new(),
         };
-        let refusal = csi().register(&cx(), &p, &facts).unwrap().value.unwrap_err();
+        let refusal = csi()
+            .register(&cx(), &p, &facts)
+            .unwrap()
+            .value
+            .unwrap_err();
         assert_eq!(refusal.kind, RefusalKind::InvalidFacts);
         assert!(refusal.message.contains("empty node id"), "{refusal}");
 
@@ -303,7 +321,10 @@ mod builtin_device_plugin {
             .value
             .unwrap_err();
         assert_eq!(refusal.kind, RefusalKind::UnsupportedVersion);
-        assert!(refusal.message.contains("not supported by kubelet"), "{refusal}");
+        assert!(
+            refusal.message.contains("not supported by kubelet"),
+            "{refusal}"
+        );
     }
 
     #[test]
@@ -378,7 +399,10 @@ mod builtin_device_plugin {
             .value
             .unwrap_err();
         assert_eq!(refusal.kind, RefusalKind::Unsatisfiable);
-        assert!(refusal.message.contains("only 1 are available"), "{refusal}");
+        assert!(
+            refusal.message.contains("only 1 are available"),
+            "{refusal}"
+        );
     }
 }
 
@@ -394,8 +418,12 @@ mod limits {
     }
 
     fn validate(h: &Handler) -> Result<(), pluglet_handler_runtime::HandlerError> {
-        h.validate(&cx(), &plugin("CSIPlugin", "x.example.com", &["1.0.0"]), None)
-            .map(|call| assert!(call.value.is_ok()))
+        h.validate(
+            &cx(),
+            &plugin("CSIPlugin", "x.example.com", &["1.0.0"]),
+            None,
+        )
+        .map(|call| assert!(call.value.is_ok()))
     }
 
     #[test]
@@ -422,7 +450,10 @@ mod limits {
         );
         let text = err.to_string();
         assert!(
-            text.starts_with(&format!("handler {} hook validate: deadline of 50 ms exceeded", h.module())),
+            text.starts_with(&format!(
+                "handler {} hook validate: deadline of 50 ms exceeded",
+                h.module()
+            )),
             "{text}"
         );
         good_call_succeeds();
@@ -445,7 +476,10 @@ mod limits {
         let h = misbehave(&[("mode", "loop")], limits(10_000, 16, Some(1_000_000)));
         let err = validate(&h).unwrap_err();
         assert_eq!(err.fault, HandlerFault::Fuel { fuel: 1_000_000 });
-        assert!(err.to_string().contains("fuel budget of 1000000 exhausted"), "{err}");
+        assert!(
+            err.to_string().contains("fuel budget of 1000000 exhausted"),
+            "{err}"
+        );
         good_call_succeeds();
     }
 
@@ -463,7 +497,10 @@ mod limits {
         let h = misbehave(&[("mode", "alloc")], limits(5000, 16, None));
         let err = validate(&h).unwrap_err();
         assert_eq!(err.fault, HandlerFault::MemoryCap { mib: 16 });
-        assert!(err.to_string().contains("memory cap 16 MiB exceeded"), "{err}");
+        assert!(
+            err.to_string().contains("memory cap 16 MiB exceeded"),
+            "{err}"
+        );
         good_call_succeeds();
     }
 
@@ -475,17 +512,27 @@ mod limits {
             panic!("expected a trap, got {err}");
         };
         assert!(message.contains("misbehave: asked to panic"), "{message}");
-        assert!(err.to_string().contains("hook validate: trapped: "), "{err}");
+        assert!(
+            err.to_string().contains("hook validate: trapped: "),
+            "{err}"
+        );
         good_call_succeeds();
     }
 
     #[test]
     fn invalid_limits_are_refused_at_load() {
         let err = runtime()
-            .load(guest("misbehave"), BTreeMap::new(), Some(limits(50, 100_000, None)))
+            .load(
+                guest("misbehave"),
+                BTreeMap::new(),
+                Some(limits(50, 100_000, None)),
+            )
             .unwrap_err();
         assert!(matches!(err, LoadError::InvalidLimits { .. }), "{err}");
-        assert!(err.to_string().contains("memory_mib must be between 1 and"), "{err}");
+        assert!(
+            err.to_string().contains("memory_mib must be between 1 and"),
+            "{err}"
+        );
     }
 }
 
@@ -554,7 +601,10 @@ mod admission {
                 None,
             )
             .unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/handler.wasm"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/handler.wasm"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -575,11 +625,22 @@ mod admission {
         assert_eq!(h.contract_version(), "1.0.0");
         assert_eq!(h.families(), &[Family::Registration]);
         let call = h
-            .validate(&cx(), &plugin("CSIPlugin", "old.example.com", &["1.0.0"]), None)
+            .validate(
+                &cx(),
+                &plugin("CSIPlugin", "old.example.com", &["1.0.0"]),
+                None,
+            )
             .unwrap();
-        assert_eq!(call.value.unwrap().version.as_deref(), Some("chosen-by-1.0.0"));
+        assert_eq!(
+            call.value.unwrap().version.as_deref(),
+            Some("chosen-by-1.0.0")
+        );
         assert_eq!(call.logs.len(), 1);
-        assert!(call.logs[0].message.contains("1.0.0 guest validating old.example.com"));
+        assert!(
+            call.logs[0]
+                .message
+                .contains("1.0.0 guest validating old.example.com")
+        );
         let refusal = h
             .validate(&cx(), &plugin("CSIPlugin", "old.example.com", &[]), None)
             .unwrap()
@@ -587,7 +648,8 @@ mod admission {
             .unwrap_err();
         assert_eq!(refusal.kind, RefusalKind::UnsupportedVersion);
         let p = plugin("CSIPlugin", "old.example.com", &["1.0.0"]);
-        h.register(&cx(), &p, &RegistrationFacts::default()).unwrap();
+        h.register(&cx(), &p, &RegistrationFacts::default())
+            .unwrap();
         h.deregister(&cx(), &p).unwrap();
     }
 }
@@ -688,13 +750,19 @@ mod handler_set {
     fn without_a_file_the_builtins_serve() {
         let dir = tempfile::tempdir().unwrap();
         let set = load(dir.path()).unwrap();
-        assert_eq!(set.for_plugin_type("CSIPlugin").unwrap().module(), "builtin:csi");
+        assert_eq!(
+            set.for_plugin_type("CSIPlugin").unwrap().module(),
+            "builtin:csi"
+        );
         assert_eq!(
             set.for_plugin_type("DevicePlugin").unwrap().module(),
             "builtin:device-plugin"
         );
         assert!(set.for_plugin_type("DRAPlugin").is_none());
-        assert_eq!(set.for_resource("vendor.com/gpu").module(), "builtin:device-plugin");
+        assert_eq!(
+            set.for_resource("vendor.com/gpu").module(),
+            "builtin:device-plugin"
+        );
         assert_eq!(set.entries().len(), 3);
         // The device-plugin module is loaded once for both uses.
         assert!(Arc::ptr_eq(
@@ -732,7 +800,10 @@ module = "{}"
         .unwrap();
         let set = load(dir.path()).unwrap();
         let h = set.for_plugin_type("CSIPlugin").unwrap();
-        assert_eq!(h.module(), dir.path().join("strict.wasm").display().to_string());
+        assert_eq!(
+            h.module(),
+            dir.path().join("strict.wasm").display().to_string()
+        );
         assert_eq!(
             *h.limits(),
             Limits {
@@ -746,21 +817,35 @@ module = "{}"
             .validate(&cx(), &plugin("CSIPlugin", "x.example.com", &[]), None)
             .unwrap();
         assert_eq!(call.value.unwrap().version.as_deref(), Some("7.0"));
-        assert_eq!(set.for_resource("vendor.com/gpu").module(), policy.display().to_string());
-        assert_eq!(set.for_resource("other.com/fpga").module(), "builtin:device-plugin");
+        assert_eq!(
+            set.for_resource("vendor.com/gpu").module(),
+            policy.display().to_string()
+        );
+        assert_eq!(
+            set.for_resource("other.com/fpga").module(),
+            "builtin:device-plugin"
+        );
         let entries = set.entries();
-        assert!(entries
-            .iter()
-            .any(|e| e.resource.as_deref() == Some("vendor.com/gpu")));
+        assert!(
+            entries
+                .iter()
+                .any(|e| e.resource.as_deref() == Some("vendor.com/gpu"))
+        );
     }
 
     #[test]
     fn a_broken_file_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("handlers.toml"), "[plugin_types.CSIPlugin]\nmodul = 1\n")
-            .unwrap();
+        std::fs::write(
+            dir.path().join("handlers.toml"),
+            "[plugin_types.CSIPlugin]\nmodul = 1\n",
+        )
+        .unwrap();
         let err = load(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("handlers.toml is not a valid handlers file"), "{err}");
+        assert!(
+            err.contains("handlers.toml is not a valid handlers file"),
+            "{err}"
+        );
         assert!(err.contains("modul"), "{err}");
     }
 
@@ -773,7 +858,10 @@ module = "{}"
         )
         .unwrap();
         let err = load(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("handlers.toml: entry plugin_types.CSIPlugin"), "{err}");
+        assert!(
+            err.contains("handlers.toml: entry plugin_types.CSIPlugin"),
+            "{err}"
+        );
         assert!(err.contains("gone.wasm"), "{err}");
     }
 
@@ -790,6 +878,9 @@ module = "{}"
         .unwrap();
         let err = load(dir.path()).unwrap_err();
         assert!(matches!(err, ConfigError::MissingFamily { .. }), "{err}");
-        assert!(err.to_string().contains("allocation-policy family"), "{err}");
+        assert!(
+            err.to_string().contains("allocation-policy family"),
+            "{err}"
+        );
     }
 }

@@ -43,7 +43,9 @@ pub fn guest_path(name: &str) -> PathBuf {
         "uses-tcp" => "test_guest_uses_tcp",
         "contract-v1-0" => "test_guest_contract_v1_0",
         "spread-policy" => "example_spread_policy",
-        other => return PathBuf::from(GUESTS_DIR).join(format!("{}.wasm", other.replace('-', "_"))),
+        other => {
+            return PathBuf::from(GUESTS_DIR).join(format!("{}.wasm", other.replace('-', "_")));
+        }
     };
     PathBuf::from(GUESTS_DIR).join(format!("{file}.wasm"))
 }

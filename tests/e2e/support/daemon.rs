@@ -51,11 +51,18 @@ impl Daemon {
     /// Starts the daemon without waiting.
     pub fn spawn(root: &Path, extra: &[&str]) -> Daemon {
         let log = root.join(format!("pluglet-{}.log", unique()));
+        // `extra` wins over the fast defaults.
+        let timings: Vec<&str> = FAST_TIMINGS
+            .chunks(2)
+            .filter(|pair| !extra.contains(&pair[0]))
+            .flatten()
+            .copied()
+            .collect();
         let child = Command::new(pluglet())
             .arg("run")
             .arg("--root")
             .arg(root)
-            .args(FAST_TIMINGS)
+            .args(timings)
             .args(extra)
             .env("RUST_LOG", "info,pluglet=debug")
             .stdin(Stdio::null())

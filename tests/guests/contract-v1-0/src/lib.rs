@@ -22,7 +22,10 @@ mod bindings {
             plugin: PluginInfo,
             _existing: Option<RegisteredPlugin>,
         ) -> Result<Accepted, Refusal> {
-            host::log(host::Level::Info, &format!("1.0.0 guest validating {}", plugin.name));
+            host::log(
+                host::Level::Info,
+                &format!("1.0.0 guest validating {}", plugin.name),
+            );
             if plugin.supported_versions.is_empty() {
                 return Err(Refusal {
                     kind: RefusalKind::UnsupportedVersion,

@@ -33,8 +33,8 @@ pub fn run(mode: &str) -> Result<Accepted, Refusal> {
             }
         }
         "spin" => {
-            let until = std::time::Instant::now()
-                + std::time::Duration::from_millis(number("ms", 5));
+            let until =
+                std::time::Instant::now() + std::time::Duration::from_millis(number("ms", 5));
             let mut x = 0u64;
             while std::time::Instant::now() < until {
                 x = std::hint::black_box(x.wrapping_add(1));
@@ -64,7 +64,10 @@ pub fn run(mode: &str) -> Result<Accepted, Refusal> {
             }
         }
         "refuse" => {
-            return Err(Refusal::new(RefusalKind::Other, "misbehave: asked to refuse"));
+            return Err(Refusal::new(
+                RefusalKind::Other,
+                "misbehave: asked to refuse",
+            ));
         }
         _ => pluglet_guest::info(&format!("ok on node {}", pluglet_guest::node_name())),
     }
