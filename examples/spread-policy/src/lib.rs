@@ -76,7 +76,10 @@ pub fn spread(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
     if chosen.len() > count {
         return Err(Refusal::new(
             RefusalKind::Unsatisfiable,
-            format!("{} must-include devices but only {count} requested", chosen.len()),
+            format!(
+                "{} must-include devices but only {count} requested",
+                chosen.len()
+            ),
         ));
     }
 
@@ -93,7 +96,10 @@ pub fn spread(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
             None => no_topology.push(item),
         }
     }
-    for list in by_node.values_mut().chain(std::iter::once(&mut no_topology)) {
+    for list in by_node
+        .values_mut()
+        .chain(std::iter::once(&mut no_topology))
+    {
         // Reversed, so `pop` yields the best candidate.
         list.sort_by(|a, b| b.cmp(a));
     }
@@ -157,7 +163,10 @@ mod tests {
 
     #[test]
     fn spreads_one_device_per_node_first() {
-        assert_eq!(spread(&request(four(), &[], 2)).unwrap(), ["dev-0", "dev-1"]);
+        assert_eq!(
+            spread(&request(four(), &[], 2)).unwrap(),
+            ["dev-0", "dev-1"]
+        );
         assert_eq!(
             spread(&request(four(), &[], 4)).unwrap(),
             ["dev-0", "dev-1", "dev-2", "dev-3"]

@@ -49,10 +49,7 @@ pub fn check_answer(
     must_include: &[String],
 ) -> Result<(), String> {
     if answer.len() != count as usize {
-        return Err(format!(
-            "{} ids instead of exactly {count}",
-            answer.len()
-        ));
+        return Err(format!("{} ids instead of exactly {count}", answer.len()));
     }
     let mut seen = HashSet::with_capacity(answer.len());
     for id in answer {
@@ -132,17 +129,18 @@ impl DeviceManager {
                     allocation_size: i32::try_from(count).unwrap_or(i32::MAX),
                 }],
             };
-            let answer = tokio::time::timeout(ALLOCATE_TIMEOUT, client.get_preferred_allocation(request))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(tonic::Status::deadline_exceeded(format!(
-                        "no answer within {ALLOCATE_TIMEOUT:?}"
-                    )))
-                })
-                .map_err(|status| AllocateError::Preferred {
-                    resource: resource.to_owned(),
-                    status,
-                })?;
+            let answer =
+                tokio::time::timeout(ALLOCATE_TIMEOUT, client.get_preferred_allocation(request))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(tonic::Status::deadline_exceeded(format!(
+                            "no answer within {ALLOCATE_TIMEOUT:?}"
+                        )))
+                    })
+                    .map_err(|status| AllocateError::Preferred {
+                        resource: resource.to_owned(),
+                        status,
+                    })?;
             // Only the first container response counts, as in the kubelet.
             Some(
                 answer
@@ -182,14 +180,13 @@ impl DeviceManager {
             resource: resource.to_owned(),
             source,
         })?;
-        let chosen = call
-            .value
-            .map_err(|refusal| AllocateError::PolicyRefused {
-                resource: resource.to_owned(),
-                module: module.clone(),
-                refusal,
-            })?;
-        let available_ids: HashSet<&str> = request.available.iter().map(|d| d.id.as_str()).collect();
+        let chosen = call.value.map_err(|refusal| AllocateError::PolicyRefused {
+            resource: resource.to_owned(),
+            module: module.clone(),
+            refusal,
+        })?;
+        let available_ids: HashSet<&str> =
+            request.available.iter().map(|d| d.id.as_str()).collect();
         check_answer(&chosen, count, &available_ids, &request.must_include).map_err(|problem| {
             AllocateError::BadPolicyAnswer {
                 resource: resource.to_owned(),
@@ -221,7 +218,12 @@ impl DeviceManager {
         if released.is_empty() {
             return 0;
         }
-        tracing::info!(pod_uid, ?container, entries = released.len(), "devices released");
+        tracing::info!(
+            pod_uid,
+            ?container,
+            entries = released.len(),
+            "devices released"
+        );
         let seq = self.inner.checkpoint.request();
         if let Err(err) = self.inner.checkpoint.flush(seq).await {
             tracing::error!(error = %crate::error::error_chain(&*err), "cannot record a release in the checkpoint");
@@ -427,10 +429,10 @@ impl DeviceManager {
         if let Err(source) = self.inner.checkpoint.flush(seq).await {
             {
                 let mut state = self.lock();
-                let ours = state.pods.get(&key).is_some_and(
-                    |e| matches!(&e.state, EntryState::Allocated { response: r } if *r == response)
-                        && e.devices == chosen,
-                );
+                let ours = state.pods.get(&key).is_some_and(|e| {
+                    matches!(&e.state, EntryState::Allocated { response: r } if *r == response)
+                        && e.devices == chosen
+                });
                 if ours {
                     state.pods.release_key(&key);
                 }
@@ -467,7 +469,10 @@ mod tests {
     #[test]
     fn a_good_answer_passes() {
         let available = HashSet::from(["a", "b", "c"]);
-        assert_eq!(check_answer(&ids(&["c", "a"]), 2, &available, &ids(&["a"])), Ok(()));
+        assert_eq!(
+            check_answer(&ids(&["c", "a"]), 2, &available, &ids(&["a"])),
+            Ok(())
+        );
     }
 
     #[test]

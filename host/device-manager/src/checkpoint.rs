@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pluglet_checkpoint::{CheckpointData, CheckpointError, Durability, LoadOutcome, PodDevicesEntry};
+use pluglet_checkpoint::{
+    CheckpointData, CheckpointError, Durability, LoadOutcome, PodDevicesEntry,
+};
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
@@ -245,7 +247,11 @@ pub(crate) fn kubelet_data<'a>(
 }
 
 /// The side file's content for this resource.
-pub(crate) fn side_resource(devices: &DeviceSet, policy_module: &str, policy_sha256: &str) -> SideResource {
+pub(crate) fn side_resource(
+    devices: &DeviceSet,
+    policy_module: &str,
+    policy_sha256: &str,
+) -> SideResource {
     SideResource {
         devices: devices
             .iter()
@@ -305,6 +311,11 @@ impl Checkpointer {
         let seq = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
         self.wake.notify_one();
         seq
+    }
+
+    /// The number of the latest request.
+    pub fn requested(&self) -> u64 {
+        self.requested.load(Ordering::SeqCst)
     }
 
     /// Waits until the write covering request `seq` is done.
@@ -436,7 +447,11 @@ mod tests {
         assert_eq!(restored.report.resources, ["vendor.com/gpu"]);
         let set = &restored.resources["vendor.com/gpu"];
         assert_eq!(set.capacity(), 3);
-        assert_eq!(set.allocatable(), 0, "restored devices wait for their plugin");
+        assert_eq!(
+            set.allocatable(),
+            0,
+            "restored devices wait for their plugin"
+        );
         assert_eq!(set.get("d1").unwrap().numa, [1]);
         let (key, entry) = restored.pods.iter().next().unwrap();
         assert_eq!(key.pod_uid, "pod-1");

@@ -96,10 +96,7 @@ impl DeviceSet {
         if list == self.devices {
             return false;
         }
-        self.healthy = list
-            .iter()
-            .filter(|d| d.health == Health::Healthy)
-            .count();
+        self.healthy = list.iter().filter(|d| d.health == Health::Healthy).count();
         self.devices = list;
         self.index = index;
         true

@@ -84,27 +84,26 @@ impl Endpoint {
                 source,
             })?;
         let mut client = DevicePluginClient::new(channel);
-        let options = match tokio::time::timeout(timeout, client.get_device_plugin_options(Empty {}))
-            .await
-        {
-            Ok(Ok(options)) => options.into_inner(),
-            Ok(Err(status)) => {
-                return Err(RegisterError::Options {
-                    resource: resource.to_owned(),
-                    endpoint: path,
-                    status,
-                });
-            }
-            Err(_) => {
-                return Err(RegisterError::Options {
-                    resource: resource.to_owned(),
-                    endpoint: path,
-                    status: tonic::Status::deadline_exceeded(format!(
-                        "no answer within {timeout:?}"
-                    )),
-                });
-            }
-        };
+        let options =
+            match tokio::time::timeout(timeout, client.get_device_plugin_options(Empty {})).await {
+                Ok(Ok(options)) => options.into_inner(),
+                Ok(Err(status)) => {
+                    return Err(RegisterError::Options {
+                        resource: resource.to_owned(),
+                        endpoint: path,
+                        status,
+                    });
+                }
+                Err(_) => {
+                    return Err(RegisterError::Options {
+                        resource: resource.to_owned(),
+                        endpoint: path,
+                        status: tonic::Status::deadline_exceeded(format!(
+                            "no answer within {timeout:?}"
+                        )),
+                    });
+                }
+            };
         Ok(Endpoint {
             path,
             flow,

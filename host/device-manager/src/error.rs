@@ -144,9 +144,7 @@ pub enum AllocateError {
         resource: String,
     },
     /// No plugin ever registered the resource (or it was removed after its grace period).
-    #[error(
-        "cannot allocate unregistered resource {resource}: no device plugin has registered it"
-    )]
+    #[error("cannot allocate unregistered resource {resource}: no device plugin has registered it")]
     UnknownResource {
         /// The resource.
         resource: String,

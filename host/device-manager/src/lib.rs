@@ -38,7 +38,6 @@ pub use devices::{Device, Health};
 pub use endpoint::Flow;
 pub use error::{AllocateError, RegisterError, StartError, error_chain};
 pub use manager::{
-    AllocationInfo, Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager,
-    ResourceInfo,
+    AllocationInfo, Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager, ResourceInfo,
 };
 pub use pluglet_checkpoint::Durability;

@@ -198,17 +198,14 @@ impl DeviceManager {
         crate::registration_server::prepare_directory(&config.device_plugins_dir)?;
         let checkpoint_path = config.checkpoint_path();
         let side_path = config.side_path();
-        let restored = tokio::task::spawn_blocking(move || {
-            checkpoint::restore(&checkpoint_path, &side_path)
-        })
-        .await
-        .map_err(|e| {
-            StartError::Directory {
-                dir: config.device_plugins_dir.clone(),
-                source: std::io::Error::other(e),
-            }
-        })?
-        .map_err(StartError::Restore)?;
+        let restored =
+            tokio::task::spawn_blocking(move || checkpoint::restore(&checkpoint_path, &side_path))
+                .await
+                .map_err(|e| StartError::Directory {
+                    dir: config.device_plugins_dir.clone(),
+                    source: std::io::Error::other(e),
+                })?
+                .map_err(StartError::Restore)?;
         for aside in &restored.report.set_aside {
             tracing::warn!(
                 path = %aside.path.display(),
@@ -235,9 +232,7 @@ impl DeviceManager {
                 Resource {
                     devices,
                     endpoint: None,
-                    stopped: Some(Stopped {
-                        generation: 0,
-                    }),
+                    stopped: Some(Stopped { generation: 0 }),
                     registration: None,
                 },
             );
@@ -261,22 +256,20 @@ impl DeviceManager {
         });
         let manager = DeviceManager { inner };
 
-        let listener =
-            pluglet_uds::bind(&kubelet_socket, Some(0o600)).map_err(StartError::Bind)?;
+        let listener = pluglet_uds::bind(&kubelet_socket, Some(0o600)).map_err(StartError::Bind)?;
         let watcher = crate::registration_server::watch_directory(
             &manager.inner.config.device_plugins_dir,
             manager.inner.events.clone(),
         )?;
-        let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(
-            manager.clone().run_loop(events_rx, watcher),
-        ));
-        tasks.push(tokio::spawn(manager.clone().run_writer()));
-        tasks.push(tokio::spawn(crate::registration_server::serve(
-            manager.clone(),
-            listener,
-            kubelet_socket,
-        )));
+        let tasks = vec![
+            tokio::spawn(manager.clone().run_loop(events_rx, watcher)),
+            tokio::spawn(manager.clone().run_writer()),
+            tokio::spawn(crate::registration_server::serve(
+                manager.clone(),
+                listener,
+                kubelet_socket,
+            )),
+        ];
         for name in restored_names {
             manager.start_grace_timer(name, 0);
         }
@@ -315,6 +308,19 @@ impl DeviceManager {
         for task in tasks {
             let _ = task.await;
         }
+    }
+
+    /// Waits until everything changed so far is in the checkpoint and side file.
+    pub async fn flush_checkpoint(&self) -> Result<(), Arc<pluglet_checkpoint::CheckpointError>> {
+        let seq = self.inner.checkpoint.request();
+        self.inner.checkpoint.flush(seq).await
+    }
+
+    /// Waits until every write requested so far (after every change so far) has finished,
+    /// without asking for a new one.
+    pub async fn wait_checkpoint(&self) -> Result<(), Arc<pluglet_checkpoint::CheckpointError>> {
+        let seq = self.inner.checkpoint.requested();
+        self.inner.checkpoint.flush(seq).await
     }
 
     /// Every resource, sorted by name.
@@ -478,9 +484,7 @@ impl DeviceManager {
             }
             entry.endpoint = None;
             entry.devices.mark_all_unhealthy();
-            entry.stopped = Some(Stopped {
-                generation,
-            });
+            entry.stopped = Some(Stopped { generation });
         }
         tracing::warn!(
             resource,

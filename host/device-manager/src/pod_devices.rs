@@ -212,7 +212,10 @@ mod tests {
         assert!(pods.is_held("vendor.com/gpu", "d0"));
         assert!(!pods.commit(&key("p", "c"), 8, Default::default()));
         assert!(pods.commit(&key("p", "c"), 7, Default::default()));
-        assert!(!pods.cancel(&key("p", "c"), 7), "allocated entries are not cancelled");
+        assert!(
+            !pods.cancel(&key("p", "c"), 7),
+            "allocated entries are not cancelled"
+        );
         assert_eq!(pods.held_count("vendor.com/gpu"), 2);
         assert_eq!(pods.release("p", None), [key("p", "c")]);
         assert!(!pods.is_held("vendor.com/gpu", "d0"));
@@ -241,11 +244,7 @@ mod tests {
 
     #[test]
     fn numa_grouping_follows_the_kubelet() {
-        let grouped = group_by_numa([
-            ("a", &[0][..]),
-            ("b", &[0, 1][..]),
-            ("c", &[][..]),
-        ]);
+        let grouped = group_by_numa([("a", &[0][..]), ("b", &[0, 1][..]), ("c", &[][..])]);
         assert_eq!(
             grouped,
             BTreeMap::from([

@@ -237,12 +237,20 @@ mod tests {
         let stale = dir.path().join("old-plugin.sock");
         let _listener = std::os::unix::net::UnixListener::bind(&stale).unwrap();
         std::fs::write(dir.path().join(CHECKPOINT_FILE), "{}").unwrap();
-        std::fs::write(dir.path().join("kubelet_internal_checkpoint.corrupt-1"), "x").unwrap();
+        std::fs::write(
+            dir.path().join("kubelet_internal_checkpoint.corrupt-1"),
+            "x",
+        )
+        .unwrap();
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         prepare_directory(dir.path()).unwrap();
         assert!(!stale.exists());
         assert!(dir.path().join(CHECKPOINT_FILE).exists());
-        assert!(dir.path().join("kubelet_internal_checkpoint.corrupt-1").exists());
+        assert!(
+            dir.path()
+                .join("kubelet_internal_checkpoint.corrupt-1")
+                .exists()
+        );
         assert!(dir.path().join("sub").is_dir());
     }
 

@@ -116,7 +116,10 @@ impl Node {
                 .await
                 .is_err()
             {
-                panic!("timed out waiting for {what}: {:#?}", self.manager.resources());
+                panic!(
+                    "timed out waiting for {what}: {:#?}",
+                    self.manager.resources()
+                );
             }
         }
     }
@@ -160,8 +163,12 @@ async fn register_lists_devices_and_applies_health_updates() {
     plugin.set_devices(devices(2, 2));
     node.wait("capacity 2", |n| n.resource(GPU).unwrap().capacity == 2)
         .await;
+    node.manager.flush_checkpoint().await.unwrap();
     let text = std::fs::read_to_string(node.dp_dir().join("kubelet_internal_checkpoint")).unwrap();
-    assert!(text.contains(r#""RegisteredDevices":{"vendor.com/gpu":["d0","d1"]}"#), "{text}");
+    assert!(
+        text.contains(r#""RegisteredDevices":{"vendor.com/gpu":["d0","d1"]}"#),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -169,7 +176,10 @@ async fn register_refusals_are_clear_grpc_errors() {
     let node = Node::start().await;
     let plugin = node.plugin("gpu.sock", 1, options(false, false));
 
-    let err = plugin.register(&node.kubelet_socket(), "gpu").await.unwrap_err();
+    let err = plugin
+        .register(&node.kubelet_socket(), "gpu")
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("builtin:device-plugin"), "{err:?}");
     assert!(err.message().contains("gpu"), "{err:?}");
@@ -226,14 +236,28 @@ async fn allocation_is_idempotent_refuses_a_changed_count_and_release_returns_de
     let again = node.manager.allocate("pod-1", "ctr", GPU, 2).await.unwrap();
     assert!(again.reused);
     assert_eq!(again.device_ids, first.device_ids);
-    assert_eq!(plugin.state.allocate_calls.load(Ordering::SeqCst), 1, "no new RPC");
+    assert_eq!(
+        plugin.state.allocate_calls.load(Ordering::SeqCst),
+        1,
+        "no new RPC"
+    );
 
     let err = node
         .manager
         .allocate("pod-1", "ctr", GPU, 3)
         .await
         .unwrap_err();
-    assert!(matches!(err, AllocateError::ChangedRequest { held: 2, requested: 3, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            AllocateError::ChangedRequest {
+                held: 2,
+                requested: 3,
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     let err = node
         .manager
@@ -241,7 +265,14 @@ async fn allocation_is_idempotent_refuses_a_changed_count_and_release_returns_de
         .await
         .unwrap_err();
     assert!(
-        matches!(err, AllocateError::Unavailable { requested: 3, available: 2, .. }),
+        matches!(
+            err,
+            AllocateError::Unavailable {
+                requested: 3,
+                available: 2,
+                ..
+            }
+        ),
         "{err}"
     );
 
@@ -273,14 +304,29 @@ async fn failures_leave_nothing_held() {
     plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
     node.wait_allocatable(GPU, 2).await;
     plugin.state.fail_allocate.store(true, Ordering::SeqCst);
-    let err = node.manager.allocate("pod", "ctr", GPU, 1).await.unwrap_err();
+    let err = node
+        .manager
+        .allocate("pod", "ctr", GPU, 1)
+        .await
+        .unwrap_err();
     assert!(matches!(err, AllocateError::Allocate { .. }), "{err}");
     assert!(pluglet_device_manager::error_chain(&err).contains("fails on purpose"));
     assert!(node.manager.allocations().is_empty());
 
-    let err = node.manager.allocate("pod", "ctr", "vendor.com/nic", 1).await.unwrap_err();
-    assert!(matches!(err, AllocateError::UnknownResource { .. }), "{err}");
-    let err = node.manager.allocate("pod", "ctr", GPU, 0).await.unwrap_err();
+    let err = node
+        .manager
+        .allocate("pod", "ctr", "vendor.com/nic", 1)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AllocateError::UnknownResource { .. }),
+        "{err}"
+    );
+    let err = node
+        .manager
+        .allocate("pod", "ctr", GPU, 0)
+        .await
+        .unwrap_err();
     assert!(matches!(err, AllocateError::ZeroCount { .. }), "{err}");
 
     plugin.state.fail_allocate.store(false, Ordering::SeqCst);
@@ -344,12 +390,18 @@ async fn stream_end_and_socket_removal_turn_devices_unhealthy_then_the_resource_
     node.wait_allocatable(GPU, 2).await;
     plugin.stop();
     node.wait("gpu disconnected", |n| {
-        n.resource(GPU).is_some_and(|r| !r.connected && r.allocatable == 0 && r.capacity == 2)
+        n.resource(GPU)
+            .is_some_and(|r| !r.connected && r.allocatable == 0 && r.capacity == 2)
     })
     .await;
-    let err = node.manager.allocate("pod", "ctr", GPU, 1).await.unwrap_err();
+    let err = node
+        .manager
+        .allocate("pod", "ctr", GPU, 1)
+        .await
+        .unwrap_err();
     assert!(matches!(err, AllocateError::NotConnected { .. }), "{err}");
-    node.wait("gpu removed", |n| n.resource(GPU).is_none()).await;
+    node.wait("gpu removed", |n| n.resource(GPU).is_none())
+        .await;
 
     let nic = "vendor.com/nic";
     let plugin = node.plugin("nic.sock", 2, options(false, false));
@@ -357,10 +409,12 @@ async fn stream_end_and_socket_removal_turn_devices_unhealthy_then_the_resource_
     node.wait_allocatable(nic, 2).await;
     std::fs::remove_file(&plugin.socket).unwrap();
     node.wait("nic disconnected", |n| {
-        n.resource(nic).is_some_and(|r| !r.connected && r.allocatable == 0)
+        n.resource(nic)
+            .is_some_and(|r| !r.connected && r.allocatable == 0)
     })
     .await;
-    node.wait("nic removed", |n| n.resource(nic).is_none()).await;
+    node.wait("nic removed", |n| n.resource(nic).is_none())
+        .await;
 }
 
 #[tokio::test]
@@ -371,13 +425,18 @@ async fn a_plugin_back_within_the_grace_period_keeps_its_resource() {
     node.wait_allocatable(GPU, 2).await;
     plugin.stop();
     drop(plugin);
-    node.wait("disconnected", |n| n.resource(GPU).is_some_and(|r| !r.connected))
-        .await;
+    node.wait("disconnected", |n| {
+        n.resource(GPU).is_some_and(|r| !r.connected)
+    })
+    .await;
     let plugin = node.plugin("gpu2.sock", 2, options(false, false));
     plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
     node.wait_allocatable(GPU, 2).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert!(node.resource(GPU).is_some_and(|r| r.connected), "kept after the grace period");
+    assert!(
+        node.resource(GPU).is_some_and(|r| r.connected),
+        "kept after the grace period"
+    );
 }
 
 #[tokio::test]
@@ -398,7 +457,8 @@ async fn watcher_flow_connects_and_disconnects() {
     assert!(node.resource(GPU).unwrap().connected);
     node.manager.disconnect_watcher(GPU.into(), socket).await;
     node.wait("disconnected", |n| {
-        n.resource(GPU).is_some_and(|r| !r.connected && r.allocatable == 0)
+        n.resource(GPU)
+            .is_some_and(|r| !r.connected && r.allocatable == 0)
     })
     .await;
     let err = node
@@ -425,7 +485,10 @@ async fn allocations_survive_a_restart_and_held_devices_are_not_offered_again() 
     let r = node.resource(GPU).unwrap();
     assert!(!r.connected);
     assert_eq!((r.capacity, r.allocatable), (2, 0));
-    assert!(!node.dp_dir().join("gpu.sock").exists(), "stale socket removed");
+    assert!(
+        !node.dp_dir().join("gpu.sock").exists(),
+        "stale socket removed"
+    );
 
     // Same answer for the same container, no plugin needed.
     let again = node.manager.allocate("pod", "ctr", GPU, 1).await.unwrap();
@@ -434,7 +497,11 @@ async fn allocations_survive_a_restart_and_held_devices_are_not_offered_again() 
     let plugin = node.plugin("gpu.sock", 2, options(false, false));
     plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
     node.wait_allocatable(GPU, 2).await;
-    let err = node.manager.allocate("pod-2", "ctr", GPU, 2).await.unwrap_err();
+    let err = node
+        .manager
+        .allocate("pod-2", "ctr", GPU, 2)
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, AllocateError::Unavailable { available: 1, .. }),
         "{err}"

@@ -172,11 +172,7 @@ impl Handler {
         plugin: &PluginInfo,
         existing: Option<&RegisteredPlugin>,
     ) -> Result<Call<Result<Accepted, Refusal>>, HandlerError> {
-        let index = self
-            .indices
-            .registration
-            .as_ref()
-            .map(|r| r.validate.clone());
+        let index = self.indices.registration.as_ref().map(|r| r.validate);
         self.call(cx, Hook::Validate, index, |store, instance, index| {
             let func = instance.get_typed_func::<
                 (&PluginInfo, Option<&RegisteredPlugin>),
@@ -194,11 +190,7 @@ impl Handler {
         plugin: &PluginInfo,
         facts: &RegistrationFacts,
     ) -> Result<Call<Result<(), Refusal>>, HandlerError> {
-        let index = self
-            .indices
-            .registration
-            .as_ref()
-            .map(|r| r.register.clone());
+        let index = self.indices.registration.as_ref().map(|r| r.register);
         let wire = wit_types::RegistrationFacts {
             node_id: facts.node_id.clone(),
             max_volumes_per_node: facts.max_volumes_per_node,
@@ -227,11 +219,7 @@ impl Handler {
         cx: &CallContext,
         plugin: &PluginInfo,
     ) -> Result<Call<()>, HandlerError> {
-        let index = self
-            .indices
-            .registration
-            .as_ref()
-            .map(|r| r.deregister.clone());
+        let index = self.indices.registration.as_ref().map(|r| r.deregister);
         self.call(cx, Hook::Deregister, index, |store, instance, index| {
             let func = instance.get_typed_func::<(&PluginInfo,), ()>(&mut *store, index)?;
             func.call(&mut *store, (plugin,))?;
@@ -245,7 +233,7 @@ impl Handler {
         cx: &CallContext,
         request: &AllocationRequest,
     ) -> Result<Call<Result<Vec<String>, Refusal>>, HandlerError> {
-        let index = self.indices.allocate.clone();
+        let index = self.indices.allocate;
         self.call(cx, Hook::Allocate, index, |store, instance, index| {
             let func = instance
                 .get_typed_func::<(&AllocationRequest,), (Result<Vec<String>, Refusal>,)>(

@@ -224,7 +224,14 @@ pub async fn register(
         let reason = format!("plugin registration failed with err: {why}");
         (record, reason)
     };
-    let facts = match cx.plugin_types.gather_facts(&plugin_type, &plugin).await {
+    let same_socket = (crate::plugin_types::csi::endpoint_path(&plugin.endpoint)
+        == socket.as_path())
+    .then(|| client.channel());
+    let facts = match cx
+        .plugin_types
+        .gather_facts(&plugin_type, &plugin, same_socket)
+        .await
+    {
         Ok(f) => f,
         Err(e) => {
             let (record, reason) = refused(record, error_chain(&e));

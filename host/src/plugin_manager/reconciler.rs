@@ -275,13 +275,18 @@ impl Reconciler {
                 None
             }
             (Ok(Done::Registered(outcome)), _) => Some(*outcome),
-            (Err(Failure { info, reason }), Operation::Register { .. }) => Some(RegisterOutcome::Failed { info, reason }),
+            (Err(Failure { info, reason }), Operation::Register { .. }) => {
+                Some(RegisterOutcome::Failed { info, reason })
+            }
         };
         if let Some(outcome) = outcome {
             let track = self.tracks.entry(socket.clone()).or_default();
             let is_current = track.generation == Some(generation);
             match outcome {
-                RegisterOutcome::Registered { record, notify_error } => {
+                RegisterOutcome::Registered {
+                    record,
+                    notify_error,
+                } => {
                     if is_current {
                         track.last_error = notify_error;
                         track.plugin_type = Some(record.info.plugin_type.clone());

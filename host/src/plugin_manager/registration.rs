@@ -70,6 +70,11 @@ impl RegistrationClient {
         })
     }
 
+    /// The connection, for other services served on the same socket.
+    pub fn channel(&self) -> Channel {
+        self.client.clone().into_inner()
+    }
+
     /// Asks the plugin who it is.
     pub async fn get_info(&mut self, deadline: Duration) -> Result<PluginInfo, RegistrationError> {
         const RPC: &str = "GetInfo";

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use pluglet_proto::csi::v1::NodeGetInfoRequest;
 use pluglet_proto::csi::v1::node_client::NodeClient;
+use tonic::transport::Channel;
 
 use crate::plugin_manager::plugin::CsiNodeInfo;
 
@@ -56,19 +57,24 @@ pub fn endpoint_path(endpoint: &str) -> &Path {
     )
 }
 
-/// Calls NodeGetInfo on `endpoint`.
+/// Calls NodeGetInfo on `endpoint`, over `channel` when given (an open connection to that very
+/// socket), else over a new connection.
 pub async fn node_get_info(
     endpoint: &str,
+    channel: Option<Channel>,
     dial_timeout: Duration,
     deadline: Duration,
 ) -> Result<CsiNodeInfo, CsiError> {
     let path = endpoint_path(endpoint).to_owned();
-    let channel = pluglet_uds::connect(&path, dial_timeout)
-        .await
-        .map_err(|source| CsiError::Dial {
-            endpoint: path.clone(),
-            source,
-        })?;
+    let channel = match channel {
+        Some(c) => c,
+        None => pluglet_uds::connect(&path, dial_timeout)
+            .await
+            .map_err(|source| CsiError::Dial {
+                endpoint: path.clone(),
+                source,
+            })?,
+    };
     let mut client = NodeClient::new(channel);
     let mut request = tonic::Request::new(NodeGetInfoRequest {});
     request.set_timeout(deadline);

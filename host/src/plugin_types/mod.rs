@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pluglet_handler_runtime::{PluginInfo, RegistrationFacts};
+use tonic::transport::Channel;
 
 use crate::plugin_manager::PluginType;
 use crate::plugin_manager::plugin::CsiNodeInfo;
@@ -65,16 +66,19 @@ impl PluginTypes {
         }
     }
 
-    /// Gathers what the register hook needs (CSI: NodeGetInfo on the endpoint).
+    /// Gathers what the register hook needs (CSI: NodeGetInfo on the endpoint). `same_socket` is
+    /// the registration connection, reused when the endpoint is the registration socket itself.
     pub async fn gather_facts(
         &self,
         plugin_type: &PluginType,
         plugin: &PluginInfo,
+        same_socket: Option<Channel>,
     ) -> Result<GatheredFacts, TypeError> {
         match plugin_type {
             PluginType::Csi => {
                 let info = csi::node_get_info(
                     &plugin.endpoint,
+                    same_socket,
                     self.dial_timeout,
                     self.node_get_info_timeout,
                 )

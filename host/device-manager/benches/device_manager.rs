@@ -1,0 +1,205 @@
+//! Device manager latencies, side by side with the kubelet's figures (issue 4), each with and
+//! without the checkpoint fsync. Every measured operation ends when the checkpoint covering it is
+//! written, as in the kubelet's figures.
+//!
+//! Run: `cargo bench -p pluglet-device-manager --bench device_manager` (prints medians).
+//!
+//! - register: Register on kubelet.sock (fresh connection, 8 devices) → devices visible;
+//! - allocate k of n: one admin allocation through the built-in WASM policy and the plugin's
+//!   Allocate (released again between iterations, untimed);
+//! - update 10,000: one ListAndWatch update of 10,000 devices (one health flips) → applied.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pluglet_device_manager::stub::{Stub, devices};
+use pluglet_device_manager::{Config, DeviceManager, Durability};
+use pluglet_handler_runtime::{HandlerSet, ModuleSource, Runtime, RuntimeConfig};
+use pluglet_proto::v1beta1;
+use tokio_util::sync::CancellationToken;
+
+fn builtin() -> ModuleSource {
+    ModuleSource::Builtin {
+        name: "device-plugin".into(),
+        bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+async fn wait_for(manager: &DeviceManager, check: impl Fn(&DeviceManager) -> bool) {
+    let mut changes = manager.changes();
+    while !check(manager) {
+        tokio::time::timeout(Duration::from_secs(30), changes.changed())
+            .await
+            .expect("timed out")
+            .expect("manager gone");
+    }
+}
+
+fn allocatable(manager: &DeviceManager, resource: &str) -> Option<usize> {
+    manager
+        .resources()
+        .into_iter()
+        .find(|r| r.resource == resource)
+        .map(|r| r.allocatable)
+}
+
+async fn start(root: &Path, handlers: Arc<HandlerSet>, durability: Durability) -> DeviceManager {
+    let mut config = Config::new(
+        root.join("device-plugins"),
+        root.join("state"),
+        "bench".into(),
+    );
+    config.durability = durability;
+    DeviceManager::start(config, handlers, CancellationToken::new())
+        .await
+        .expect("start the device manager")
+}
+
+async fn bench_register(handlers: Arc<HandlerSet>, durability: Durability, n: usize) -> Duration {
+    let root = tempfile::tempdir().unwrap();
+    let manager = start(root.path(), handlers, durability).await;
+    let kubelet = manager.config().kubelet_socket();
+    let mut samples = Vec::new();
+    let mut stubs = Vec::new();
+    for i in 0..n {
+        let resource = format!("bench.example.com/r{i}");
+        let stub = Stub::start(
+            &manager.device_plugins_dir().join(format!("r{i}.sock")),
+            devices(8, 2),
+            v1beta1::DevicePluginOptions::default(),
+        );
+        let started = Instant::now();
+        stub.register(&kubelet, &resource).await.expect("register");
+        wait_for(&manager, |m| allocatable(m, &resource) == Some(8)).await;
+        manager.wait_checkpoint().await.expect("checkpoint");
+        samples.push(started.elapsed());
+        stubs.push(stub);
+    }
+    manager.shutdown().await;
+    median(samples)
+}
+
+async fn bench_allocate(
+    handlers: Arc<HandlerSet>,
+    durability: Durability,
+    devices_n: usize,
+    count: u32,
+    n: usize,
+) -> Duration {
+    let root = tempfile::tempdir().unwrap();
+    let manager = start(root.path(), handlers, durability).await;
+    let resource = "bench.example.com/gpu";
+    let stub = Stub::start(
+        &manager.device_plugins_dir().join("gpu.sock"),
+        devices(devices_n, 2),
+        v1beta1::DevicePluginOptions::default(),
+    );
+    stub.register(&manager.config().kubelet_socket(), resource)
+        .await
+        .expect("register");
+    wait_for(&manager, |m| allocatable(m, resource) == Some(devices_n)).await;
+    manager.wait_checkpoint().await.expect("checkpoint");
+    let mut samples = Vec::new();
+    for i in 0..n {
+        let pod = format!("pod-{i}");
+        let started = Instant::now();
+        let got = manager
+            .allocate(&pod, "ctr", resource, count)
+            .await
+            .expect("allocate");
+        samples.push(started.elapsed());
+        assert_eq!(got.device_ids.len(), count as usize);
+        manager.release(&pod, None).await;
+    }
+    manager.shutdown().await;
+    median(samples)
+}
+
+async fn bench_update(handlers: Arc<HandlerSet>, durability: Durability, n: usize) -> Duration {
+    let root = tempfile::tempdir().unwrap();
+    let manager = start(root.path(), handlers, durability).await;
+    let resource = "bench.example.com/many";
+    let size = 10_000;
+    let stub = Stub::start(
+        &manager.device_plugins_dir().join("many.sock"),
+        devices(size, 4),
+        v1beta1::DevicePluginOptions::default(),
+    );
+    stub.register(&manager.config().kubelet_socket(), resource)
+        .await
+        .expect("register");
+    wait_for(&manager, |m| allocatable(m, resource) == Some(size)).await;
+    manager.wait_checkpoint().await.expect("checkpoint");
+    let mut samples = Vec::new();
+    for i in 0..n {
+        let mut list = devices(size, 4);
+        let want = if i % 2 == 0 {
+            list[i % size].health = "Unhealthy".into();
+            size - 1
+        } else {
+            size
+        };
+        let started = Instant::now();
+        stub.set_devices(list);
+        wait_for(&manager, |m| allocatable(m, resource) == Some(want)).await;
+        manager.wait_checkpoint().await.expect("checkpoint");
+        samples.push(started.elapsed());
+    }
+    manager.shutdown().await;
+    median(samples)
+}
+
+fn main() {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let wasm = Runtime::new(RuntimeConfig::default()).expect("wasm runtime");
+    let handlers = Arc::new(
+        HandlerSet::load(
+            &wasm,
+            Path::new("/nonexistent"),
+            vec![("DevicePlugin".into(), builtin())],
+            builtin(),
+        )
+        .expect("handlers"),
+    );
+    println!(
+        "{:<34} {:>12} {:>12} {:>10}",
+        "operation (median)", "fsync", "no fsync", "kubelet"
+    );
+    runtime.block_on(async {
+        let rows: [(&str, &str); 5] = [
+            ("Register -> devices visible", "1.8 ms"),
+            ("allocate 1 of 8", "0.77 ms"),
+            ("allocate 1 of 1,024", "1.48 ms"),
+            ("allocate 1,024 of 1,024", "7.8 ms"),
+            ("ListAndWatch update of 10,000", "10 ms"),
+        ];
+        for (i, (name, kubelet)) in rows.iter().enumerate() {
+            let mut figures = Vec::new();
+            for durability in [Durability::Fsync, Durability::NoFsync] {
+                let h = handlers.clone();
+                let d = match i {
+                    0 => bench_register(h, durability, 100).await,
+                    1 => bench_allocate(h, durability, 8, 1, 200).await,
+                    2 => bench_allocate(h, durability, 1024, 1, 200).await,
+                    3 => bench_allocate(h, durability, 1024, 1024, 50).await,
+                    _ => bench_update(h, durability, 50).await,
+                };
+                figures.push(ms(d));
+            }
+            println!(
+                "{name:<34} {:>12} {:>12} {kubelet:>10}",
+                figures[0], figures[1]
+            );
+        }
+    });
+}

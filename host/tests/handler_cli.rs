@@ -1,0 +1,250 @@
+//! `pluglet handler check` and `pluglet handler test`, run as the real binary on the real guests
+//! and the sample events in `examples/events/`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn pluglet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pluglet"))
+        .args(args)
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run pluglet")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn event(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/events")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn guest(name: &str) -> String {
+    pluglet_wasm_guests::guest_path(name).display().to_string()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", stdout(o), stderr(o)))
+}
+
+#[test]
+fn check_reports_contract_families_and_digest() {
+    let path = guest("device-plugin");
+    let out = pluglet(&["handler", "check", &path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("contract:  pluglet:handler@1.1.0"), "{text}");
+    assert!(
+        text.contains("families:  registration, allocation-policy"),
+        "{text}"
+    );
+    assert!(text.contains("sha256:    "), "{text}");
+    assert!(text.contains("compiled:  "), "{text}");
+
+    let out = pluglet(&["handler", "check", &guest("contract-v1-0"), "-o", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["contract_version"], "1.0.0");
+    assert_eq!(v["families"], serde_json::json!(["registration"]));
+    assert_eq!(v["sha256"].as_str().unwrap().len(), 64);
+}
+
+#[test]
+fn check_refuses_forbidden_imports_non_components_and_missing_files() {
+    let out = pluglet(&["handler", "check", &guest("uses-fs")]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("`wasi:filesystem/"),
+        "{}",
+        stderr(&out)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let text_file: PathBuf = dir.path().join("readme.wasm");
+    std::fs::write(&text_file, "not wasm").unwrap();
+    let out = pluglet(&["handler", "check", &text_file.display().to_string()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("is not a WebAssembly component"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = pluglet(&["handler", "check", "/nonexistent/x.wasm"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("/nonexistent/x.wasm"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn test_validate_accepts_with_the_chosen_version() {
+    let out = pluglet(&[
+        "handler",
+        "test",
+        "builtin:csi",
+        "--hook",
+        "validate",
+        "--event",
+        &event("csi-valid.json"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("outcome:   accepted (version 1.5.0)"),
+        "{text}"
+    );
+    assert!(text.contains("compiled:  "), "{text}");
+    assert!(text.contains("call:      "), "{text}");
+}
+
+#[test]
+fn test_validate_refuses_a_same_name_driver_with_a_lower_version() {
+    let out = pluglet(&[
+        "handler",
+        "test",
+        "builtin:csi",
+        "--hook",
+        "validate",
+        "--event",
+        &event("csi-old-version.json"),
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["hook"], "validate");
+    assert_eq!(v["outcome"]["result"], "refused");
+    assert_eq!(v["outcome"]["kind"], "already-registered");
+    assert!(v["compile_ms"].as_f64().unwrap() > 0.0);
+    assert!(v["call_ms"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn test_register_and_device_plugin_and_allocate() {
+    let out = pluglet(&[
+        "handler",
+        "test",
+        "builtin:csi",
+        "--hook",
+        "register",
+        "--event",
+        &event("csi-valid.json"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("outcome:   ok"), "{}", stdout(&out));
+
+    let out = pluglet(&[
+        "handler",
+        "test",
+        "builtin:device-plugin",
+        "--hook",
+        "validate",
+        "--event",
+        &event("device-plugin.json"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("accepted (version v1beta1)"),
+        "{}",
+        stdout(&out)
+    );
+
+    let out = pluglet(&[
+        "handler",
+        "test",
+        &guest("device-plugin"),
+        "--hook",
+        "allocate",
+        "--event",
+        &event("allocate.json"),
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["outcome"]["result"], "allocated");
+    assert_eq!(
+        v["outcome"]["devices"],
+        serde_json::json!(["gpu-1", "gpu-2"])
+    );
+}
+
+#[test]
+fn test_prints_guest_logs_and_passes_settings_and_node_name() {
+    let out = pluglet(&[
+        "handler",
+        "test",
+        &guest("misbehave"),
+        "--hook",
+        "validate",
+        "--event",
+        &event("csi-valid.json"),
+        "--setting",
+        "mode=ok",
+        "--setting",
+        "version=3.1",
+        "--node-name",
+        "worker-9",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("accepted (version 3.1)"), "{text}");
+    assert!(text.contains("info  ok on node worker-9"), "{text}");
+}
+
+#[test]
+fn test_reports_a_trap_as_an_error() {
+    let out = pluglet(&[
+        "handler",
+        "test",
+        &guest("misbehave"),
+        "--hook",
+        "validate",
+        "--event",
+        &event("csi-valid.json"),
+        "--setting",
+        "mode=loop",
+        "--deadline-ms",
+        "30",
+        "--fuel",
+        "100000000000",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("hook validate: deadline of 30 ms exceeded"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn test_allocate_on_a_registration_only_module_says_so() {
+    let out = pluglet(&[
+        "handler",
+        "test",
+        "builtin:csi",
+        "--hook",
+        "allocate",
+        "--event",
+        &event("allocate.json"),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("does not export the allocation-policy family"),
+        "{}",
+        stderr(&out)
+    );
+}
