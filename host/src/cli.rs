@@ -89,6 +89,10 @@ pub struct RunArgs {
     /// Period of the safety-net rescan of the registry directory.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub resync_period: Duration,
+    /// How long a device plugin resource whose plugin disconnected is kept (devices unhealthy)
+    /// before it is removed, unless the plugin registers again (kubelet: 5m).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub device_grace_period: Duration,
     /// Time allowed for stages to stop on SIGINT/SIGTERM.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
@@ -133,6 +137,34 @@ pub enum CtlCommand {
     Sockets,
     /// The handler module in force per plugin type and per resource policy.
     Handlers,
+    /// Device plugin resources with capacity, allocatable, devices and the policy in force.
+    Resources,
+    /// Allocates devices of one resource to one container.
+    Allocate {
+        /// Pod UID.
+        #[arg(long)]
+        pod: String,
+        /// Container name.
+        #[arg(long)]
+        container: String,
+        /// Extended resource name, e.g. vendor.com/gpu.
+        #[arg(long)]
+        resource: String,
+        /// Number of devices.
+        #[arg(long)]
+        count: u32,
+    },
+    /// Releases what a pod (or one of its containers) holds.
+    Release {
+        /// Pod UID.
+        #[arg(long)]
+        pod: String,
+        /// Only this container.
+        #[arg(long)]
+        container: Option<String>,
+    },
+    /// Who holds which devices.
+    Allocations,
 }
 
 #[cfg(test)]

@@ -108,6 +108,9 @@ pub struct Timings {
     pub resync_period: Duration,
     /// Time allowed for the stages to stop.
     pub shutdown_grace: Duration,
+    /// How long a disconnected device plugin's resource is kept (kubelet
+    /// `endpointStopGracePeriod` = 5 min).
+    pub device_grace_period: Duration,
 }
 
 impl Default for Timings {
@@ -121,6 +124,7 @@ impl Default for Timings {
             node_get_info_timeout: Duration::from_secs(120),
             resync_period: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(5),
+            device_grace_period: pluglet_device_manager::DEFAULT_GRACE_PERIOD,
         }
     }
 }
@@ -177,6 +181,7 @@ impl Config {
             node_get_info_timeout: args.nodegetinfo_timeout,
             resync_period: args.resync_period,
             shutdown_grace: args.shutdown_grace,
+            device_grace_period: args.device_grace_period,
         };
         for (name, d) in [
             ("--backoff-initial", timings.backoff_initial),

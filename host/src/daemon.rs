@@ -23,7 +23,7 @@ use crate::admin::server::{AdminService, bind_and_serve};
 use crate::config::Config;
 use crate::plugin_manager::{PluginManager, PluginManagerConfig};
 use crate::plugin_types::PluginTypes;
-use crate::plugin_types::device_plugin::{DevicePluginSink, DialingSink};
+use crate::plugin_types::device_plugin::DevicePluginSink;
 
 /// Another daemon holds the state directory.
 #[derive(Debug, thiserror::Error)]
@@ -168,10 +168,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let timings = config.timings.clone();
 
-    // Device manager seam: the plugin manager hands watcher-registered device plugins to this sink.
-    let device_plugins: Arc<dyn DevicePluginSink> = Arc::new(DialingSink {
-        timeout: timings.dial_timeout,
-    });
+    // Device manager: kubelet.sock, endpoints, allocations, checkpoint. It also receives the
+    // device plugins the plugin manager finds through the watcher.
+    let mut device_config = pluglet_device_manager::Config::new(
+        paths.device_plugins_dir.clone(),
+        paths.state_dir.clone(),
+        config.node_name.clone(),
+    );
+    device_config.grace_period = timings.device_grace_period;
+    device_config.dial_timeout = timings.dial_timeout;
+    let devices = pluglet_device_manager::DeviceManager::start(
+        device_config,
+        handlers.clone(),
+        cancel.child_token(),
+    )
+    .await
+    .context("cannot start the device manager")?;
+    let device_plugins: Arc<dyn DevicePluginSink> = Arc::new(devices.clone());
     let plugin_types = Arc::new(PluginTypes::new(
         timings.dial_timeout,
         timings.node_get_info_timeout,
@@ -192,7 +205,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let admin = bind_and_serve(
         &paths.admin_socket,
         config.admin_socket_mode,
-        AdminService::new(manager.handle.clone(), handlers.clone()),
+        AdminService::new(manager.handle.clone(), handlers.clone()).with_devices(devices.clone()),
         cancel.child_token(),
     )?;
     let mut admin = tokio::spawn(admin);
@@ -226,6 +239,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         for task in manager.tasks {
             let _ = task.await;
         }
+        devices.shutdown().await;
     };
     if tokio::time::timeout(timings.shutdown_grace, stopping)
         .await

@@ -8,3 +8,9 @@ mod daemon_lifecycle;
 mod isolation;
 mod refusal;
 mod registration;
+
+mod device_authority;
+mod device_property;
+mod device_restart;
+mod device_support;
+mod devices;

@@ -88,6 +88,10 @@ async fn render(
                 OutputFormat::Table => handlers_table(&handlers),
             }
         }
+        CtlCommand::Resources
+        | CtlCommand::Allocate { .. }
+        | CtlCommand::Release { .. }
+        | CtlCommand::Allocations => crate::admin::devices::render(client, command, output).await?,
     })
 }
 

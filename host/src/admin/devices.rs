@@ -98,7 +98,9 @@ pub async fn allocate(
         ("resource", &request.resource),
     ] {
         if value.is_empty() {
-            return Err(Status::invalid_argument(format!("{field} must not be empty")));
+            return Err(Status::invalid_argument(format!(
+                "{field} must not be empty"
+            )));
         }
     }
     let allocation = devices
@@ -212,8 +214,7 @@ fn columns(header: &[&str], rows: Vec<Vec<String>>) -> String {
         }
     }
     let mut out = String::new();
-    let all = std::iter::once(header.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        .chain(rows);
+    let all = std::iter::once(header.iter().map(|s| s.to_string()).collect::<Vec<_>>()).chain(rows);
     for row in all {
         let last = row.len().saturating_sub(1);
         for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
@@ -228,13 +229,14 @@ fn columns(header: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
-/// Runs one device subcommand of `pluglet ctl`; `None` when `command` is not one.
+/// Runs one device subcommand of `pluglet ctl` (`resources`, `allocate`, `release`,
+/// `allocations`) and returns what to print.
 pub async fn render(
     client: &mut AdminClient<Channel>,
     command: &CtlCommand,
     output: OutputFormat,
-) -> Option<anyhow::Result<String>> {
-    Some(match command {
+) -> anyhow::Result<String> {
+    match command {
         CtlCommand::Resources => resources(client, output).await,
         CtlCommand::Allocate {
             pod,
@@ -258,8 +260,8 @@ pub async fn render(
             release_cmd(client, request, output).await
         }
         CtlCommand::Allocations => allocations(client, output).await,
-        _ => return None,
-    })
+        other => anyhow::bail!("{other:?} is not a device manager command"),
+    }
 }
 
 async fn resources(
@@ -330,7 +332,10 @@ async fn allocate_cmd(
             rows.extend(r.devices.iter().map(|d| {
                 vec![
                     "device".to_owned(),
-                    format!("{} -> {} ({})", d.host_path, d.container_path, d.permissions),
+                    format!(
+                        "{} -> {} ({})",
+                        d.host_path, d.container_path, d.permissions
+                    ),
                 ]
             }));
             rows.extend(
@@ -357,7 +362,13 @@ async fn release_cmd(
     let answer = client
         .release(request)
         .await
-        .map_err(|s| anyhow::anyhow!("release of pod {pod} failed ({:?}): {}", s.code(), s.message()))?
+        .map_err(|s| {
+            anyhow::anyhow!(
+                "release of pod {pod} failed ({:?}): {}",
+                s.code(),
+                s.message()
+            )
+        })?
         .into_inner();
     Ok(match output {
         OutputFormat::Json => pretty(&json!({ "released": answer.released })),

@@ -2,4 +2,5 @@
 //! `pluglet ctl` client that prints what it says ([`ctl`]). Messages are in `proto/admin.proto`.
 
 pub mod ctl;
+pub mod devices;
 pub mod server;

@@ -44,12 +44,29 @@ pub enum AdminError {
 pub struct AdminService {
     plugins: PluginManagerHandle,
     handlers: Arc<HandlerSet>,
+    devices: Option<pluglet_device_manager::DeviceManager>,
 }
 
 impl AdminService {
     /// A service reading `plugins` and `handlers`.
     pub fn new(plugins: PluginManagerHandle, handlers: Arc<HandlerSet>) -> AdminService {
-        AdminService { plugins, handlers }
+        AdminService {
+            plugins,
+            handlers,
+            devices: None,
+        }
+    }
+
+    /// Serves the device RPCs from `devices`.
+    pub fn with_devices(mut self, devices: pluglet_device_manager::DeviceManager) -> AdminService {
+        self.devices = Some(devices);
+        self
+    }
+
+    fn devices(&self, rpc: &str) -> Result<&pluglet_device_manager::DeviceManager, Status> {
+        self.devices
+            .as_ref()
+            .ok_or_else(|| device_manager_missing(rpc))
     }
 }
 
@@ -174,37 +191,46 @@ impl Admin for AdminService {
         Ok(Response::new(pb::ListHandlersResponse { handlers }))
     }
 
-    // ---------------------------------------------------------------------------------------
-    // Device manager RPCs (owner: device manager, issue 4). Not served until the device manager
-    // is wired into the daemon; replace this section with calls to its handle.
-    // ---------------------------------------------------------------------------------------
+    // Device manager RPCs: see `admin::devices`.
 
     async fn list_resources(
         &self,
         _: Request<pb::ListResourcesRequest>,
     ) -> Result<Response<pb::ListResourcesResponse>, Status> {
-        Err(device_manager_missing("ListResources"))
+        let devices = self.devices("ListResources")?;
+        Ok(Response::new(crate::admin::devices::list_resources(
+            devices,
+        )))
     }
 
     async fn allocate(
         &self,
-        _: Request<pb::AllocateRequest>,
+        request: Request<pb::AllocateRequest>,
     ) -> Result<Response<pb::AllocateResponse>, Status> {
-        Err(device_manager_missing("Allocate"))
+        let devices = self.devices("Allocate")?;
+        crate::admin::devices::allocate(devices, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn release(
         &self,
-        _: Request<pb::ReleaseRequest>,
+        request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        Err(device_manager_missing("Release"))
+        let devices = self.devices("Release")?;
+        crate::admin::devices::release(devices, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn list_allocations(
         &self,
         _: Request<pb::ListAllocationsRequest>,
     ) -> Result<Response<pb::ListAllocationsResponse>, Status> {
-        Err(device_manager_missing("ListAllocations"))
+        let devices = self.devices("ListAllocations")?;
+        Ok(Response::new(crate::admin::devices::list_allocations(
+            devices,
+        )))
     }
 }
 

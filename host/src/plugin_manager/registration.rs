@@ -48,6 +48,7 @@ pub enum RegistrationError {
 #[derive(Debug, Clone)]
 pub struct RegistrationClient {
     socket: SocketPath,
+    channel: Channel,
     client: GrpcClient<Channel>,
 }
 
@@ -66,13 +67,14 @@ impl RegistrationClient {
             })?;
         Ok(RegistrationClient {
             socket: socket.clone(),
-            client: GrpcClient::new(channel),
+            client: GrpcClient::new(channel.clone()),
+            channel,
         })
     }
 
     /// The connection, for other services served on the same socket.
     pub fn channel(&self) -> Channel {
-        self.client.clone().into_inner()
+        self.channel.clone()
     }
 
     /// Asks the plugin who it is.

@@ -3,9 +3,9 @@
 //! device manager through [`DevicePluginSink`]; when the registration socket disappears the device
 //! manager is told to disconnect.
 //!
-//! Until the device manager is wired in, the daemon uses [`DialingSink`], which does the first half
-//! of the device manager's job for real: dial the endpoint and call GetDevicePluginOptions (a
-//! plugin that does not serve the DevicePlugin service is refused).
+//! The daemon's sink is the device manager itself (the impl at the end of this file).
+//! [`DialingSink`] does only the first half of its job: dial the endpoint and call
+//! GetDevicePluginOptions (a plugin that does not serve the DevicePlugin service is refused).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -79,5 +79,27 @@ impl DevicePluginSink for DialingSink {
         Box::pin(async move {
             info!(%resource, endpoint = %endpoint.display(), "device plugin disconnected");
         })
+    }
+}
+
+/// The device manager receives watcher-registered device plugins (the daemon's sink).
+impl DevicePluginSink for pluglet_device_manager::DeviceManager {
+    fn connect(
+        &self,
+        resource: String,
+        endpoint: PathBuf,
+    ) -> BoxFuture<'static, Result<(), String>> {
+        let manager = self.clone();
+        Box::pin(async move {
+            manager
+                .connect_watcher(resource, endpoint)
+                .await
+                .map_err(|e| pluglet_device_manager::error_chain(&e))
+        })
+    }
+
+    fn disconnect(&self, resource: String, endpoint: PathBuf) -> BoxFuture<'static, ()> {
+        let manager = self.clone();
+        Box::pin(async move { manager.disconnect_watcher(resource, endpoint).await })
     }
 }

@@ -11,8 +11,15 @@
 //! | `panic` | panics with "misbehave: asked to panic" |
 //! | `log` | logs setting `lines` lines (default 10), then accepts |
 //! | `refuse` | refuses with kind `other` |
+//!
+//! It also exports `allocation-policy`; the `allocate` setting chooses what that hook answers:
+//! `ok` (default, the SDK's first fit), `unknown-id` (the last id replaced by `no-such-device`),
+//! `too-few` (one id short), `duplicate` (the first id twice), or any `mode` above (run first).
 
-use pluglet_guest::{Accepted, PluginInfo, Refusal, RefusalKind, RegisteredPlugin, Registration};
+use pluglet_guest::{
+    Accepted, AllocationPolicy, AllocationRequest, PluginInfo, Refusal, RefusalKind,
+    RegisteredPlugin, Registration,
+};
 
 /// The misbehaving handler.
 pub struct Misbehave;
@@ -85,4 +92,39 @@ impl Registration for Misbehave {
     }
 }
 
-pluglet_guest::export_handler!(Misbehave: registration);
+impl AllocationPolicy for Misbehave {
+    fn allocate(request: AllocationRequest) -> Result<Vec<String>, Refusal> {
+        let mode = pluglet_guest::setting("allocate").unwrap_or_else(|| "ok".into());
+        answer(&mode, &request)
+    }
+}
+
+/// What the `allocate` hook answers in `mode` (see the crate doc).
+pub fn answer(mode: &str, request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
+    match mode {
+        "ok" | "unknown-id" | "too-few" | "duplicate" => {}
+        other => {
+            run(other)?;
+        }
+    }
+    let mut ids = pluglet_guest::first_fit(request)?;
+    match mode {
+        "unknown-id" => {
+            ids.pop();
+            ids.push("no-such-device".into());
+        }
+        "too-few" => {
+            ids.pop();
+        }
+        "duplicate" => {
+            if let Some(first) = ids.first().cloned() {
+                ids.pop();
+                ids.push(first);
+            }
+        }
+        _ => {}
+    }
+    Ok(ids)
+}
+
+pluglet_guest::export_handler!(Misbehave: registration, allocation_policy);

@@ -1,0 +1,142 @@
+//! Device manager state across daemon restarts: allocations survive a clean stop and a real
+//! SIGKILL, devices held by them are not offered again when the plugin comes back, a corrupt
+//! checkpoint is set aside, and a live `kubelet.sock` stops the daemon from starting.
+
+use crate::device_support::{
+    DevicePluginProcess, FLOWS, allocate, allocations, checkpoint, device_plugins_dir, ids,
+    kill_daemon, resource, wait_allocatable, wait_resource,
+};
+use crate::support::{Daemon, TestRoot};
+
+const GPU: &str = "vendor.com/gpu";
+
+#[test]
+fn allocations_survive_a_restart_and_a_sigkill() {
+    for flow in FLOWS {
+        let root = TestRoot::new();
+        let daemon = Daemon::start(&root.path(), &[]);
+        // --reregister: the plugin binds and registers again when a restart removes its socket.
+        let _plugin = DevicePluginProcess::start(&root, flow, GPU, &["--reregister"]);
+        wait_allocatable(&daemon, GPU, 4);
+        let first = allocate(&daemon, "pod-1", "ctr", GPU, 2).unwrap();
+        let held = ids(&first["device_ids"]);
+
+        // Clean restart.
+        let status = daemon.terminate();
+        assert!(status.success(), "{status}");
+        let daemon = Daemon::start(&root.path(), &[]);
+        let listed = allocations(&daemon);
+        assert_eq!(listed.len(), 1, "{flow:?}: {listed:?}");
+        assert_eq!(ids(&listed[0]["device_ids"]), held);
+        wait_allocatable(&daemon, GPU, 4);
+        let again = allocate(&daemon, "pod-1", "ctr", GPU, 2).unwrap();
+        assert_eq!(again, first, "the same answer after a restart");
+
+        // Real SIGKILL: nothing runs on the way down.
+        kill_daemon(daemon);
+        let daemon = Daemon::start(&root.path(), &[]);
+        let listed = allocations(&daemon);
+        assert_eq!(listed.len(), 1, "{flow:?}: {listed:?}");
+        assert_eq!(ids(&listed[0]["device_ids"]), held);
+
+        // Once the plugin is back, the held devices are not offered to anyone else.
+        wait_allocatable(&daemon, GPU, 4);
+        let err = allocate(&daemon, "pod-2", "ctr", GPU, 3).unwrap_err();
+        assert!(err.contains("Requested: 3, Available: 2"), "{err}");
+        let other = allocate(&daemon, "pod-2", "ctr", GPU, 2).unwrap();
+        for id in ids(&other["device_ids"]) {
+            assert!(!held.contains(&id), "{id} given twice");
+        }
+    }
+}
+
+#[test]
+fn devices_of_a_plugin_that_has_not_come_back_are_held() {
+    let root = TestRoot::new();
+    let daemon = Daemon::start(&root.path(), &[]);
+    let mut plugin = DevicePluginProcess::start(&root, FLOWS[0], GPU, &[]);
+    wait_allocatable(&daemon, GPU, 4);
+    allocate(&daemon, "pod-1", "ctr", GPU, 1).unwrap();
+    plugin.kill9();
+    let status = daemon.terminate();
+    assert!(status.success());
+
+    let daemon = Daemon::start(&root.path(), &[]);
+    let r = wait_resource(&daemon, GPU, "restored", |r| r["connected"] == false);
+    assert_eq!(r["allocatable"], 0, "{r}");
+    assert_eq!(r["capacity"], 4, "{r}");
+    let err = allocate(&daemon, "pod-2", "ctr", GPU, 1).unwrap_err();
+    assert!(err.contains("no device plugin is connected"), "{err}");
+    assert_eq!(allocations(&daemon).len(), 1);
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_set_aside_and_the_daemon_starts_empty() {
+    let root = TestRoot::new();
+    let dir = device_plugins_dir(&root);
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":42}"#;
+    std::fs::write(checkpoint(&root), garbage).unwrap();
+    let daemon = Daemon::start(&root.path(), &[]);
+    assert!(allocations(&daemon).is_empty());
+    let aside: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains(".corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), garbage);
+    let log = daemon.log_text();
+    assert!(log.contains("set aside"), "{log}");
+    // A valid, empty checkpoint took its place.
+    let text = std::fs::read_to_string(checkpoint(&root)).unwrap();
+    assert_eq!(
+        text,
+        r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3467439661}"#
+    );
+}
+
+#[test]
+fn a_live_kubelet_socket_stops_the_daemon_from_starting() {
+    let root = TestRoot::new();
+    let dir = device_plugins_dir(&root);
+    std::fs::create_dir_all(&dir).unwrap();
+    let _kubelet = std::os::unix::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap();
+    let _plugin_socket = std::os::unix::net::UnixListener::bind(dir.join("plugin.sock")).unwrap();
+    std::fs::write(checkpoint(&root), "kept as is").unwrap();
+
+    let (status, log) = Daemon::spawn(&root.path(), &[]).wait_exit();
+    assert!(!status.success(), "{status}");
+    assert!(
+        log.contains("kubelet.sock") && log.contains("owns"),
+        "{log}"
+    );
+    assert!(dir.join("plugin.sock").exists(), "nothing removed");
+    assert_eq!(
+        std::fs::read_to_string(checkpoint(&root)).unwrap(),
+        "kept as is"
+    );
+    assert!(resource_dir_untouched(&dir));
+}
+
+fn resource_dir_untouched(dir: &std::path::Path) -> bool {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names == ["kubelet.sock", "kubelet_internal_checkpoint", "plugin.sock"]
+}
+
+#[test]
+fn stale_sockets_are_removed_at_start() {
+    let root = TestRoot::new();
+    let dir = device_plugins_dir(&root);
+    std::fs::create_dir_all(&dir).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(dir.join("stale.sock")).unwrap());
+    drop(std::os::unix::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap());
+    let daemon = Daemon::start(&root.path(), &[]);
+    assert!(!dir.join("stale.sock").exists());
+    assert!(dir.join("kubelet.sock").exists(), "served again");
+    assert!(resource(&daemon, GPU).is_none());
+}
