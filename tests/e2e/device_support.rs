@@ -53,7 +53,8 @@ impl DevicePluginProcess {
     /// (`--devices 4 --numa-nodes 2` unless given).
     pub fn start(root: &TestRoot, flow: Flow, resource: &str, extra: &[&str]) -> Self {
         let n = unique();
-        let side = root.side(".");
+        // `side(".")` creates `<root>/plugins`; join from the clean path.
+        let side = root.side(".").parent().expect("plugins dir").to_owned();
         let dp_dir = device_plugins_dir(root);
         let health_file = side.join(format!("dp-{n}.health"));
         let calls_file = side.join(format!("dp-{n}.calls"));

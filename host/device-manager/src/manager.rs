@@ -198,14 +198,9 @@ impl DeviceManager {
         crate::registration_server::prepare_directory(&config.device_plugins_dir)?;
         let checkpoint_path = config.checkpoint_path();
         let side_path = config.side_path();
+        // A few small files, read once before anything is served.
         let restored =
-            tokio::task::spawn_blocking(move || checkpoint::restore(&checkpoint_path, &side_path))
-                .await
-                .map_err(|e| StartError::Directory {
-                    dir: config.device_plugins_dir.clone(),
-                    source: std::io::Error::other(e),
-                })?
-                .map_err(StartError::Restore)?;
+            checkpoint::restore(&checkpoint_path, &side_path).map_err(StartError::Restore)?;
         for aside in &restored.report.set_aside {
             tracing::warn!(
                 path = %aside.path.display(),
