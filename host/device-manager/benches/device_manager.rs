@@ -46,11 +46,7 @@ async fn wait_for(manager: &DeviceManager, check: impl Fn(&DeviceManager) -> boo
 }
 
 fn allocatable(manager: &DeviceManager, resource: &str) -> Option<usize> {
-    manager
-        .resources()
-        .into_iter()
-        .find(|r| r.resource == resource)
-        .map(|r| r.allocatable)
+    manager.counts(resource).map(|(_, allocatable)| allocatable)
 }
 
 async fn start(root: &Path, handlers: Arc<HandlerSet>, durability: Durability) -> DeviceManager {
@@ -159,6 +155,34 @@ async fn bench_update(handlers: Arc<HandlerSet>, durability: Durability, n: usiz
     median(samples)
 }
 
+/// The built-in policy alone (one WASM call), choosing `count` of `n` devices on 2 NUMA nodes.
+fn bench_policy(handlers: &HandlerSet, n: usize, count: u32, iterations: usize) -> Duration {
+    let policy = handlers.for_resource("bench.example.com/gpu");
+    let request = pluglet_handler_runtime::AllocationRequest {
+        resource: "bench.example.com/gpu".into(),
+        available: (0..n)
+            .map(|i| pluglet_handler_runtime::Device {
+                id: format!("d{i}"),
+                numa_nodes: vec![i as i64 % 2],
+            })
+            .collect(),
+        must_include: Vec::new(),
+        count,
+        preferred: None,
+    };
+    let cx = pluglet_handler_runtime::CallContext {
+        node_name: "bench".into(),
+    };
+    let mut samples = Vec::new();
+    for _ in 0..iterations {
+        let started = Instant::now();
+        let call = policy.allocate(&cx, &request).expect("policy call");
+        samples.push(started.elapsed());
+        assert_eq!(call.value.expect("chosen").len(), count as usize);
+    }
+    median(samples)
+}
+
 fn main() {
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let wasm = Runtime::new(RuntimeConfig::default()).expect("wasm runtime");
@@ -175,6 +199,16 @@ fn main() {
         "{:<34} {:>12} {:>12} {:>10}",
         "operation (median)", "fsync", "no fsync", "kubelet"
     );
+    for (name, n, count) in [
+        ("  of which WASM policy, 1 of 8", 8, 1),
+        ("  of which WASM policy, 1 of 1,024", 1024, 1),
+        ("  of which WASM policy, 1,024 of 1,024", 1024, 1024),
+    ] {
+        println!(
+            "{name:<34} {:>12}",
+            ms(bench_policy(&handlers, n, count, 200))
+        );
+    }
     runtime.block_on(async {
         let rows: [(&str, &str); 5] = [
             ("Register -> devices visible", "1.8 ms"),

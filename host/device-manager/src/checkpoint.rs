@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pluglet_checkpoint::{
     CheckpointData, CheckpointError, Durability, LoadOutcome, PodDevicesEntry,
@@ -266,16 +266,19 @@ pub(crate) fn side_resource(
     }
 }
 
-/// Writes both files.
+/// Writes the kubelet checkpoint, and the side file when given.
 pub(crate) fn write_files(
     checkpoint: &Path,
     side: &Path,
     data: &CheckpointData,
-    side_state: &SideState,
+    side_state: Option<&SideState>,
     durability: Durability,
 ) -> Result<(), CheckpointError> {
     pluglet_checkpoint::write_with(checkpoint, data, durability)?;
-    pluglet_checkpoint::save_side_with(side, side_state, durability)
+    match side_state {
+        Some(side_state) => pluglet_checkpoint::save_side_with(side, side_state, durability),
+        None => Ok(()),
+    }
 }
 
 /// The outcome of the latest write.
@@ -291,6 +294,8 @@ pub(crate) struct Written {
 #[derive(Debug)]
 pub(crate) struct Checkpointer {
     requested: AtomicU64,
+    /// Devices changed since the side file was last written (allocations alone leave it as is).
+    devices_changed: AtomicBool,
     wake: Notify,
     written: watch::Sender<Written>,
 }
@@ -299,6 +304,7 @@ impl Default for Checkpointer {
     fn default() -> Self {
         Checkpointer {
             requested: AtomicU64::new(0),
+            devices_changed: AtomicBool::new(false),
             wake: Notify::new(),
             written: watch::Sender::new(Written::default()),
         }
@@ -311,6 +317,17 @@ impl Checkpointer {
         let seq = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
         self.wake.notify_one();
         seq
+    }
+
+    /// Asks for a write of both files (devices or resources changed).
+    pub fn request_devices(&self) -> u64 {
+        self.devices_changed.store(true, Ordering::SeqCst);
+        self.request()
+    }
+
+    /// Writer side: whether the side file must be written too; clears the flag.
+    pub fn take_devices_changed(&self) -> bool {
+        self.devices_changed.swap(false, Ordering::SeqCst)
     }
 
     /// The number of the latest request.
@@ -434,7 +451,14 @@ mod tests {
                 .map(|(k, v)| (k.clone(), side_resource(v, "builtin:device-plugin", "ab")))
                 .collect(),
         };
-        write_files(&checkpoint, &side, &data, &side_state, Durability::NoFsync).unwrap();
+        write_files(
+            &checkpoint,
+            &side,
+            &data,
+            Some(&side_state),
+            Durability::NoFsync,
+        )
+        .unwrap();
         let text = std::fs::read_to_string(&checkpoint).unwrap();
         assert!(
             text.contains(r#""RegisteredDevices":{"vendor.com/gpu":["d0","d1"]}"#),

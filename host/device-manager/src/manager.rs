@@ -269,7 +269,7 @@ impl DeviceManager {
             manager.start_grace_timer(name, 0);
         }
         *manager.lock_tasks() = tasks;
-        let seq = manager.inner.checkpoint.request();
+        let seq = manager.inner.checkpoint.request_devices();
         if let Err(err) = manager.inner.checkpoint.flush(seq).await {
             tracing::error!(error = %crate::error::error_chain(&*err), "cannot write the device manager checkpoint");
         }
@@ -305,9 +305,9 @@ impl DeviceManager {
         }
     }
 
-    /// Waits until everything changed so far is in the checkpoint and side file.
+    /// Writes both files now and waits until they are on disk.
     pub async fn flush_checkpoint(&self) -> Result<(), Arc<pluglet_checkpoint::CheckpointError>> {
-        let seq = self.inner.checkpoint.request();
+        let seq = self.inner.checkpoint.request_devices();
         self.inner.checkpoint.flush(seq).await
     }
 
@@ -452,7 +452,6 @@ impl DeviceManager {
             "device plugin connected"
         );
         self.changed();
-        self.inner.checkpoint.request();
         Ok(())
     }
 
@@ -489,7 +488,7 @@ impl DeviceManager {
         );
         self.start_grace_timer(resource.to_owned(), generation);
         self.changed();
-        self.inner.checkpoint.request();
+        self.inner.checkpoint.request_devices();
     }
 
     fn start_grace_timer(&self, resource: String, generation: u64) {
@@ -542,7 +541,7 @@ impl DeviceManager {
                     };
                     if changed {
                         self.changed();
-                        self.inner.checkpoint.request();
+                        self.inner.checkpoint.request_devices();
                     }
                 }
                 Event::StreamEnded {
@@ -589,7 +588,7 @@ impl DeviceManager {
                             "device plugin did not come back within the grace period: resource removed"
                         );
                         self.changed();
-                        self.inner.checkpoint.request();
+                        self.inner.checkpoint.request_devices();
                     }
                 }
             }
@@ -608,12 +607,19 @@ impl DeviceManager {
                     self.inner.checkpoint.next_request().await
                 }
             };
-            let (data, side) = self.snapshot();
+            let write_side = self.inner.checkpoint.take_devices_changed();
+            let (data, side) = self.snapshot(write_side);
             let checkpoint_path = self.inner.config.checkpoint_path();
             let side_path = self.inner.config.side_path();
             let durability = self.inner.config.durability;
             let result = tokio::task::spawn_blocking(move || {
-                checkpoint::write_files(&checkpoint_path, &side_path, &data, &side, durability)
+                checkpoint::write_files(
+                    &checkpoint_path,
+                    &side_path,
+                    &data,
+                    side.as_ref(),
+                    durability,
+                )
             })
             .await;
             let error = match result {
@@ -632,13 +638,14 @@ impl DeviceManager {
         }
     }
 
-    fn snapshot(&self) -> (pluglet_checkpoint::CheckpointData, SideState) {
+    /// The kubelet checkpoint, and the side file when `with_side`.
+    fn snapshot(&self, with_side: bool) -> (pluglet_checkpoint::CheckpointData, Option<SideState>) {
         let state = self.lock();
         let data = checkpoint::kubelet_data(
             state.resources.iter().map(|(k, r)| (k, &r.devices)),
             &state.pods,
         );
-        let side = SideState {
+        let side = with_side.then(|| SideState {
             resources: state
                 .resources
                 .iter()
@@ -650,8 +657,16 @@ impl DeviceManager {
                     )
                 })
                 .collect(),
-        };
+        });
         (data, side)
+    }
+
+    /// Capacity and allocatable of `resource`, if known (cheaper than [`DeviceManager::resources`]).
+    pub fn counts(&self, resource: &str) -> Option<(usize, usize)> {
+        self.lock()
+            .resources
+            .get(resource)
+            .map(|r| (r.devices.capacity(), r.devices.allocatable()))
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {

@@ -181,7 +181,9 @@ impl Runtime {
             .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
             .max_memories_per_component(MEMORIES_PER_COMPONENT)
             .max_tables_per_component(TABLES_PER_COMPONENT)
-            .max_memory_size((MAX_MEMORY_MIB as usize) << 20);
+            .max_memory_size((MAX_MEMORY_MIB as usize) << 20)
+            .linear_memory_keep_resident(std::env::var("KR").ok().and_then(|v| v.parse().ok()).unwrap_or(0))
+            .table_keep_resident(std::env::var("TKR").ok().and_then(|v| v.parse().ok()).unwrap_or(0));
 
         let mut cfg = Config::new();
         cfg.epoch_interruption(true)

@@ -123,6 +123,7 @@ pub async fn register(
     generation: Generation,
 ) -> RegisterOutcome {
     let t = &cx.timings;
+    let start = std::time::Instant::now();
     let mut client = match RegistrationClient::connect(&socket, t.dial_timeout).await {
         Ok(c) => c,
         Err(e) => {
@@ -132,6 +133,7 @@ pub async fn register(
             };
         }
     };
+    let dialed = start.elapsed();
     let wire = match client.get_info(t.get_info_timeout).await {
         Ok(info) => info,
         Err(e) => {
@@ -152,6 +154,7 @@ pub async fn register(
         supported_versions: wire.supported_versions.clone(),
     };
     let plugin_type = PluginType::parse(&plugin.plugin_type);
+    let got_info = start.elapsed();
     debug!(%socket, plugin_type = %plugin_type, name = %plugin.name, "GetInfo answered");
 
     let Some(handler) = cx.handlers.for_plugin_type(&plugin.plugin_type) else {
@@ -208,6 +211,7 @@ pub async fn register(
         }
     };
 
+    let validated_at = start.elapsed();
     let mut record = PluginRecord {
         socket: socket.clone(),
         generation,
@@ -240,6 +244,7 @@ pub async fn register(
         }
     };
     record.csi = facts.csi.clone();
+    let facts_at = start.elapsed();
     let registered = {
         let handler = handler.clone();
         let plugin = plugin.clone();
@@ -266,7 +271,9 @@ pub async fn register(
     }
 
     record.registered_at = Utc::now();
+    let registered_at = start.elapsed();
     let notify_error = notify(&mut client, &cx, &socket, true, "").await;
+    let us = |d: std::time::Duration| d.as_micros() as u64;
     info!(
         %socket,
         plugin_type = %plugin_type,
@@ -274,6 +281,16 @@ pub async fn register(
         version = record.version.as_deref().unwrap_or(""),
         handler = handler.module(),
         "plugin registered"
+    );
+    debug!(
+        %socket,
+        dial_us = us(dialed),
+        get_info_us = us(got_info - dialed),
+        validate_us = us(validated_at - got_info),
+        facts_us = us(facts_at - validated_at),
+        register_us = us(registered_at - facts_at),
+        notify_us = us(start.elapsed() - registered_at),
+        "registration steps"
     );
     RegisterOutcome::Registered {
         record,
