@@ -226,12 +226,19 @@ pub fn settings() -> Vec<KeyValue> {
     Vec::new()
 }
 
-/// Exports a handler type as a component implementing the listed families:
+/// Exports a handler type as a component implementing the listed families: `registration`,
+/// `allocation_policy`, or both (`registration, allocation_policy`).
 ///
-/// ```ignore
-/// pluglet_guest::export_handler!(MyHandler: registration);
-/// pluglet_guest::export_handler!(MyPolicy: allocation_policy);
-/// pluglet_guest::export_handler!(Both: registration, allocation_policy);
+/// ```
+/// use pluglet_guest::{AllocationPolicy, Registration};
+///
+/// /// Accepts every plugin (default hooks) and allocates first-fit (default policy).
+/// pub struct Lenient;
+/// impl Registration for Lenient {}
+/// impl AllocationPolicy for Lenient {}
+///
+/// pluglet_guest::export_handler!(Lenient: registration, allocation_policy);
+/// # fn main() {}
 /// ```
 /// The type must implement [`Registration`] and/or [`AllocationPolicy`] accordingly. Use it once
 /// per guest crate, at the crate root. The component exports exactly these families, which is how

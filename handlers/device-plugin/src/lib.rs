@@ -18,7 +18,7 @@
 //!
 //! Rules are plain functions ([`validate`], [`allocate`], …) so they are unit-tested natively.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use pluglet_guest::{
     Accepted, AllocationPolicy, AllocationRequest, PluginInfo, Refusal, RefusalKind,
@@ -165,16 +165,22 @@ pub fn allocate(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
     let count = request.count as usize;
     let resource = &request.resource;
     let unsatisfiable = |message: String| Refusal::new(RefusalKind::Unsatisfiable, message);
-    let index_of = |id: &str| request.available.iter().position(|d| d.id == id);
+    // First index of each id: lookups stay O(1) for thousands of devices.
+    let mut first_index: HashMap<&str, usize> = HashMap::with_capacity(request.available.len());
+    for (i, device) in request.available.iter().enumerate() {
+        first_index.entry(device.id.as_str()).or_insert(i);
+    }
+    let index_of = |id: &str| first_index.get(id).copied();
 
     let mut chosen: Vec<usize> = Vec::with_capacity(count);
+    let mut taken: HashSet<usize> = HashSet::with_capacity(count);
     for id in &request.must_include {
         let Some(i) = index_of(id) else {
             return Err(unsatisfiable(format!(
                 "device {id} of {resource} must be included but is not available"
             )));
         };
-        if !chosen.contains(&i) {
+        if taken.insert(i) {
             chosen.push(i);
         }
     }
@@ -184,12 +190,7 @@ pub fn allocate(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
             chosen.len()
         )));
     }
-    let distinct = {
-        let mut ids: Vec<&str> = request.available.iter().map(|d| d.id.as_str()).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids.len()
-    };
+    let distinct = first_index.len();
     if distinct < count {
         return Err(unsatisfiable(format!(
             "requested {count} devices of {resource} but only {distinct} are available"
@@ -202,7 +203,7 @@ pub fn allocate(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
                 break;
             }
             if let Some(i) = index_of(id)
-                && !chosen.contains(&i)
+                && taken.insert(i)
             {
                 chosen.push(i);
             }
@@ -228,17 +229,16 @@ pub fn allocate(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
 fn packing_order(request: &AllocationRequest, chosen: &[usize]) -> Vec<usize> {
     let node_of = |i: usize| request.available[i].numa_nodes.iter().min().copied();
     let used_nodes: Vec<i64> = chosen.iter().filter_map(|&i| node_of(i)).collect();
-    let mut seen_ids: Vec<&str> = chosen
+    let mut seen_ids: HashSet<&str> = chosen
         .iter()
         .map(|&i| request.available[i].id.as_str())
         .collect();
     let mut by_node: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
     let mut no_topology = Vec::new();
     for (i, device) in request.available.iter().enumerate() {
-        if seen_ids.contains(&device.id.as_str()) {
+        if !seen_ids.insert(device.id.as_str()) {
             continue;
         }
-        seen_ids.push(&device.id);
         match node_of(i) {
             Some(node) => by_node.entry(node).or_default().push(i),
             None => no_topology.push(i),

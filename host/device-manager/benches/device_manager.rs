@@ -137,6 +137,7 @@ async fn bench_update(handlers: Arc<HandlerSet>, durability: Durability, n: usiz
     wait_for(&manager, |m| allocatable(m, resource) == Some(size)).await;
     manager.wait_checkpoint().await.expect("checkpoint");
     let mut samples = Vec::new();
+    let mut applied = Vec::new();
     for i in 0..n {
         let mut list = devices(size, 4);
         let want = if i % 2 == 0 {
@@ -148,10 +149,16 @@ async fn bench_update(handlers: Arc<HandlerSet>, durability: Durability, n: usiz
         let started = Instant::now();
         stub.set_devices(list);
         wait_for(&manager, |m| allocatable(m, resource) == Some(want)).await;
+        applied.push(started.elapsed());
         manager.wait_checkpoint().await.expect("checkpoint");
         samples.push(started.elapsed());
     }
     manager.shutdown().await;
+    println!(
+        "{:<34} {:>12}",
+        "  (applied, before the checkpoint)",
+        ms(median(applied))
+    );
     median(samples)
 }
 
@@ -184,6 +191,11 @@ fn bench_policy(handlers: &HandlerSet, n: usize, count: u32, iterations: usize) 
 }
 
 fn main() {
+    // `cargo bench … -- <text>` runs only the rows whose name contains <text>.
+    let filter: Option<String> = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'));
+    let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let wasm = Runtime::new(RuntimeConfig::default()).expect("wasm runtime");
     let handlers = Arc::new(
@@ -218,6 +230,9 @@ fn main() {
             ("ListAndWatch update of 10,000", "10 ms"),
         ];
         for (i, (name, kubelet)) in rows.iter().enumerate() {
+            if !wanted(name) {
+                continue;
+            }
             let mut figures = Vec::new();
             for durability in [Durability::Fsync, Durability::NoFsync] {
                 let h = handlers.clone();

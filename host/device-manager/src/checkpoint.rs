@@ -35,26 +35,48 @@ pub struct SideState {
     pub resources: BTreeMap<String, SideResource>,
 }
 
-/// One resource in the side file.
+/// One resource in the side file, compact so a 10,000-device resource stays small: each id is
+/// written once per NUMA node it sits on, and once more if unhealthy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SideResource {
-    /// Every device, healthy or not.
-    pub devices: Vec<SideDevice>,
+    /// Device ids by NUMA node (`-1`: no topology), in plugin order; every device is listed at
+    /// least once.
+    pub numa: BTreeMap<i64, Vec<String>>,
+    /// Ids of the devices that were unhealthy when written.
+    pub unhealthy: Vec<String>,
     /// Module id of the allocation policy in force when written.
     pub policy_module: String,
     /// sha256 of that policy module.
     pub policy_sha256: String,
 }
 
-/// One device in the side file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SideDevice {
-    /// Device id.
-    pub id: String,
-    /// `Healthy` or `Unhealthy`.
-    pub health: String,
-    /// NUMA nodes.
-    pub numa: Vec<i64>,
+impl SideResource {
+    /// The devices it lists, in first-seen order, with their NUMA nodes and health.
+    pub fn devices(&self) -> Vec<Device> {
+        let mut out: Vec<Device> = Vec::new();
+        let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (node, ids) in &self.numa {
+            for id in ids {
+                let i = *at.entry(id.as_str()).or_insert_with(|| {
+                    out.push(Device {
+                        id: id.clone(),
+                        health: Health::Healthy,
+                        numa: Vec::new(),
+                    });
+                    out.len() - 1
+                });
+                if *node >= 0 {
+                    out[i].numa.push(*node);
+                }
+            }
+        }
+        for id in &self.unhealthy {
+            if let Some(&i) = at.get(id.as_str()) {
+                out[i].health = Health::Unhealthy;
+            }
+        }
+        out
+    }
 }
 
 /// A file found corrupt at start and renamed.
@@ -134,16 +156,16 @@ pub(crate) fn restore(checkpoint: &Path, side: &Path) -> Result<Restored, Checkp
         .cloned()
         .collect::<std::collections::BTreeSet<String>>();
     for name in names {
+        // Restored devices are unhealthy until their plugin is back, whatever the file says.
         let mut devices: Vec<Device> = side_state
             .resources
             .get(&name)
             .map(|r| {
-                r.devices
-                    .iter()
+                r.devices()
+                    .into_iter()
                     .map(|d| Device {
-                        id: d.id.clone(),
                         health: Health::Unhealthy,
-                        numa: d.numa.clone(),
+                        ..d
                     })
                     .collect()
             })
@@ -253,13 +275,13 @@ pub(crate) fn side_resource(
     policy_sha256: &str,
 ) -> SideResource {
     SideResource {
-        devices: devices
+        numa: crate::pod_devices::group_by_numa(
+            devices.iter().map(|d| (d.id.as_str(), d.numa.as_slice())),
+        ),
+        unhealthy: devices
             .iter()
-            .map(|d| SideDevice {
-                id: d.id.clone(),
-                health: d.health.as_str().to_owned(),
-                numa: d.numa.clone(),
-            })
+            .filter(|d| d.health == Health::Unhealthy)
+            .map(|d| d.id.clone())
             .collect(),
         policy_module: policy_module.to_owned(),
         policy_sha256: policy_sha256.to_owned(),
@@ -399,6 +421,17 @@ mod tests {
     }
 
     #[test]
+    fn side_resource_round_trips_devices() {
+        let side = side_resource(&gpu_set(), "m", "s");
+        assert_eq!(side.unhealthy, ["d2"]);
+        let mut devices = side.devices();
+        devices.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut expected: Vec<Device> = gpu_set().iter().cloned().collect();
+        expected.sort_by(|a, b| a.id.cmp(&b.id));
+        assert_eq!(devices, expected);
+    }
+
+    #[test]
     fn empty_state_is_the_kubelet_empty_checkpoint() {
         let data = kubelet_data(std::iter::empty(), &PodDevices::default());
         assert_eq!(
@@ -471,6 +504,7 @@ mod tests {
         assert_eq!(restored.report.resources, ["vendor.com/gpu"]);
         let set = &restored.resources["vendor.com/gpu"];
         assert_eq!(set.capacity(), 3);
+        assert!(set.get("d2").unwrap().numa.is_empty());
         assert_eq!(
             set.allocatable(),
             0,

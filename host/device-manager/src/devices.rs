@@ -82,6 +82,21 @@ impl DeviceSet {
     /// Replaces the whole list (one ListAndWatch update): devices absent from `devices` are gone.
     /// Returns whether anything changed.
     pub fn replace(&mut self, devices: Vec<Device>) -> bool {
+        // The common update (a health flip) keeps the same ids in the same order: keep the
+        // index instead of rebuilding it.
+        if devices.len() == self.devices.len()
+            && devices.iter().zip(&self.devices).all(|(a, b)| a.id == b.id)
+        {
+            if devices == self.devices {
+                return false;
+            }
+            self.healthy = devices
+                .iter()
+                .filter(|d| d.health == Health::Healthy)
+                .count();
+            self.devices = devices;
+            return true;
+        }
         let mut index = HashMap::with_capacity(devices.len());
         let mut list: Vec<Device> = Vec::with_capacity(devices.len());
         for device in devices {

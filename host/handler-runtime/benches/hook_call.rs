@@ -78,7 +78,6 @@ fn main() {
             .collect::<Vec<_>>()
     };
     let wasm = median(time(&wasm_call, 5_000));
-    pluglet_handler_runtime::print_phases();
     let native = median(time(&native_call, 50_000));
     println!(
         "hook_call medians: wasm validate {:.2} µs, native validate {:.3} µs, ratio {:.0}x",

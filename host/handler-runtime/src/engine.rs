@@ -25,6 +25,14 @@ const CORE_INSTANCES_PER_COMPONENT: u32 = 20;
 const MEMORIES_PER_COMPONENT: u32 = 2;
 const TABLES_PER_COMPONENT: u32 = 8;
 
+/// Bytes of each linear memory (and table) slot reset with `memset` instead of `madvise` when a
+/// call's instance is freed. A handler built with a 64 KiB stack (as `pluglet-wasm-guests` builds
+/// them) touches well under 256 KiB per call, so its pages stay resident across calls: no page
+/// faults on the next call and no `madvise` on this one. Measured on the 2-core dev machine with
+/// the hook_call bench: 60 µs per call with neither, 25 µs with memory only, 14 µs with both.
+const MEMORY_KEEP_RESIDENT: usize = 256 << 10;
+const TABLE_KEEP_RESIDENT: usize = 64 << 10;
+
 /// Per-call budgets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -182,8 +190,8 @@ impl Runtime {
             .max_memories_per_component(MEMORIES_PER_COMPONENT)
             .max_tables_per_component(TABLES_PER_COMPONENT)
             .max_memory_size((MAX_MEMORY_MIB as usize) << 20)
-            .linear_memory_keep_resident(std::env::var("KR").ok().and_then(|v| v.parse().ok()).unwrap_or(0))
-            .table_keep_resident(std::env::var("TKR").ok().and_then(|v| v.parse().ok()).unwrap_or(0));
+            .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT)
+            .table_keep_resident(TABLE_KEEP_RESIDENT);
 
         let mut cfg = Config::new();
         cfg.epoch_interruption(true)

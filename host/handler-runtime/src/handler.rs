@@ -17,10 +17,6 @@ use crate::types::{
     Refusal, RegisteredPlugin, RegistrationFacts,
 };
 
-thread_local! { pub static PHASES: std::cell::RefCell<[u128; 5]> = const { std::cell::RefCell::new([0; 5]) }; }
-/// Print phases.
-pub fn print_phases() { PHASES.with(|p| { let p = p.borrow(); let n = p[4].max(1); eprintln!("phases ns: state {} store {} instantiate {} call {} (n={})", p[0]/n, p[1]/n, p[2]/n, p[3]/n, n); }); }
-
 /// Export indices of the families a component implements, looked up once at load by the exact
 /// export names the component carries (so a 1.0.0 component serves a 1.1.0 host).
 #[derive(Clone, Debug)]
@@ -274,14 +270,12 @@ impl Handler {
         };
         let _permit = self.runtime.gate.acquire();
         let started = Instant::now();
-        let t0 = Instant::now();
         let state = CallState::new(
             self.module_arc.clone(),
             cx.node_name.clone(),
             self.settings.clone(),
             (self.limits.memory_mib as usize) << 20,
         );
-        let t1 = Instant::now();
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
         store
@@ -293,13 +287,11 @@ impl Handler {
             })?;
         store.set_epoch_deadline(self.deadline_ticks());
 
-        let t2 = Instant::now();
-        let inst = self.pre.instantiate(&mut store);
-        let t3 = Instant::now();
-        let outcome = inst.and_then(|instance| body(&mut store, &instance, &index));
-        let t4 = Instant::now();
+        let outcome = self
+            .pre
+            .instantiate(&mut store)
+            .and_then(|instance| body(&mut store, &instance, &index));
         let elapsed = started.elapsed();
-        PHASES.with(|p| { let mut p = p.borrow_mut(); p[0] += (t1-t0).as_nanos(); p[1] += (t2-t1).as_nanos(); p[2] += (t3-t2).as_nanos(); p[3] += (t4-t3).as_nanos(); p[4] += 1; });
         match outcome {
             Ok(value) => {
                 let state = store.into_data();

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::plugin::{Generation, SocketPath};
 
@@ -41,6 +41,7 @@ pub fn channel() -> (DesiredStateWriter, DesiredStateReader) {
         DesiredStateWriter {
             tx,
             next_generation: 1,
+            changes: None,
         },
         DesiredStateReader { rx },
     )
@@ -51,49 +52,94 @@ pub fn channel() -> (DesiredStateWriter, DesiredStateReader) {
 pub struct DesiredStateWriter {
     tx: watch::Sender<DesiredMap>,
     next_generation: u64,
+    changes: Option<mpsc::UnboundedSender<SocketPath>>,
+}
+
+/// The paths whose desired state changed, in order, for a reader that reconciles incrementally
+/// (see [`DesiredStateWriter::subscribe_changes`]).
+#[derive(Debug)]
+pub struct ChangedPaths {
+    rx: mpsc::UnboundedReceiver<SocketPath>,
+}
+
+impl ChangedPaths {
+    /// The next changed path; `None` once the writer is gone.
+    pub async fn next(&mut self) -> Option<SocketPath> {
+        self.rx.recv().await
+    }
+
+    /// A changed path that is already queued, if any.
+    pub fn try_next(&mut self) -> Option<SocketPath> {
+        self.rx.try_recv().ok()
+    }
 }
 
 impl DesiredStateWriter {
+    /// From now on, also reports every changed path to the returned receiver (one subscriber;
+    /// a second call replaces the first).
+    pub fn subscribe_changes(&mut self) -> ChangedPaths {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.changes = Some(tx);
+        ChangedPaths { rx }
+    }
+
+    fn report(&self, path: &SocketPath) {
+        if let Some(tx) = &self.changes {
+            let _ = tx.send(path.clone());
+        }
+    }
+
     /// Records a socket seen at `path`. Returns the new generation when this is a new socket (new
     /// path, or a different file at a known path), `None` when it is the same file again.
     pub fn add_or_update(&mut self, path: SocketPath, file_id: FileId) -> Option<Generation> {
         let generation = Generation(self.next_generation);
-        let mut added = None;
-        self.tx.send_if_modified(|map| match map.get(&path) {
+        let changed = self.tx.send_if_modified(|map| match map.get(&path) {
             Some(e) if e.file_id == file_id => false,
             _ => {
                 map.insert(
-                    path,
+                    path.clone(),
                     DesiredEntry {
                         generation,
                         file_id,
                     },
                 );
-                added = Some(generation);
                 true
             }
         });
-        if added.is_some() {
-            self.next_generation += 1;
+        if !changed {
+            return None;
         }
-        added
+        self.next_generation += 1;
+        self.report(&path);
+        Some(generation)
     }
 
     /// Forgets the socket at `path`. Returns whether it was known.
     pub fn remove(&mut self, path: &SocketPath) -> bool {
-        self.tx.send_if_modified(|map| map.remove(path).is_some())
+        let removed = self.tx.send_if_modified(|map| map.remove(path).is_some());
+        if removed {
+            self.report(path);
+        }
+        removed
     }
 
     /// Forgets every socket at or below `dir` (a removed or renamed directory). Returns how many.
     pub fn remove_under(&mut self, dir: &Path) -> usize {
-        let mut removed = 0;
+        let mut removed = Vec::new();
         self.tx.send_if_modified(|map| {
-            let before = map.len();
-            map.retain(|p, _| !p.as_path().starts_with(dir));
-            removed = before - map.len();
-            removed > 0
+            map.retain(|p, _| {
+                let keep = !p.as_path().starts_with(dir);
+                if !keep {
+                    removed.push(p.clone());
+                }
+                keep
+            });
+            !removed.is_empty()
         });
-        removed
+        for p in &removed {
+            self.report(p);
+        }
+        removed.len()
     }
 
     /// Socket paths currently desired, with their file identity.
@@ -132,6 +178,12 @@ impl DesiredStateReader {
         self.rx.borrow_and_update()
     }
 
+    /// The generation of `socket` right now, without marking the state seen (a pending change
+    /// still wakes [`DesiredStateReader::changed`]).
+    pub fn peek_generation(&self, socket: &SocketPath) -> Option<Generation> {
+        self.rx.borrow().get(socket).map(|e| e.generation)
+    }
+
     /// Whether `socket` is desired right now.
     pub fn snapshot_contains(&self, socket: &SocketPath) -> bool {
         self.rx.borrow().contains_key(socket)
@@ -164,6 +216,24 @@ mod tests {
         assert!(!w.remove(&p));
         let g3 = w.add_or_update(p.clone(), id(8)).unwrap();
         assert!(g3 > g2, "re-created after removal is a new generation");
+    }
+
+    #[test]
+    fn changed_paths_are_reported_in_order() {
+        let (mut w, _r) = channel();
+        let mut changes = w.subscribe_changes();
+        let a = SocketPath::new("/r/a.sock");
+        let b = SocketPath::new("/r/d/b.sock");
+        w.add_or_update(a.clone(), id(1));
+        w.add_or_update(a.clone(), id(1));
+        w.add_or_update(b.clone(), id(2));
+        w.remove(&a);
+        w.remove_under(Path::new("/r/d"));
+        let mut seen = Vec::new();
+        while let Some(p) = changes.try_next() {
+            seen.push(p);
+        }
+        assert_eq!(seen, vec![a.clone(), b.clone(), a, b]);
     }
 
     #[test]

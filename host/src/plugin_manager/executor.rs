@@ -223,24 +223,24 @@ impl<T: Send + 'static, E: From<String> + Send + 'static> Executor<T, E> {
     }
 
     fn finish(&mut self, operation: Operation, result: Result<T, E>) -> Finished<T, E> {
+        if result.is_ok() {
+            // Success forgets the path: nothing running, no backoff.
+            self.slots.remove(operation.socket());
+            return Finished { operation, result };
+        }
         let now = Instant::now();
         let policy = self.policy;
         let slot = self.slots.entry(operation.socket().clone()).or_default();
         slot.running = None;
-        match &result {
-            Ok(_) => slot.backoff = None,
-            Err(_) => {
-                let failures = match slot.backoff {
-                    Some(b) if b.generation == operation.generation() => b.failures + 1,
-                    _ => 1,
-                };
-                slot.backoff = Some(Backoff {
-                    failures,
-                    until: now + policy.delay(failures),
-                    generation: operation.generation(),
-                });
-            }
-        }
+        let failures = match slot.backoff {
+            Some(b) if b.generation == operation.generation() => b.failures + 1,
+            _ => 1,
+        };
+        slot.backoff = Some(Backoff {
+            failures,
+            until: now + policy.delay(failures),
+            generation: operation.generation(),
+        });
         Finished { operation, result }
     }
 }

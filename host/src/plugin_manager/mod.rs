@@ -93,7 +93,8 @@ impl PluginManager {
         plugin_types: Arc<PluginTypes>,
         cancel: CancellationToken,
     ) -> Result<PluginManager, WatchError> {
-        let (writer, reader) = desired_state::channel();
+        let (mut writer, reader) = desired_state::channel();
+        let changes = writer.subscribe_changes();
         let watcher =
             watcher::Watcher::start(&config.registry_dir, writer, config.timings.resync_period)?;
         let actual = actual_state::ActualState::new();
@@ -105,8 +106,14 @@ impl PluginManager {
             node_name: config.node_name,
         };
         let (queries_tx, queries_rx) = mpsc::channel(16);
-        let reconciler =
-            reconciler::Reconciler::new(reader, actual, cx, queries_rx, cancel.child_token());
+        let reconciler = reconciler::Reconciler::new(
+            reader,
+            changes,
+            actual,
+            cx,
+            queries_rx,
+            cancel.child_token(),
+        );
         let tasks = vec![
             tokio::spawn(watcher.run(cancel.child_token())),
             tokio::spawn(reconciler.run()),

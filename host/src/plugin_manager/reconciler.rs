@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::actual_state::{ActualState, RegistrationState};
-use super::desired_state::{DesiredMap, DesiredStateReader};
+use super::desired_state::{ChangedPaths, DesiredMap, DesiredStateReader};
 use super::executor::{BackoffPolicy, Executor, Finished, TryStart};
 use super::operation::{self, Operation, OperationContext, RegisterOutcome};
 use super::plugin::{Generation, PluginRecord, SocketPath};
@@ -65,6 +65,32 @@ pub fn plan(desired: &DesiredMap, actual: &impl Generations) -> Vec<Operation> {
                 generation: entry.generation,
             });
         }
+    }
+    ops
+}
+
+/// [`plan`] for one socket: `desired` and `actual` are its generations in either state.
+pub fn plan_socket(
+    socket: &SocketPath,
+    desired: Option<Generation>,
+    actual: Option<Generation>,
+) -> Vec<Operation> {
+    let mut ops = Vec::new();
+    if let Some(generation) = actual
+        && desired != Some(generation)
+    {
+        ops.push(Operation::Deregister {
+            socket: socket.clone(),
+            generation,
+        });
+    }
+    if let Some(generation) = desired
+        && actual != Some(generation)
+    {
+        ops.push(Operation::Register {
+            socket: socket.clone(),
+            generation,
+        });
     }
     ops
 }
@@ -158,6 +184,7 @@ impl From<String> for Failure {
 /// The reconciler task's state.
 pub struct Reconciler {
     desired: DesiredStateReader,
+    changes: ChangedPaths,
     actual: ActualState,
     executor: Executor<Done, Failure>,
     cx: OperationContext,
@@ -171,6 +198,7 @@ impl Reconciler {
     /// [`ActualState::names`] went into `cx`.
     pub fn new(
         desired: DesiredStateReader,
+        changes: ChangedPaths,
         actual: ActualState,
         cx: OperationContext,
         queries: mpsc::Receiver<Query>,
@@ -182,6 +210,7 @@ impl Reconciler {
         };
         Reconciler {
             desired,
+            changes,
             actual,
             executor: Executor::new(policy),
             cx,
@@ -192,23 +221,43 @@ impl Reconciler {
     }
 
     /// Runs until cancelled; running operations are aborted then.
+    ///
+    /// At start and when a backoff elapsed it plans everything; otherwise it plans only the
+    /// sockets that changed (reported by the watcher) or whose operation finished, so a burst of N
+    /// new sockets costs O(N log N) planning, not O(N²).
     pub async fn run(mut self) {
+        let mut full = true;
+        let mut dirty: Vec<SocketPath> = Vec::new();
         loop {
-            self.reconcile();
+            if full {
+                self.reconcile();
+            } else {
+                self.reconcile_sockets(&mut dirty);
+            }
+            full = false;
+            dirty.clear();
             let wake = self.executor.next_wake(Instant::now());
             tokio::select! {
                 _ = self.cancel.cancelled() => break,
-                finished = self.executor.next_finished() => self.apply(finished),
-                changed = self.desired.changed() => {
-                    if !changed {
+                finished = self.executor.next_finished() => {
+                    dirty.push(finished.operation.socket().clone());
+                    self.apply(finished);
+                }
+                changed = self.changes.next() => match changed {
+                    Some(socket) => dirty.push(socket),
+                    None => {
                         debug!("desired state writer gone, reconciler stops");
                         break;
                     }
-                }
+                },
                 Some(query) = self.queries.recv() => self.answer(query),
-                _ = sleep_until(wake), if wake.is_some() => {}
+                _ = sleep_until(wake), if wake.is_some() => full = true,
+            }
+            while let Some(socket) = self.changes.try_next() {
+                dirty.push(socket);
             }
             while let Some(finished) = self.executor.try_next_finished() {
+                dirty.push(finished.operation.socket().clone());
                 self.apply(finished);
             }
         }
@@ -226,15 +275,38 @@ impl Reconciler {
         }
     }
 
+    /// Plans the `dirty` sockets only; deregistrations first, as in [`plan`].
+    fn reconcile_sockets(&mut self, dirty: &mut Vec<SocketPath>) {
+        dirty.sort();
+        dirty.dedup();
+        let mut ops: Vec<Operation> = dirty
+            .iter()
+            .flat_map(|socket| {
+                let desired = self.desired.peek_generation(socket);
+                plan_socket(socket, desired, self.actual.generation(socket))
+            })
+            .collect();
+        ops.sort_by_key(|op| matches!(op, Operation::Register { .. }));
+        let now = Instant::now();
+        for op in ops {
+            self.start(op, now);
+        }
+    }
+
     fn start(&mut self, op: Operation, now: Instant) {
-        let cx = self.cx.clone();
+        let cx = &self.cx;
         match op.clone() {
             Operation::Register { socket, generation } => {
                 let key = socket.clone();
-                let started = self.executor.try_start(op, now, || async move {
-                    match operation::register(cx, socket, generation).await {
-                        RegisterOutcome::Failed { info, reason } => Err(Failure { reason, info }),
-                        outcome => Ok(Done::Registered(Box::new(outcome))),
+                let started = self.executor.try_start(op, now, || {
+                    let cx = cx.clone();
+                    async move {
+                        match operation::register(cx, socket, generation).await {
+                            RegisterOutcome::Failed { info, reason } => {
+                                Err(Failure { reason, info })
+                            }
+                            outcome => Ok(Done::Registered(Box::new(outcome))),
+                        }
                     }
                 });
                 if started == TryStart::Started {
@@ -252,6 +324,7 @@ impl Reconciler {
                 let actual = &mut self.actual;
                 self.executor.try_start(op, now, || {
                     let entry = actual.remove(&socket, generation);
+                    let cx = cx.clone();
                     async move {
                         if let Some(entry) = entry {
                             let was_registered = entry.state == RegistrationState::Registered;
@@ -479,6 +552,20 @@ mod tests {
                 c.name
             );
         }
+    }
+
+    #[test]
+    fn plan_socket_agrees_with_plan() {
+        let s = SocketPath::new("/a");
+        let g = |n| Some(Generation(n));
+        assert_eq!(plan_socket(&s, g(1), g(1)), vec![]);
+        assert_eq!(plan_socket(&s, g(1), None), vec![reg("/a", 1)]);
+        assert_eq!(plan_socket(&s, None, g(1)), vec![dereg("/a", 1)]);
+        assert_eq!(
+            plan_socket(&s, g(2), g(1)),
+            vec![dereg("/a", 1), reg("/a", 2)]
+        );
+        assert_eq!(plan_socket(&s, None, None), vec![]);
     }
 
     #[test]
