@@ -34,6 +34,19 @@
 //! # fn main() { assert!(check_name("a.example.com").is_ok()); }
 //! ```
 //!
+//! Building and trying a handler:
+//! ```text
+//! # Cargo.toml: [lib] crate-type = ["cdylib", "rlib"]; [dependencies] pluglet-guest = ...
+//! cargo build --release --target wasm32-wasip2      # needs `rustup target add wasm32-wasip2`
+//! pluglet handler check target/wasm32-wasip2/release/my_handler.wasm
+//! pluglet handler test target/wasm32-wasip2/release/my_handler.wasm --hook validate --event plugin.json
+//! ```
+//! Calls are cheapest with a small shadow stack (the built-ins use 64 KiB: the pages a call
+//! touches then stay resident in the host's instance pool), e.g. in `.cargo/config.toml`:
+//! `[target.wasm32-wasip2] rustflags = ["-C", "link-arg=-zstack-size=65536"]`.
+//! A handler may use the clocks, randomness and stdout/stderr, but not files, sockets or HTTP:
+//! the host refuses such a component when it loads it, naming the import.
+//!
 //! The guest crate must depend on this crate under the name `pluglet_guest` (the export macro
 //! refers to it by that path) and be a `cdylib` (`crate-type = ["cdylib", "rlib"]` keeps native
 //! unit tests working). On targets other than `wasm32` the macro only type-checks the impl, and

@@ -192,9 +192,7 @@ fn bench_policy(handlers: &HandlerSet, n: usize, count: u32, iterations: usize) 
 
 fn main() {
     // `cargo bench … -- <text>` runs only the rows whose name contains <text>.
-    let filter: Option<String> = std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with('-'));
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let wasm = Runtime::new(RuntimeConfig::default()).expect("wasm runtime");

@@ -55,7 +55,7 @@ fn main() {
     let wasm_call = || {
         let call = handler
             .validate(&cx, black_box(&plugin), None)
-            .expect("call");
+            .unwrap_or_else(|e| panic!("hook call failed: {e}"));
         black_box(call.value.is_ok())
     };
     let native_call = || black_box(pluglet_handler_csi::validate(black_box(&native), None).is_ok());
