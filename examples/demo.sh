@@ -67,7 +67,7 @@ echo "==> example CSI plugin (registration socket in the registry, CSI socket be
     --csi-socket "$root/plugins/csi.example.com.sock" \
     --name csi.example.com --versions 1.0.0 --node-id "$(hostname)" \
     --max-volumes 16 --topology topology.kubernetes.io/zone=zone-a \
-    2>"$root/csi-plugin.log" &
+    >/dev/null 2>"$root/csi-plugin.log" &
 plugin_pids+=($!)
 
 echo "==> example device plugin (watcher flow, resource vendor.com/gpu)"
@@ -75,7 +75,7 @@ echo "==> example device plugin (watcher flow, resource vendor.com/gpu)"
     --resource vendor.com/gpu --devices 4 \
     --reg-socket "$root/plugins_registry/vendor.com-gpu-reg.sock" \
     --socket "$root/plugins/vendor.com-gpu.sock" \
-    2>"$root/device-plugin.log" &
+    >/dev/null 2>"$root/device-plugin.log" &
 plugin_pids+=($!)
 
 registered() { [ "$(ctl plugins -o json | grep -c '"registered_at"')" -ge 2 ]; }

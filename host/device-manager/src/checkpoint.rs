@@ -296,11 +296,23 @@ pub(crate) fn write_files(
     side_state: Option<&SideState>,
     durability: Durability,
 ) -> Result<(), CheckpointError> {
-    pluglet_checkpoint::write_with(checkpoint, data, durability)?;
-    match side_state {
-        Some(side_state) => pluglet_checkpoint::save_side_with(side, side_state, durability),
-        None => Ok(()),
-    }
+    let Some(side_state) = side_state else {
+        return pluglet_checkpoint::write_with(checkpoint, data, durability);
+    };
+    // Two files in two directories: their fsyncs overlap when written side by side.
+    std::thread::scope(|scope| {
+        let side_write =
+            scope.spawn(|| pluglet_checkpoint::save_side_with(side, side_state, durability));
+        let kubelet = pluglet_checkpoint::write_with(checkpoint, data, durability);
+        let side = side_write.join().unwrap_or_else(|_| {
+            Err(CheckpointError::Write {
+                path: side.to_path_buf(),
+                step: "run the side file writer thread",
+                source: std::io::Error::other("the side file writer panicked"),
+            })
+        });
+        kubelet.and(side)
+    })
 }
 
 /// The outcome of the latest write.

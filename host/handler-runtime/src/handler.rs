@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, ComponentExportIndex, Instance, InstancePre};
-use wasmtime::{Store, Trap};
+use wasmtime::{Store, Trap, UpdateDeadline};
 
 use crate::bindings::pluglet::handler::types as wit_types;
 use crate::call_state::CallState;
@@ -16,6 +16,21 @@ use crate::types::{
     Accepted, AllocationRequest, Call, CallContext, Family, GuestLog, Hook, LogLevel, PluginInfo,
     Refusal, RegisteredPlugin, RegistrationFacts,
 };
+
+/// A call may take at most this many times its deadline in wall time, however little CPU it got.
+const WALL_CAP_FACTOR: u32 = 20;
+/// … and at least this long.
+const MIN_WALL_CAP: Duration = Duration::from_secs(1);
+
+/// CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`); `None` if the clock
+/// is unavailable (the deadline then counts wall time).
+fn thread_cpu_time() -> Option<Duration> {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).ok()?;
+    Some(Duration::new(
+        u64::try_from(ts.tv_sec()).ok()?,
+        u32::try_from(ts.tv_nsec()).ok()?,
+    ))
+}
 
 /// Export indices of the families a component implements, looked up once at load by the exact
 /// export names the component carries (so a 1.0.0 component serves a 1.1.0 host).
@@ -285,7 +300,7 @@ impl Handler {
                     message: format!("{e:#}"),
                 })
             })?;
-        store.set_epoch_deadline(self.deadline_ticks());
+        self.arm_deadline(&mut store);
 
         let outcome = self
             .pre
@@ -316,11 +331,35 @@ impl Handler {
         }
     }
 
-    /// Epoch ticks for the deadline: rounded up, at least one.
-    fn deadline_ticks(&self) -> u64 {
-        let tick = self.runtime.config.epoch_tick.as_nanos().max(1);
-        let ticks = self.limits.deadline.as_nanos().div_ceil(tick);
+    /// Epoch ticks covering `span`: rounded up, at least one.
+    fn ticks(tick: Duration, span: Duration) -> u64 {
+        let ticks = span.as_nanos().div_ceil(tick.as_nanos().max(1));
         u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Arms the deadline as a CPU-time budget of this thread. The epoch deadline fires after the
+    /// deadline in wall time; the callback then looks at the CPU time the calling thread actually
+    /// used, and only interrupts if the budget is spent (or the call has taken
+    /// [`WALL_CAP_FACTOR`] times the deadline in wall time). A call that was merely descheduled on
+    /// a loaded machine gets the rest of its budget instead of failing spuriously.
+    fn arm_deadline(&self, store: &mut Store<CallState>) {
+        let tick = self.runtime.config.epoch_tick;
+        let budget = self.limits.deadline;
+        let wall_cap = (budget * WALL_CAP_FACTOR).max(MIN_WALL_CAP);
+        let started = Instant::now();
+        let cpu_start = thread_cpu_time();
+        store.set_epoch_deadline(Self::ticks(tick, budget));
+        store.epoch_deadline_callback(move |_| {
+            let used = match (cpu_start, thread_cpu_time()) {
+                (Some(start), Some(now)) => now.saturating_sub(start),
+                _ => started.elapsed(),
+            };
+            if used >= budget || started.elapsed() >= wall_cap {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Continue(Self::ticks(tick, budget - used)))
+            }
+        });
     }
 
     /// Names the cause of a failed call.

@@ -463,6 +463,33 @@ mod limits {
     }
 
     #[test]
+    fn deadline_counts_cpu_time_not_wall_time() {
+        // 200 ms asleep uses almost no CPU: a 50 ms CPU deadline is not exceeded.
+        let h = misbehave(&[("mode", "sleep"), ("ms", "200")], limits(50, 16, None));
+        validate(&h).expect("sleeping is not spending the CPU budget");
+    }
+
+    #[test]
+    fn wall_time_is_capped_too() {
+        // However little CPU it uses, a call ends after max(20 × deadline, 1 s) of wall time.
+        let h = misbehave(&[("mode", "naps"), ("ms", "30000")], limits(10, 16, None));
+        let started = std::time::Instant::now();
+        let err = validate(&h).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            err.fault,
+            HandlerFault::Deadline {
+                deadline: Duration::from_millis(10)
+            }
+        );
+        good_call_succeeds();
+    }
+
+    #[test]
     fn fuel_obeyed() {
         let h = misbehave(
             &[("mode", "burn"), ("iterations", "1000")],

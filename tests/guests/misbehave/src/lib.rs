@@ -5,6 +5,8 @@
 //! | `ok` (default) | accepts, logs the node name, `accepted.version` = setting `version` |
 //! | `loop` | spins forever (hits the deadline or the fuel budget) |
 //! | `spin` | spins for setting `ms` milliseconds (default 5), then accepts |
+//! | `sleep` | sleeps setting `ms` milliseconds (default 100; wall time without CPU), then accepts |
+//! | `naps` | sleeps 1 ms at a time until setting `ms` milliseconds (default 100) have passed |
 //! | `burn` | runs setting `iterations` loop iterations (default 1000), then accepts |
 //! | `alloc` | allocates 1 MiB blocks forever (hits the memory cap) |
 //! | `alloc-some` | allocates and touches setting `mib` MiB (default 4), then accepts |
@@ -45,6 +47,14 @@ pub fn run(mode: &str) -> Result<Accepted, Refusal> {
             let mut x = 0u64;
             while std::time::Instant::now() < until {
                 x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+        "sleep" => std::thread::sleep(std::time::Duration::from_millis(number("ms", 100))),
+        "naps" => {
+            let until =
+                std::time::Instant::now() + std::time::Duration::from_millis(number("ms", 100));
+            while std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
         "burn" => {
