@@ -3,12 +3,18 @@
 # and the example device plugin (both registering through the plugin watcher), shows what
 # registered, then stops everything cleanly.
 #
-# Usage: examples/demo.sh        (from a fresh clone; needs cargo and the wasm32-wasip2 target,
-#                                 which rust-toolchain.toml installs)
+# Usage: bash examples/demo.sh   (from a fresh clone; needs rustup with the stable toolchain:
+#                                 the script adds the wasm32-wasip2 target itself)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
+
+# Toolchain auto-install may be off, so add the guests' target explicitly (idempotent).
+rustup target add wasm32-wasip2 >/dev/null || {
+    echo "error: could not add the wasm32-wasip2 target; run 'rustup target add wasm32-wasip2' and retry" >&2
+    exit 1
+}
 
 echo "==> cargo build --release --workspace --bins"
 cargo build --release --workspace --bins
