@@ -78,7 +78,7 @@ plugin_pids+=($!)
 
 echo "==> example device plugin (watcher flow, resource vendor.com/gpu)"
 "$bin/example-device-plugin" \
-    --resource vendor.com/gpu --devices 4 \
+    --resource vendor.com/gpu --devices 4 --numa-nodes 2 \
     --reg-socket "$root/plugins_registry/vendor.com-gpu-reg.sock" \
     --socket "$root/plugins/vendor.com-gpu.sock" \
     >/dev/null 2>"$root/device-plugin.log" &
@@ -96,6 +96,22 @@ ctl sockets -o json
 echo
 echo "==> pluglet ctl handlers"
 ctl handlers
+echo
+
+# The device plugin's devices arrive over its ListAndWatch stream right after registration.
+has_devices() { ctl resources -o json | grep -q '"Healthy"'; }
+wait_until has_devices
+echo "==> pluglet ctl resources"
+ctl resources
+echo
+echo "==> pluglet ctl allocate --pod demo-pod --container main --resource vendor.com/gpu --count 2 -o json"
+ctl allocate --pod demo-pod --container main --resource vendor.com/gpu --count 2 -o json
+echo
+echo "==> pluglet ctl allocations"
+ctl allocations
+echo
+echo "==> kubelet_internal_checkpoint (kubelet format, readable by a kubelet)"
+cat "$root/device-plugins/kubelet_internal_checkpoint"; echo
 echo
 echo "==> stopping (SIGTERM: plugins, then the daemon)"
 stop
