@@ -142,13 +142,15 @@ impl<T: Send + 'static, E: From<String> + Send + 'static> Executor<T, E> {
         self.tasks.len()
     }
 
-    /// The earliest backoff expiry after `now` among idle paths, to wake the reconciler then.
-    pub fn next_wake(&self, now: Instant) -> Option<Instant> {
+    /// The earliest backoff expiry after `since` (the last full plan) among idle paths, to wake
+    /// the reconciler then. It may already be past: the reconciler then plans at once, so an
+    /// expiry is never lost because something else woke the loop after it.
+    pub fn next_wake(&self, since: Instant) -> Option<Instant> {
         self.slots
             .values()
             .filter(|s| s.running.is_none())
             .filter_map(|s| s.backoff.map(|b| b.until))
-            .filter(|until| *until > now)
+            .filter(|until| *until > since)
             .min()
     }
 
@@ -305,6 +307,10 @@ mod tests {
         };
         assert_eq!(until - now, Duration::from_millis(500));
         assert_eq!(ex.next_wake(now), Some(until));
+        // An expiry that has passed still wakes the reconciler if no full plan ran since it
+        // (other wake-ups, such as admin queries, may have come first); none once one has.
+        assert_eq!(ex.next_wake(until - Duration::from_millis(1)), Some(until));
+        assert_eq!(ex.next_wake(until), None);
         // A new generation of the socket is not held back.
         assert_eq!(
             ex.try_start(reg("/a", 2), now, || async { Ok(()) }),

@@ -228,15 +228,19 @@ impl Reconciler {
     pub async fn run(mut self) {
         let mut full = true;
         let mut dirty: Vec<SocketPath> = Vec::new();
+        // When the last full plan ran: every backoff expiring after it still needs one, even if
+        // other wake-ups (admin queries, events) let its expiry pass before the timer branch ran.
+        let mut planned_at = Instant::now();
         loop {
             if full {
-                self.reconcile();
+                planned_at = Instant::now();
+                self.reconcile(planned_at);
             } else {
                 self.reconcile_sockets(&mut dirty);
             }
             full = false;
             dirty.clear();
-            let wake = self.executor.next_wake(Instant::now());
+            let wake = self.executor.next_wake(planned_at);
             tokio::select! {
                 _ = self.cancel.cancelled() => break,
                 finished = self.executor.next_finished() => {
@@ -264,12 +268,11 @@ impl Reconciler {
         self.executor.shutdown().await;
     }
 
-    fn reconcile(&mut self) {
+    fn reconcile(&mut self, now: Instant) {
         let ops = {
             let desired = self.desired.borrow();
             plan(&desired, &self.actual)
         };
-        let now = Instant::now();
         for op in ops {
             self.start(op, now);
         }
