@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
+use pluglet_uds::Channel;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
-use tonic::transport::Channel;
 
 use crate::device_support::{DevicePluginProcess, FLOWS, wait_allocatable};
 use crate::support::{Daemon, TestRoot};

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use pluglet_proto::pluginregistration as reg;
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
+use pluglet_uds::Channel;
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 
 const BIN: &str = env!("CARGO_BIN_EXE_example-device-plugin");
 

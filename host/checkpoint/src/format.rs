@@ -89,6 +89,12 @@ impl CheckpointData {
 
     /// The whole file, byte for byte as the kubelet's `json.Marshal` writes it, checksum included.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_with_checksum().0
+    }
+
+    /// [`CheckpointData::encode`], and the checksum it wrote.
+    pub fn encode_with_checksum(&self) -> (Vec<u8>, u64) {
+        let checksum = self.checksum();
         let mut out = Vec::with_capacity(self.size_hint());
         out.extend_from_slice(b"{\"Data\":{\"PodDeviceEntries\":");
         match &self.pod_device_entries {
@@ -115,9 +121,9 @@ impl CheckpointData {
             put_json_strings(&mut out, ids.as_deref());
         }
         out.extend_from_slice(b"}},\"Checksum\":");
-        out.extend_from_slice(self.checksum().to_string().as_bytes());
+        out.extend_from_slice(checksum.to_string().as_bytes());
         out.push(b'}');
-        out
+        (out, checksum)
     }
 
     /// Parses a whole file and verifies its checksum, as the kubelet's `GetCheckpoint` does.

@@ -44,16 +44,18 @@
 pub mod checksum;
 pub mod error;
 pub mod format;
+pub mod journal;
 pub mod side;
 pub mod store;
 
 pub use checksum::fnv1a_32;
 pub use error::{CheckpointError, FormatError};
 pub use format::{CheckpointData, DevicesPerNuma, PodDevicesEntry};
+pub use journal::{Journal, JournalRecord};
 pub use side::{
     decode_side, encode_side, load_side, load_side_or_set_aside, save_side, save_side_with,
 };
 pub use store::{
     CHECKPOINT_FILE_NAME, Durability, LoadOutcome, SET_ASIDE_MARKER, checkpoint_path, load,
-    load_or_set_aside, set_aside, write, write_atomic, write_with,
+    load_or_set_aside, replace_file, set_aside, sync_parent, write, write_atomic, write_with,
 };

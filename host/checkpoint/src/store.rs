@@ -98,6 +98,22 @@ pub fn write_atomic(
     bytes: &[u8],
     durability: Durability,
 ) -> Result<(), CheckpointError> {
+    replace_file(path, bytes, durability)?;
+    if durability == Durability::Fsync {
+        sync_parent(path)?;
+    }
+    Ok(())
+}
+
+/// [`write_atomic`] without the directory fsync, as the kubelet writes its checkpoint: the
+/// content is on disk, but after a power cut the name may still point to the previous file
+/// until [`sync_parent`] has run. For writers that batch directory syncs and know which files
+/// may be on disk meanwhile.
+pub fn replace_file(
+    path: &Path,
+    bytes: &[u8],
+    durability: Durability,
+) -> Result<(), CheckpointError> {
     let fail = |step: &'static str| {
         move |source: io::Error| CheckpointError::Write {
             path: path.to_path_buf(),
@@ -123,10 +139,16 @@ pub fn write_atomic(
     }
     tmp.persist(path)
         .map_err(|e| fail("rename the temporary file over it")(e.error))?;
-    if durability == Durability::Fsync {
-        sync_dir(dir).map_err(fail("fsync the directory"))?;
-    }
     Ok(())
+}
+
+/// Fsyncs the directory holding `path`, so that renames in it survive a power cut.
+pub fn sync_parent(path: &Path) -> Result<(), CheckpointError> {
+    sync_dir(parent_dir(path)).map_err(|source| CheckpointError::Write {
+        path: path.to_path_buf(),
+        step: "fsync the directory",
+        source,
+    })
 }
 
 /// Renames the file at `path` to `<name>.corrupt-<unix seconds>` (with `.1`, `.2`, … appended

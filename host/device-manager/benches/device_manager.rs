@@ -19,6 +19,10 @@ use pluglet_handler_runtime::{HandlerSet, ModuleSource, Runtime, RuntimeConfig};
 use pluglet_proto::v1beta1;
 use tokio_util::sync::CancellationToken;
 
+/// The daemon's allocator (see `host/src/main.rs`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn builtin() -> ModuleSource {
     ModuleSource::Builtin {
         name: "device-plugin".into(),
@@ -162,6 +166,32 @@ async fn bench_update(handlers: Arc<HandlerSet>, durability: Durability, n: usiz
     median(samples)
 }
 
+/// One unary RPC (GetDevicePluginOptions) to the stub plugin over a `pluglet_uds` channel: the
+/// floor under every figure that calls the plugin.
+async fn bench_rpc(iterations: usize) -> Duration {
+    let root = tempfile::tempdir().unwrap();
+    let socket = root.path().join("rpc.sock");
+    let _stub = Stub::start(
+        &socket,
+        devices(8, 2),
+        v1beta1::DevicePluginOptions::default(),
+    );
+    let channel = pluglet_uds::connect(&socket, Duration::from_secs(10))
+        .await
+        .expect("dial the stub");
+    let mut client = v1beta1::device_plugin_client::DevicePluginClient::new(channel);
+    let mut samples = Vec::new();
+    for _ in 0..iterations {
+        let started = Instant::now();
+        client
+            .get_device_plugin_options(v1beta1::Empty {})
+            .await
+            .expect("options");
+        samples.push(started.elapsed());
+    }
+    median(samples)
+}
+
 /// The built-in policy alone (one WASM call), choosing `count` of `n` devices on 2 NUMA nodes.
 fn bench_policy(handlers: &HandlerSet, n: usize, count: u32, iterations: usize) -> Duration {
     let policy = handlers.for_resource("bench.example.com/gpu");
@@ -220,6 +250,11 @@ fn main() {
         );
     }
     runtime.block_on(async {
+        println!(
+            "{:<34} {:>12}",
+            "  of which one unary RPC",
+            ms(bench_rpc(500).await)
+        );
         let rows: [(&str, &str); 5] = [
             ("Register -> devices visible", "1.8 ms"),
             ("allocate 1 of 8", "0.77 ms"),

@@ -8,7 +8,8 @@
 //!   must-include id, else the request is refused naming the policy module;
 //! - devices are chosen under a per-resource decision lock and reserved in the state before
 //!   the first RPC to the plugin, so concurrent requests never get the same device;
-//! - any failure leaves nothing held; success returns only once the checkpoint holds it.
+//! - any failure leaves nothing held; success returns only once it is durable (journal
+//!   first, the kubelet checkpoint follows: see [`crate::checkpoint`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -76,7 +77,7 @@ enum Plan {
     Choose {
         available: Vec<PolicyDevice>,
         preferred_available: bool,
-        client: v1beta1::device_plugin_client::DevicePluginClient<tonic::transport::Channel>,
+        client: v1beta1::device_plugin_client::DevicePluginClient<pluglet_uds::Channel>,
     },
 }
 
@@ -167,15 +168,7 @@ impl DeviceManager {
         let cx = CallContext {
             node_name: self.inner.config.node_name.clone(),
         };
-        let (call, request) = tokio::task::spawn_blocking(move || {
-            let call = policy.allocate(&cx, &request);
-            (call, request)
-        })
-        .await
-        .map_err(|source| AllocateError::PolicyTask {
-            resource: resource.to_owned(),
-            source,
-        })?;
+        let call = pluglet_handler_runtime::run_in_place(|| policy.allocate(&cx, &request));
         let call = call.map_err(|source| AllocateError::PolicyFailed {
             resource: resource.to_owned(),
             source,
@@ -224,9 +217,8 @@ impl DeviceManager {
             entries = released.len(),
             "devices released"
         );
-        let seq = self.inner.checkpoint.request();
-        if let Err(err) = self.inner.checkpoint.flush(seq).await {
-            tracing::error!(error = %crate::error::error_chain(&*err), "cannot record a release in the checkpoint");
+        if let Err(err) = self.persist_allocations().await {
+            tracing::error!(error = %crate::error::error_chain(&*err), "cannot record a release on disk");
         }
         released.len()
     }
@@ -302,7 +294,7 @@ impl DeviceManager {
         token: u64,
     ) -> Result<
         (
-            v1beta1::device_plugin_client::DevicePluginClient<tonic::transport::Channel>,
+            v1beta1::device_plugin_client::DevicePluginClient<pluglet_uds::Channel>,
             bool,
         ),
         AllocateError,
@@ -359,7 +351,7 @@ impl DeviceManager {
     /// Allocate, then PreStartContainer when the plugin asked for it.
     async fn call_plugin(
         &self,
-        mut client: v1beta1::device_plugin_client::DevicePluginClient<tonic::transport::Channel>,
+        mut client: v1beta1::device_plugin_client::DevicePluginClient<pluglet_uds::Channel>,
         pre_start: bool,
         key: &HolderKey,
         chosen: &[String],
@@ -410,7 +402,7 @@ impl DeviceManager {
         Ok(response)
     }
 
-    /// Records the allocation and waits for the checkpoint; undoes it if the write fails.
+    /// Records the allocation and waits until it is durable; undoes it if the write fails.
     async fn commit(
         &self,
         key: HolderKey,
@@ -425,8 +417,7 @@ impl DeviceManager {
                 resource: key.resource,
             });
         }
-        let seq = self.inner.checkpoint.request();
-        if let Err(source) = self.inner.checkpoint.flush(seq).await {
+        if let Err(source) = self.persist_allocations().await {
             {
                 let mut state = self.lock();
                 let ours = state.pods.get(&key).is_some_and(|e| {
@@ -437,7 +428,7 @@ impl DeviceManager {
                     state.pods.release_key(&key);
                 }
             }
-            self.inner.checkpoint.request();
+            let _ = self.persist_allocations().await;
             return Err(AllocateError::Checkpoint {
                 resource: key.resource,
                 source: Arc::clone(&source),

@@ -3,10 +3,20 @@
 //! for what that format cannot hold (every device with its health and NUMA nodes, the policy in
 //! force). Both are written through `pluglet-checkpoint` (temporary file, fsync, rename).
 //!
-//! Writes are coalesced by one writer task: a change calls [`Checkpointer::request`] (after
-//! releasing the state lock) and gets a sequence number; whoever must not answer before the
-//! change is on disk (an allocation) awaits [`Checkpointer::flush`] with it. The writer takes
-//! one snapshot of the state per write, so a burst of changes costs one write.
+//! Two ways to disk:
+//! - the kubelet checkpoint and the side file are written by one writer task, coalesced: a
+//!   change calls [`Checkpointer::request`] (after releasing the state lock); the writer takes
+//!   one snapshot per write, so a burst of changes costs one write;
+//! - allocations and releases must be durable before they are answered. Rather than wait for
+//!   the checkpoint (temporary file, fsync, rename, directory fsync), they go to a journal in
+//!   the state directory first ([`pluglet_checkpoint::Journal`]: one in-place write and an
+//!   `fdatasync`), and the checkpoint follows.
+//!
+//! Which is newer after a crash: each journal record names the checkpoint files that were on
+//! disk or being written when it was made (by their kubelet checksums, see [`Disk`]). At start,
+//! when the checkpoint is one of those, the journal's allocations are newer and win; otherwise
+//! the checkpoint was written later (by Pluglet, and then holds every journaled change, or by a
+//! kubelet) and wins.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +24,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pluglet_checkpoint::{
-    CheckpointData, CheckpointError, Durability, LoadOutcome, PodDevicesEntry,
+    CheckpointData, CheckpointError, Durability, Journal, JournalRecord, LoadOutcome,
+    PodDevicesEntry,
 };
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 use prost::Message as _;
@@ -27,6 +38,79 @@ use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices};
 
 /// File name of the side file in the state directory.
 pub const SIDE_FILE_NAME: &str = "device-manager.json";
+
+/// File name of the allocation journal in the state directory.
+pub const JOURNAL_FILE_NAME: &str = "device-manager.journal";
+
+/// The checkpoint writer fsyncs the directory (making every rename so far durable) once this
+/// many checkpoint files may be on disk; until then a journal record names them all.
+const DIR_SYNC_AFTER: usize = 4;
+
+/// How many checkpoint files a journal record names at most (more only while writes keep
+/// failing).
+const MAX_ON_DISK: usize = 16;
+
+/// The durable side of the state, behind one async mutex so that a journal record and the
+/// checkpoint writer's snapshots are ordered: a record taken after a snapshot names that
+/// snapshot's file.
+#[derive(Debug)]
+pub(crate) struct Disk {
+    /// The allocation journal.
+    pub journal: Journal,
+    /// Kubelet checksums of the checkpoint files that may be on disk after a power cut: the one
+    /// in place at the last directory fsync and every one renamed (or being written) since.
+    pub on_disk: Vec<u64>,
+    /// [`PodDevices::version`] of the newest journal record.
+    pub journaled: u64,
+}
+
+impl Disk {
+    /// A snapshot with this checksum is about to be written.
+    pub fn writing(&mut self, checksum: u64) {
+        self.on_disk.push(checksum);
+        if self.on_disk.len() > MAX_ON_DISK {
+            self.on_disk.remove(0);
+        }
+    }
+
+    /// The directory was fsynced after the file with this checksum was renamed into place:
+    /// earlier files are gone for good.
+    pub fn synced(&mut self, checksum: u64) {
+        if let Some(at) = self.on_disk.iter().rposition(|&c| c == checksum) {
+            self.on_disk.drain(..at);
+        }
+    }
+
+    /// Whether enough files may be on disk that the writer should fsync the directory.
+    pub fn needs_dir_sync(&self) -> bool {
+        self.on_disk.len() >= DIR_SYNC_AFTER
+    }
+}
+
+/// A journal record: the number of named checkpoint checksums (one byte), the checksums
+/// (little-endian u64 each), then the allocations as a kubelet checkpoint file whose
+/// `RegisteredDevices` is empty.
+pub(crate) fn encode_journal(on_disk: &[u64], pods: &PodDevices) -> Vec<u8> {
+    let file = kubelet_data(std::iter::empty(), pods).encode();
+    let mut out = Vec::with_capacity(1 + 8 * on_disk.len() + file.len());
+    out.push(u8::try_from(on_disk.len()).unwrap_or(u8::MAX));
+    for checksum in on_disk.iter().take(usize::from(u8::MAX)) {
+        out.extend_from_slice(&checksum.to_le_bytes());
+    }
+    out.extend_from_slice(&file);
+    out
+}
+
+/// Parses [`encode_journal`]'s record: the named checksums and the allocations.
+pub(crate) fn decode_journal(payload: &[u8]) -> Option<(Vec<u64>, CheckpointData)> {
+    let (&count, rest) = payload.split_first()?;
+    let (sums, file) = rest.split_at_checked(8 * usize::from(count))?;
+    let sums = sums
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
+        .collect();
+    Some((sums, CheckpointData::decode(file).ok()?))
+}
 
 /// The side file's content.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -99,6 +183,9 @@ pub struct RestoreReport {
     pub resources: Vec<String>,
     /// Corrupt files set aside (the state started empty for them).
     pub set_aside: Vec<SetAside>,
+    /// True when the allocations came from the journal (newer than the checkpoint: Pluglet
+    /// stopped between answering an allocation and writing the checkpoint).
+    pub from_journal: bool,
 }
 
 /// State read back from disk.
@@ -111,8 +198,14 @@ pub(crate) struct Restored {
     pub report: RestoreReport,
 }
 
-/// Reads the checkpoint and side file; corrupt files are set aside.
-pub(crate) fn restore(checkpoint: &Path, side: &Path) -> Result<Restored, CheckpointError> {
+/// Reads the checkpoint and side file; corrupt files are set aside. The allocations of
+/// `journal` (its newest record) replace the checkpoint's when the record names the checkpoint
+/// as one written before it.
+pub(crate) fn restore(
+    checkpoint: &Path,
+    side: &Path,
+    journal: Option<&JournalRecord>,
+) -> Result<Restored, CheckpointError> {
     let mut report = RestoreReport::default();
     let data = match pluglet_checkpoint::load_or_set_aside(checkpoint)? {
         LoadOutcome::Loaded(data) => Some(data),
@@ -147,6 +240,14 @@ pub(crate) fn restore(checkpoint: &Path, side: &Path) -> Result<Restored, Checkp
         });
     };
     let side_state = side_state.unwrap_or_default();
+    let mut data = data;
+    if let Some((named, journaled)) = journal.and_then(|r| decode_journal(&r.payload))
+        && named.contains(&data.checksum())
+        && journaled.pod_device_entries != data.pod_device_entries
+    {
+        data.pod_device_entries = journaled.pod_device_entries;
+        report.from_journal = true;
+    }
 
     let mut resources = BTreeMap::new();
     let names = data
@@ -288,22 +389,29 @@ pub(crate) fn side_resource(
     }
 }
 
-/// Writes the kubelet checkpoint, and the side file when given.
+/// Writes the kubelet checkpoint (`data`: an encoded file), and the side file when given, each
+/// as the kubelet writes its checkpoint (temporary file, fsync, rename); the directory fsyncs
+/// are batched by the writer ([`Disk::needs_dir_sync`]).
 pub(crate) fn write_files(
     checkpoint: &Path,
     side: &Path,
-    data: &CheckpointData,
+    data: &[u8],
     side_state: Option<&SideState>,
     durability: Durability,
 ) -> Result<(), CheckpointError> {
     let Some(side_state) = side_state else {
-        return pluglet_checkpoint::write_with(checkpoint, data, durability);
+        return pluglet_checkpoint::replace_file(checkpoint, data, durability);
     };
+    let side_bytes =
+        pluglet_checkpoint::encode_side(side_state).map_err(|source| CheckpointError::Encode {
+            path: side.to_path_buf(),
+            source,
+        })?;
     // Two files in two directories: their fsyncs overlap when written side by side.
     std::thread::scope(|scope| {
         let side_write =
-            scope.spawn(|| pluglet_checkpoint::save_side_with(side, side_state, durability));
-        let kubelet = pluglet_checkpoint::write_with(checkpoint, data, durability);
+            scope.spawn(|| pluglet_checkpoint::replace_file(side, &side_bytes, durability));
+        let kubelet = pluglet_checkpoint::replace_file(checkpoint, data, durability);
         let side = side_write.join().unwrap_or_else(|_| {
             Err(CheckpointError::Write {
                 path: side.to_path_buf(),
@@ -499,7 +607,7 @@ mod tests {
         write_files(
             &checkpoint,
             &side,
-            &data,
+            &data.encode(),
             Some(&side_state),
             Durability::NoFsync,
         )
@@ -511,7 +619,7 @@ mod tests {
         );
         assert!(!text.contains("pod-2"), "reservations are not checkpointed");
 
-        let restored = restore(&checkpoint, &side).unwrap();
+        let restored = restore(&checkpoint, &side, None).unwrap();
         assert_eq!(restored.report.allocations, 1);
         assert_eq!(restored.report.resources, ["vendor.com/gpu"]);
         let set = &restored.resources["vendor.com/gpu"];
@@ -540,13 +648,108 @@ mod tests {
             r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1}"#,
         )
         .unwrap();
-        let restored = restore(&checkpoint, &side).unwrap();
+        let restored = restore(&checkpoint, &side, None).unwrap();
         assert!(restored.pods.is_empty());
         assert_eq!(restored.report.set_aside.len(), 1);
         let aside = &restored.report.set_aside[0];
         assert!(aside.moved_to.exists());
         assert!(!checkpoint.exists());
         assert!(aside.reason.contains("checksum"), "{}", aside.reason);
+    }
+
+    fn allocated(pods: &mut PodDevices, pod: &str, device: &str) {
+        pods.insert(
+            HolderKey {
+                pod_uid: pod.into(),
+                container: "ctr".into(),
+                resource: "vendor.com/gpu".into(),
+            },
+            Entry {
+                devices: vec![device.into()],
+                numa: crate::pod_devices::group_by_numa([(device, &[0][..])]),
+                state: EntryState::Allocated {
+                    response: ContainerAllocateResponse::default(),
+                },
+            },
+        );
+    }
+
+    /// A checkpoint holding pod-1, and a journal record holding pod-1 and pod-2 that names
+    /// another checkpoint file, and the checkpoint on disk too when `names_it`.
+    fn crash_after_journal(names_it: bool) -> (tempfile::TempDir, Restored) {
+        let dir = tempfile::tempdir().unwrap();
+        let checkpoint = dir.path().join("kubelet_internal_checkpoint");
+        let side = dir.path().join(SIDE_FILE_NAME);
+        let resources = BTreeMap::from([("vendor.com/gpu".to_string(), gpu_set())]);
+        let mut pods = PodDevices::default();
+        allocated(&mut pods, "pod-1", "d0");
+        let (bytes, checksum) = kubelet_data(resources.iter(), &pods).encode_with_checksum();
+        pluglet_checkpoint::write_atomic(&checkpoint, &bytes, Durability::NoFsync).unwrap();
+        allocated(&mut pods, "pod-2", "d1");
+        let named = if names_it { vec![7, checksum] } else { vec![7] };
+        let record = JournalRecord {
+            seq: 3,
+            payload: encode_journal(&named, &pods),
+        };
+        let restored = restore(&checkpoint, &side, Some(&record)).unwrap();
+        (dir, restored)
+    }
+
+    #[test]
+    fn a_journal_newer_than_the_checkpoint_wins() {
+        let (_dir, restored) = crash_after_journal(true);
+        assert!(restored.report.from_journal);
+        let pods: Vec<&str> = restored
+            .pods
+            .iter()
+            .map(|(k, _)| k.pod_uid.as_str())
+            .collect();
+        assert_eq!(pods, ["pod-1", "pod-2"]);
+        assert!(restored.pods.is_held("vendor.com/gpu", "d1"));
+    }
+
+    #[test]
+    fn a_checkpoint_the_journal_does_not_name_wins() {
+        // Written after the record (by Pluglet, holding every journaled change) or by a
+        // kubelet: either way the checkpoint is the newer state.
+        let (_dir, restored) = crash_after_journal(false);
+        assert!(!restored.report.from_journal);
+        let pods: Vec<&str> = restored
+            .pods
+            .iter()
+            .map(|(k, _)| k.pod_uid.as_str())
+            .collect();
+        assert_eq!(pods, ["pod-1"]);
+    }
+
+    #[test]
+    fn without_a_checkpoint_the_journal_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut pods = PodDevices::default();
+        allocated(&mut pods, "pod-1", "d0");
+        let record = JournalRecord {
+            seq: 1,
+            payload: encode_journal(&[], &pods),
+        };
+        let restored = restore(
+            &dir.path().join("kubelet_internal_checkpoint"),
+            &dir.path().join(SIDE_FILE_NAME),
+            Some(&record),
+        )
+        .unwrap();
+        assert!(restored.pods.is_empty());
+        assert!(!restored.report.from_journal);
+    }
+
+    #[test]
+    fn journal_records_round_trip() {
+        let mut pods = PodDevices::default();
+        allocated(&mut pods, "pod-1", "d0");
+        let (named, data) = decode_journal(&encode_journal(&[1, u64::MAX], &pods)).unwrap();
+        assert_eq!(named, [1, u64::MAX]);
+        assert_eq!(data.pod_device_entries.unwrap().len(), 1);
+        assert!(data.registered_devices.is_empty());
+        assert!(decode_journal(&[3, 0, 0]).is_none(), "truncated");
     }
 
     #[tokio::test]

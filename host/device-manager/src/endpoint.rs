@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use pluglet_proto::v1beta1::{DevicePluginOptions, Empty};
-use tokio::sync::mpsc;
+use pluglet_uds::Channel;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use crate::devices::Device;
 use crate::error::RegisterError;
+use crate::manager::DeviceManager;
 
 /// How a plugin registered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,14 +29,10 @@ pub enum Flow {
 }
 
 /// A message from an endpoint task (or a timer, or the socket watcher) to the manager loop.
+/// Device updates do not pass through it: the endpoint task applies them itself (one thread hop
+/// less between the plugin's message and the devices being visible).
 #[derive(Debug)]
 pub(crate) enum Event {
-    /// A ListAndWatch update: the full new device list.
-    Devices {
-        resource: String,
-        generation: u64,
-        devices: Vec<Device>,
-    },
     /// The ListAndWatch stream ended or could not be opened.
     StreamEnded {
         resource: String,
@@ -115,16 +111,17 @@ impl Endpoint {
     }
 }
 
-/// The endpoint's task: opens ListAndWatch and forwards every update until the stream ends or
+/// The endpoint's task: opens ListAndWatch and applies every update until the stream ends or
 /// the endpoint is cancelled. A stream that ends is reported once as [`Event::StreamEnded`];
 /// a cancelled endpoint reports nothing (whoever cancelled it has already updated the state).
 pub(crate) async fn run(
+    manager: DeviceManager,
     resource: String,
     generation: u64,
     mut client: DevicePluginClient<Channel>,
     cancel: CancellationToken,
-    events: mpsc::Sender<Event>,
 ) {
+    let events = manager.inner.events.clone();
     let opened = tokio::select! {
         _ = cancel.cancelled() => return,
         opened = client.list_and_watch(Empty {}) => opened,
@@ -156,17 +153,7 @@ pub(crate) async fn run(
             Ok(Some(update)) => {
                 let devices = update.devices.into_iter().map(Device::from_wire).collect();
                 tracing::debug!(%resource, generation, "ListAndWatch update");
-                if events
-                    .send(Event::Devices {
-                        resource: resource.clone(),
-                        generation,
-                        devices,
-                    })
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
+                manager.apply_devices(&resource, generation, devices);
                 continue;
             }
             Ok(None) => "ListAndWatch stream ended".to_owned(),

@@ -91,15 +91,6 @@ pub enum RegisterError {
         #[source]
         source: HandlerError,
     },
-    /// The handler's blocking task died.
-    #[error("device plugin {resource}: the registration handler's task died")]
-    Task {
-        /// The resource the plugin advertises.
-        resource: String,
-        /// The join error.
-        #[source]
-        source: tokio::task::JoinError,
-    },
     /// The plugin's endpoint could not be dialed.
     #[error(
         "device plugin {resource}: cannot dial its endpoint {endpoint}; it must serve v1beta1.DevicePlugin there before it registers"
@@ -225,15 +216,6 @@ pub enum AllocateError {
         /// What went wrong in the policy.
         #[source]
         source: HandlerError,
-    },
-    /// The policy's blocking task died.
-    #[error("allocation policy for {resource}: its task died")]
-    PolicyTask {
-        /// The resource.
-        resource: String,
-        /// The join error.
-        #[source]
-        source: tokio::task::JoinError,
     },
     /// The policy answered something other than `count` distinct available ids including the
     /// must-include ones.

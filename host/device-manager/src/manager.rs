@@ -22,7 +22,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::{self, Checkpointer, RestoreReport, SIDE_FILE_NAME, SideState};
+use crate::checkpoint::{
+    self, Checkpointer, Disk, JOURNAL_FILE_NAME, RestoreReport, SIDE_FILE_NAME, SideState,
+};
 use crate::devices::{Device, DeviceSet};
 use crate::endpoint::{self, Endpoint, Event, Flow};
 use crate::error::{RegisterError, StartError};
@@ -79,6 +81,11 @@ impl Config {
     /// `<state dir>/device-manager.json`.
     pub fn side_path(&self) -> PathBuf {
         self.state_dir.join(SIDE_FILE_NAME)
+    }
+
+    /// `<state dir>/device-manager.journal`.
+    pub fn journal_path(&self) -> PathBuf {
+        self.state_dir.join(JOURNAL_FILE_NAME)
     }
 }
 
@@ -150,6 +157,8 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     pub events: mpsc::Sender<Event>,
     pub checkpoint: Checkpointer,
+    /// The journal and what the checkpoint writer has put on disk (see [`Disk`]).
+    pub disk: tokio::sync::Mutex<Disk>,
     /// Per resource: held while choosing devices, so two requests never choose the same ones.
     pub decisions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     next_generation: AtomicU64,
@@ -198,9 +207,25 @@ impl DeviceManager {
         crate::registration_server::prepare_directory(&config.device_plugins_dir)?;
         let checkpoint_path = config.checkpoint_path();
         let side_path = config.side_path();
+        let journal_path = config.journal_path();
         // A few small files, read once before anything is served.
-        let restored =
-            checkpoint::restore(&checkpoint_path, &side_path).map_err(StartError::Restore)?;
+        let opened = pluglet_checkpoint::Journal::open(&journal_path, config.durability)
+            .map_err(StartError::Restore)?;
+        let mut restored =
+            checkpoint::restore(&checkpoint_path, &side_path, opened.record.as_ref())
+                .map_err(StartError::Restore)?;
+        if let Some(moved_to) = opened.set_aside {
+            restored.report.set_aside.push(checkpoint::SetAside {
+                path: journal_path,
+                moved_to,
+                reason: "not a Pluglet journal, or both of its slots are damaged".into(),
+            });
+        }
+        if restored.report.from_journal {
+            tracing::info!(
+                "allocations restored from the journal: Pluglet stopped before the checkpoint caught up"
+            );
+        }
         for aside in &restored.report.set_aside {
             tracing::warn!(
                 path = %aside.path.display(),
@@ -241,6 +266,11 @@ impl DeviceManager {
             state: Mutex::new(state),
             events,
             checkpoint: Checkpointer::default(),
+            disk: tokio::sync::Mutex::new(Disk {
+                journal: opened.journal,
+                on_disk: Vec::new(),
+                journaled: 0,
+            }),
             decisions: Mutex::new(HashMap::new()),
             next_generation: AtomicU64::new(1),
             next_token: AtomicU64::new(1),
@@ -269,8 +299,14 @@ impl DeviceManager {
             manager.start_grace_timer(name, 0);
         }
         *manager.lock_tasks() = tasks;
+        // The first write, renames made durable at once: a journal record never has to name a
+        // file from before this start.
         let seq = manager.inner.checkpoint.request_devices();
-        if let Err(err) = manager.inner.checkpoint.flush(seq).await {
+        let written = match manager.inner.checkpoint.flush(seq).await {
+            Ok(()) => manager.sync_dirs().await.map_err(Arc::new),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = written {
             tracing::error!(error = %crate::error::error_chain(&*err), "cannot write the device manager checkpoint");
         }
         tracing::info!(
@@ -436,11 +472,11 @@ impl DeviceManager {
             entry.registration = Some(registration);
         }
         tokio::spawn(endpoint::run(
+            self.clone(),
             resource.clone(),
             generation,
             client,
             cancel,
-            self.inner.events.clone(),
         ));
         tracing::info!(
             %resource,
@@ -453,6 +489,29 @@ impl DeviceManager {
         );
         self.changed();
         Ok(())
+    }
+
+    /// Applies one ListAndWatch update (the full new list) if `generation` is still the
+    /// resource's endpoint: visible at once, the checkpoint follows.
+    pub(crate) fn apply_devices(&self, resource: &str, generation: u64, devices: Vec<Device>) {
+        let changed = {
+            let mut state = self.lock();
+            match state.resources.get_mut(resource) {
+                Some(entry)
+                    if entry
+                        .endpoint
+                        .as_ref()
+                        .is_some_and(|e| e.generation == generation) =>
+                {
+                    entry.devices.replace(devices)
+                }
+                _ => false,
+            }
+        };
+        if changed {
+            self.changed();
+            self.inner.checkpoint.request_devices();
+        }
     }
 
     /// Marks `resource` disconnected if `generation` is still its endpoint.
@@ -520,30 +579,6 @@ impl DeviceManager {
                 },
             };
             match event {
-                Event::Devices {
-                    resource,
-                    generation,
-                    devices,
-                } => {
-                    let changed = {
-                        let mut state = self.lock();
-                        match state.resources.get_mut(&resource) {
-                            Some(entry)
-                                if entry
-                                    .endpoint
-                                    .as_ref()
-                                    .is_some_and(|e| e.generation == generation) =>
-                            {
-                                entry.devices.replace(devices)
-                            }
-                            _ => false,
-                        }
-                    };
-                    if changed {
-                        self.changed();
-                        self.inner.checkpoint.request_devices();
-                    }
-                }
                 Event::StreamEnded {
                     resource,
                     generation,
@@ -608,34 +643,87 @@ impl DeviceManager {
                 }
             };
             let write_side = self.inner.checkpoint.take_devices_changed();
-            let (data, side) = self.snapshot(write_side);
-            let checkpoint_path = self.inner.config.checkpoint_path();
-            let side_path = self.inner.config.side_path();
-            let durability = self.inner.config.durability;
-            let result = tokio::task::spawn_blocking(move || {
-                checkpoint::write_files(
-                    &checkpoint_path,
-                    &side_path,
-                    &data,
-                    side.as_ref(),
-                    durability,
-                )
-            })
-            .await;
-            let error = match result {
-                Ok(Ok(())) => None,
-                Ok(Err(err)) => {
-                    tracing::error!(error = %crate::error::error_chain(&err), "cannot write the device manager checkpoint");
-                    Some(err)
-                }
-                Err(join) => Some(pluglet_checkpoint::CheckpointError::Write {
-                    path: self.inner.config.checkpoint_path(),
-                    step: "run the writer task",
-                    source: std::io::Error::other(join),
-                }),
+            let (bytes, side) = {
+                // Under the disk lock, so a journal record made after this snapshot names it.
+                let mut disk = self.inner.disk.lock().await;
+                let (data, side) = self.snapshot(write_side);
+                let (bytes, checksum) = data.encode_with_checksum();
+                disk.writing(checksum);
+                (bytes, side)
             };
-            self.inner.checkpoint.done(target, error);
+            let config = &self.inner.config;
+            let result = pluglet_handler_runtime::run_in_place(|| {
+                checkpoint::write_files(
+                    &config.checkpoint_path(),
+                    &config.side_path(),
+                    &bytes,
+                    side.as_ref(),
+                    config.durability,
+                )
+            });
+            let result = match result {
+                Ok(()) if self.inner.disk.lock().await.needs_dir_sync() => self.sync_dirs().await,
+                other => other,
+            };
+            if let Err(err) = &result {
+                tracing::error!(error = %crate::error::error_chain(err), "cannot write the device manager checkpoint");
+            }
+            self.inner.checkpoint.done(target, result.err());
         }
+        if self.inner.disk.lock().await.on_disk.len() > 1
+            && let Err(err) = self.sync_dirs().await
+        {
+            tracing::error!(error = %crate::error::error_chain(&err), "cannot sync the device manager checkpoint");
+        }
+    }
+
+    /// Fsyncs the directories of the checkpoint and the side file: every rename so far is then
+    /// durable, and only the newest checkpoint file can be on disk.
+    async fn sync_dirs(&self) -> Result<(), pluglet_checkpoint::CheckpointError> {
+        let config = &self.inner.config;
+        let newest = self.inner.disk.lock().await.on_disk.last().copied();
+        if config.durability == Durability::Fsync {
+            pluglet_handler_runtime::run_in_place(|| {
+                pluglet_checkpoint::sync_parent(&config.checkpoint_path())?;
+                pluglet_checkpoint::sync_parent(&config.side_path())
+            })?;
+        }
+        if let Some(newest) = newest {
+            self.inner.disk.lock().await.synced(newest);
+        }
+        Ok(())
+    }
+
+    /// Makes the allocations as they are now durable (a journal record) before returning, and
+    /// asks for a checkpoint write to follow. Concurrent callers share records: a record taken
+    /// after a caller's change covers it.
+    pub(crate) async fn persist_allocations(
+        &self,
+    ) -> Result<(), Arc<pluglet_checkpoint::CheckpointError>> {
+        let result = {
+            let mut disk = self.inner.disk.lock().await;
+            let (version, payload) = {
+                let state = self.lock();
+                let version = state.pods.version();
+                if version <= disk.journaled {
+                    return Ok(());
+                }
+                (
+                    version,
+                    checkpoint::encode_journal(&disk.on_disk, &state.pods),
+                )
+            };
+            let result = pluglet_handler_runtime::run_in_place(|| disk.journal.append(&payload));
+            if result.is_ok() {
+                disk.journaled = version;
+            }
+            result
+        };
+        self.inner.checkpoint.request();
+        result.map_err(|err| {
+            tracing::error!(error = %crate::error::error_chain(&err), "cannot write the allocation journal");
+            Arc::new(err)
+        })
     }
 
     /// The kubelet checkpoint, and the side file when `with_side`.

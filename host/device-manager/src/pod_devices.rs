@@ -55,9 +55,17 @@ pub struct PodDevices {
     /// resource → device id → number of entries holding it (more than 1 only after restoring a
     /// checkpoint that says so).
     held: HashMap<String, HashMap<String, u32>>,
+    /// Bumped by every change (see [`PodDevices::version`]).
+    version: u64,
 }
 
 impl PodDevices {
+    /// A number that grows with every change, so a writer can tell whether a snapshot it took
+    /// covers the current state.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
     /// The entry of `key`, if any.
     pub fn get(&self, key: &HolderKey) -> Option<&Entry> {
         self.entries.get(key)
@@ -77,6 +85,7 @@ impl PodDevices {
 
     /// Adds an entry; the caller has checked that `key` has none and its devices are free.
     pub fn insert(&mut self, key: HolderKey, entry: Entry) {
+        self.version += 1;
         let held = self.held.entry(key.resource.clone()).or_default();
         for id in &entry.devices {
             *held.entry(id.clone()).or_default() += 1;
@@ -97,6 +106,7 @@ impl PodDevices {
         match self.entries.get_mut(key) {
             Some(entry) if entry.state == (EntryState::Reserved { token }) => {
                 entry.state = EntryState::Allocated { response };
+                self.version += 1;
                 true
             }
             _ => false,
@@ -147,6 +157,7 @@ impl PodDevices {
     /// Removes the entry of `key`, whatever its state.
     pub fn release_key(&mut self, key: &HolderKey) {
         if let Some(entry) = self.entries.remove(key) {
+            self.version += 1;
             self.unhold(&key.resource, &entry.devices);
         }
     }

@@ -15,7 +15,9 @@ use std::io;
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 
-use pluglet_handler_runtime::{CallContext, PluginInfo, RegisteredPlugin, RegistrationFacts};
+use pluglet_handler_runtime::{
+    CallContext, HandlerError, PluginInfo, RegisteredPlugin, RegistrationFacts,
+};
 use pluglet_proto::constants::{CHECKPOINT_FILE, DEVICE_PLUGIN};
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::registration_server::{Registration, RegistrationServer};
@@ -149,7 +151,7 @@ fn to_status(err: &RegisterError, message: String) -> tonic::Status {
         RegisterError::Refused { .. } => tonic::Code::InvalidArgument,
         RegisterError::NoHandler { .. } => tonic::Code::FailedPrecondition,
         RegisterError::Dial { .. } | RegisterError::Options { .. } => tonic::Code::Unavailable,
-        RegisterError::Handler { .. } | RegisterError::Task { .. } => tonic::Code::Internal,
+        RegisterError::Handler { .. } => tonic::Code::Internal,
         RegisterError::Stopped { .. } => tonic::Code::Unavailable,
     };
     tonic::Status::new(code, message)
@@ -186,7 +188,7 @@ impl DeviceManager {
         };
         let hooks = {
             let info = info.clone();
-            tokio::task::spawn_blocking(move || {
+            pluglet_handler_runtime::run_in_place(move || -> Result<_, HandlerError> {
                 let accepted = match handler.validate(&cx, &info, existing.as_ref())?.value {
                     Ok(accepted) => accepted,
                     Err(refusal) => return Ok(Err(refusal)),
@@ -203,11 +205,6 @@ impl DeviceManager {
             })
         };
         let accepted = hooks
-            .await
-            .map_err(|source| RegisterError::Task {
-                resource: resource.clone(),
-                source,
-            })?
             .map_err(|source| RegisterError::Handler {
                 resource: resource.clone(),
                 source,

@@ -276,6 +276,8 @@ async fn allocation_is_idempotent_refuses_a_changed_count_and_release_returns_de
         "{err}"
     );
 
+    // The allocation is durable in the journal; the kubelet checkpoint follows.
+    node.manager.wait_checkpoint().await.unwrap();
     let text = std::fs::read_to_string(node.dp_dir().join("kubelet_internal_checkpoint")).unwrap();
     assert!(text.contains(r#""PodUID":"pod-1""#), "{text}");
 

@@ -47,6 +47,7 @@ pub use bindings::CONTRACT_VERSION;
 pub use engine::{Limits, MAX_MEMORY_MIB, ModuleSource, Runtime, RuntimeConfig};
 pub use error::{ConfigError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;
+pub use handler::run_in_place;
 pub use handler_set::{HANDLERS_FILE, HandlerEntry, HandlerSet};
 pub use types::{
     Accepted, AllocationRequest, Call, CallContext, Device, Family, GuestLog, Hook, LogLevel,

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
+use pluglet_uds::Channel;
 use serde_json::{Value, json};
-use tonic::transport::Channel;
 
 use crate::cli::{CtlArgs, CtlCommand, OutputFormat};
 use crate::config::{ADMIN_SOCKET_NAME, DEFAULT_ADMIN_SOCKET};

@@ -10,9 +10,9 @@ use pluglet_device_manager::{
 };
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
+use pluglet_uds::Channel;
 use serde_json::{Value, json};
 use tonic::Status;
-use tonic::transport::Channel;
 
 use crate::cli::{CtlCommand, OutputFormat};
 
@@ -73,9 +73,7 @@ pub fn allocate_status(err: &AllocateError) -> Status {
         | AllocateError::Allocate { .. }
         | AllocateError::EmptyAllocateResponse { .. }
         | AllocateError::PreStart { .. } => Code::Unknown,
-        AllocateError::PolicyFailed { .. }
-        | AllocateError::PolicyTask { .. }
-        | AllocateError::Checkpoint { .. } => Code::Internal,
+        AllocateError::PolicyFailed { .. } | AllocateError::Checkpoint { .. } => Code::Internal,
     };
     Status::new(code, error_chain(err))
 }

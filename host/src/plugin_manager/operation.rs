@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use chrono::Utc;
-use pluglet_handler_runtime::{CallContext, HandlerSet, PluginInfo};
+use pluglet_handler_runtime::{CallContext, HandlerSet, PluginInfo, run_in_place};
 use tracing::{debug, info, warn};
 
 use super::actual_state::RegisteredNames;
@@ -178,11 +178,10 @@ pub async fn register(
         let handler = handler.clone();
         let plugin = plugin.clone();
         let call_cx = call_cx.clone();
-        tokio::task::spawn_blocking(move || handler.validate(&call_cx, &plugin, existing.as_ref()))
-            .await
+        run_in_place(move || handler.validate(&call_cx, &plugin, existing.as_ref()))
     };
     let version = match validated {
-        Ok(Ok(call)) => match call.value {
+        Ok(call) => match call.value {
             Ok(accepted) => accepted.version,
             Err(refusal) => {
                 let reason = format!("plugin validation failed with err: {refusal}");
@@ -193,16 +192,8 @@ pub async fn register(
                 };
             }
         },
-        Ok(Err(e)) => {
+        Err(e) => {
             let reason = format!("plugin validation failed with err: {}", error_chain(&e));
-            notify(&mut client, &cx, &socket, false, &reason).await;
-            return RegisterOutcome::Failed {
-                info: Some(plugin),
-                reason,
-            };
-        }
-        Err(join) => {
-            let reason = format!("plugin validation failed with err: {join}");
             notify(&mut client, &cx, &socket, false, &reason).await;
             return RegisterOutcome::Failed {
                 info: Some(plugin),
@@ -250,12 +241,11 @@ pub async fn register(
         let plugin = plugin.clone();
         let call_cx = call_cx.clone();
         let facts = facts.facts.clone();
-        tokio::task::spawn_blocking(move || handler.register(&call_cx, &plugin, &facts)).await
+        run_in_place(move || handler.register(&call_cx, &plugin, &facts))
     };
     let why = match registered {
-        Ok(Ok(call)) => call.value.err().map(|r| r.to_string()),
-        Ok(Err(e)) => Some(error_chain(&e)),
-        Err(join) => Some(join.to_string()),
+        Ok(call) => call.value.err().map(|r| r.to_string()),
+        Err(e) => Some(error_chain(&e)),
     };
     if let Some(why) = why {
         let (record, reason) = refused(record, why);
@@ -323,12 +313,8 @@ async fn run_deregister_hook(cx: &OperationContext, record: &PluginRecord) {
     let call_cx = CallContext {
         node_name: cx.node_name.clone(),
     };
-    match tokio::task::spawn_blocking(move || handler.deregister(&call_cx, &plugin)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            warn!(socket = %record.socket, error = %error_chain(&e), "deregister hook failed")
-        }
-        Err(e) => warn!(socket = %record.socket, error = %e, "deregister hook failed"),
+    if let Err(e) = run_in_place(move || handler.deregister(&call_cx, &plugin)) {
+        warn!(socket = %record.socket, error = %error_chain(&e), "deregister hook failed")
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use pluglet_proto::pluginregistration::registration_client::RegistrationClient as GrpcClient;
 use pluglet_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
-use tonic::transport::Channel;
+use pluglet_uds::Channel;
 
 use super::plugin::SocketPath;
 

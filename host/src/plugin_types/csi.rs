@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pluglet_proto::csi::v1::NodeGetInfoRequest;
 use pluglet_proto::csi::v1::node_client::NodeClient;
-use tonic::transport::Channel;
+use pluglet_uds::Channel;
 
 use crate::plugin_manager::plugin::CsiNodeInfo;
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pluglet_handler_runtime::{PluginInfo, RegistrationFacts};
-use tonic::transport::Channel;
+use pluglet_uds::Channel;
 
 use crate::plugin_manager::PluginType;
 use crate::plugin_manager::plugin::CsiNodeInfo;

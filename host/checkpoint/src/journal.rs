@@ -1,0 +1,316 @@
+//! A two-slot journal: the cheapest durable write this crate has.
+//!
+//! The kubelet's way to make a change durable (temporary file, fsync, rename) allocates blocks
+//! and commits filesystem metadata on every write: about 0.6–0.9 ms on a virtual disk. The
+//! journal is one file made once with its blocks written out (zeros), holding two fixed-size
+//! slots. A record overwrites the older slot in place and is made durable with `fdatasync`,
+//! which then only has data to flush (no block allocation, no size change): about a quarter of
+//! the cost.
+//!
+//! Each slot starts with a header (magic, sequence number, length, CRC-32 of sequence, length
+//! and payload). A write torn by a crash breaks only the slot being written; the other still
+//! holds the previous record, so [`Journal::open`] always finds the newest complete record.
+//! A record larger than a slot grows the file: a new file with larger slots is written and
+//! renamed over the old one (temporary file, fsync, rename, directory fsync), once.
+//!
+//! What a record means is the caller's business (the device manager keeps its allocations
+//! here, ahead of the kubelet-format checkpoint).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read as _};
+use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+
+use crate::error::CheckpointError;
+use crate::store::{Durability, set_aside};
+
+/// The first bytes of every slot.
+const MAGIC: &[u8; 8] = b"PLGJRNL1";
+
+/// Header: magic (8), sequence (8), payload length (4), CRC-32 (4), reserved (8).
+const HEADER: usize = 32;
+
+/// Slot size of a new journal (two slots: 128 KiB on disk).
+pub const INITIAL_SLOT_SIZE: usize = 64 << 10;
+
+/// The newest complete record of a journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalRecord {
+    /// Its sequence number (1 for the first record ever written).
+    pub seq: u64,
+    /// What the caller wrote.
+    pub payload: Vec<u8>,
+}
+
+/// What [`Journal::open`] found.
+#[derive(Debug)]
+pub struct Opened {
+    /// The journal, ready to append.
+    pub journal: Journal,
+    /// The newest complete record, if any.
+    pub record: Option<JournalRecord>,
+    /// Set when the file held no valid slot and was set aside (renamed): where it went.
+    pub set_aside: Option<PathBuf>,
+}
+
+/// An open journal (see the module doc). Not shared: the caller serialises appends.
+#[derive(Debug)]
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+    slot_size: usize,
+    seq: u64,
+    durability: Durability,
+}
+
+impl Journal {
+    /// Opens the journal at `path`, creating it (two zeroed slots, fsynced) when missing.
+    ///
+    /// A file whose slots are both invalid (not a journal, or damaged beyond a torn write) is
+    /// renamed to `<name>.corrupt-<unix seconds>`, never deleted, and a fresh journal is made.
+    pub fn open(path: &Path, durability: Durability) -> Result<Opened, CheckpointError> {
+        let read_error = |source| CheckpointError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut set_aside_to = None;
+        match File::open(path) {
+            Ok(mut file) => {
+                let mut bytes = Vec::new();
+                file.read_to_end(&mut bytes).map_err(read_error)?;
+                if let Some(slot_size) = slot_size_of(&bytes) {
+                    let record = [0, 1]
+                        .into_iter()
+                        .filter_map(|slot| parse_slot(&bytes[slot * slot_size..][..slot_size]))
+                        .max_by_key(|r| r.seq);
+                    let seq = record.as_ref().map_or(0, |r| r.seq);
+                    if record.is_some() || bytes.iter().all(|&b| b == 0) {
+                        let file = OpenOptions::new()
+                            .read(true)
+                            .write(true)
+                            .open(path)
+                            .map_err(read_error)?;
+                        return Ok(Opened {
+                            journal: Journal {
+                                path: path.to_path_buf(),
+                                file,
+                                slot_size,
+                                seq,
+                                durability,
+                            },
+                            record,
+                            set_aside: None,
+                        });
+                    }
+                }
+                set_aside_to = Some(set_aside(path)?);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(read_error(e)),
+        }
+        let journal = Journal::create(path, INITIAL_SLOT_SIZE, None, durability)?;
+        Ok(Opened {
+            journal,
+            record: None,
+            set_aside: set_aside_to,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The sequence number of the last record written (0: none yet).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Writes `payload` as the newest record and waits until it is on disk (`fdatasync`,
+    /// skipped with [`Durability::NoFsync`]). On error the previous record stays the newest.
+    pub fn append(&mut self, payload: &[u8]) -> Result<(), CheckpointError> {
+        let seq = self.seq + 1;
+        if HEADER + payload.len() > self.slot_size {
+            let mut slot_size = self.slot_size;
+            while HEADER + payload.len() > slot_size {
+                slot_size *= 2;
+            }
+            *self = Journal::create(&self.path, slot_size, Some((seq, payload)), self.durability)?;
+            return Ok(());
+        }
+        let slot = (seq % 2) as usize;
+        let record = encode_record(seq, payload);
+        let fail = |step: &'static str| {
+            let path = self.path.clone();
+            move |source| CheckpointError::Write { path, step, source }
+        };
+        self.file
+            .write_all_at(&record, (slot * self.slot_size) as u64)
+            .map_err(fail("write a journal slot"))?;
+        if self.durability == Durability::Fsync {
+            self.file
+                .sync_data()
+                .map_err(fail("fdatasync the journal"))?;
+        }
+        self.seq = seq;
+        Ok(())
+    }
+
+    /// Writes a new journal file with two slots of `slot_size` bytes (the first record in its
+    /// slot when given) beside `path` and renames it over `path`.
+    fn create(
+        path: &Path,
+        slot_size: usize,
+        first: Option<(u64, &[u8])>,
+        durability: Durability,
+    ) -> Result<Journal, CheckpointError> {
+        let mut bytes = vec![0u8; 2 * slot_size];
+        if let Some((seq, payload)) = first {
+            let record = encode_record(seq, payload);
+            let at = (seq % 2) as usize * slot_size;
+            bytes[at..at + record.len()].copy_from_slice(&record);
+        }
+        crate::store::write_atomic(path, &bytes, durability)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|source| CheckpointError::Write {
+                path: path.to_path_buf(),
+                step: "open the new journal",
+                source,
+            })?;
+        Ok(Journal {
+            path: path.to_path_buf(),
+            file,
+            slot_size,
+            seq: first.map_or(0, |(seq, _)| seq),
+            durability,
+        })
+    }
+}
+
+/// Header and payload of one record.
+fn encode_record(seq: u64, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("journal records are far below 4 GiB");
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&crc(seq, len, payload).to_le_bytes());
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The record in one slot, if it is complete and intact.
+fn parse_slot(slot: &[u8]) -> Option<JournalRecord> {
+    if slot.len() < HEADER || &slot[..8] != MAGIC {
+        return None;
+    }
+    let seq = u64::from_le_bytes(slot[8..16].try_into().ok()?);
+    let len = u32::from_le_bytes(slot[16..20].try_into().ok()?);
+    let stored = u32::from_le_bytes(slot[20..24].try_into().ok()?);
+    let payload = slot.get(HEADER..HEADER + len as usize)?;
+    (seq > 0 && crc(seq, len, payload) == stored).then(|| JournalRecord {
+        seq,
+        payload: payload.to_vec(),
+    })
+}
+
+/// The slot size of a journal file: half its length, if that is a power of two of at least
+/// [`INITIAL_SLOT_SIZE`].
+fn slot_size_of(bytes: &[u8]) -> Option<usize> {
+    let slot = bytes.len() / 2;
+    (bytes.len().is_multiple_of(2) && slot >= INITIAL_SLOT_SIZE && slot.is_power_of_two())
+        .then_some(slot)
+}
+
+/// CRC-32 (IEEE) over sequence, length and payload.
+fn crc(seq: u64, len: u32, payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&seq.to_le_bytes());
+    hasher.update(&len.to_le_bytes());
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(path: &Path) -> Opened {
+        Journal::open(path, Durability::Fsync).unwrap()
+    }
+
+    #[test]
+    fn a_new_journal_is_empty_and_keeps_the_newest_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let opened = open(&path);
+        assert!(opened.record.is_none());
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            2 * INITIAL_SLOT_SIZE as u64
+        );
+        let mut journal = opened.journal;
+        for i in 1..=5u8 {
+            journal.append(&[i; 10]).unwrap();
+        }
+        let record = open(&path).record.unwrap();
+        assert_eq!((record.seq, record.payload), (5, vec![5; 10]));
+    }
+
+    #[test]
+    fn a_torn_slot_leaves_the_previous_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut journal = open(&path).journal;
+        journal.append(b"first").unwrap();
+        journal.append(b"second").unwrap();
+        // Record 2 lives in slot 0: damage its payload as a crash mid-write would.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[HEADER + 2] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let opened = open(&path);
+        assert_eq!(
+            opened.record,
+            Some(JournalRecord {
+                seq: 1,
+                payload: b"first".to_vec()
+            })
+        );
+        // Appending goes on from there and overwrites the torn slot.
+        let mut journal = opened.journal;
+        journal.append(b"third").unwrap();
+        assert_eq!(open(&path).record.unwrap().payload, b"third");
+    }
+
+    #[test]
+    fn a_record_larger_than_a_slot_grows_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut journal = open(&path).journal;
+        journal.append(b"small").unwrap();
+        let big = vec![7u8; 3 * INITIAL_SLOT_SIZE];
+        journal.append(&big).unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() >= 2 * big.len() as u64);
+        let record = open(&path).record.unwrap();
+        assert_eq!((record.seq, record.payload.len()), (2, big.len()));
+        journal.append(b"after").unwrap();
+        assert_eq!(open(&path).record.unwrap().payload, b"after");
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_journal_is_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        std::fs::write(&path, b"not a journal").unwrap();
+        let opened = open(&path);
+        assert!(opened.record.is_none());
+        let moved = opened.set_aside.expect("set aside");
+        assert_eq!(std::fs::read(&moved).unwrap(), b"not a journal");
+        assert!(open(&path).set_aside.is_none(), "the new journal is valid");
+    }
+}
