@@ -64,7 +64,7 @@ pub mod __private {
         wit_bindgen::generate!({
             path: "wit",
             inline: "package pluglet:guest-sdk;
-                     world imports { import pluglet:handler/host@1.1.0; }",
+                     world imports { import pluglet:handler/host@1.2.0; }",
             world: "pluglet:guest-sdk/imports",
             generate_all,
             generate_unused_types: true,
@@ -80,7 +80,7 @@ use __private::bindings::pluglet::handler::host;
 
 pub use __private::bindings::pluglet::handler::host::Level;
 pub use __private::bindings::pluglet::handler::types::{
-    Accepted, AllocationRequest, Device, KeyValue, PluginInfo, Refusal, RefusalKind,
+    Accepted, AllocationRequest, Device, KeyValue, PackedRequest, PluginInfo, Refusal, RefusalKind,
     RegisteredPlugin, RegistrationFacts,
 };
 
@@ -135,6 +135,109 @@ pub trait AllocationPolicy {
     fn allocate(request: AllocationRequest) -> Result<Vec<String>, Refusal> {
         first_fit(&request)
     }
+
+    /// The same request in columns: what a 1.2.0 host sends. Default: [`unpack`] it and call
+    /// [`AllocationPolicy::allocate`]. A policy for thousands of devices overrides it to read
+    /// [`RequestView::of_packed`] instead, with no copy per device.
+    fn allocate_packed(request: PackedRequest) -> Result<Vec<String>, Refusal> {
+        Self::allocate(unpack(request))
+    }
+}
+
+/// A device of an allocation request, borrowed: what a policy reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceRef<'a> {
+    /// Device id as the plugin reported it.
+    pub id: &'a str,
+    /// NUMA nodes the device is attached to; empty when it has no topology.
+    pub numa_nodes: &'a [i64],
+}
+
+/// An allocation request borrowed from either form ([`AllocationRequest`] or the columns of
+/// [`PackedRequest`]): one vector of [`DeviceRef`]s, no copy of any id. A policy written
+/// against it serves both entry points without allocating per device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestView<'a> {
+    /// Extended resource name.
+    pub resource: &'a str,
+    /// Healthy devices held by no other container.
+    pub available: Vec<DeviceRef<'a>>,
+    /// Ids that must be part of the answer.
+    pub must_include: &'a [String],
+    /// How many ids to choose.
+    pub count: u32,
+    /// The plugin's GetPreferredAllocation answer, when it offers one.
+    pub preferred: Option<&'a [String]>,
+}
+
+impl<'a> RequestView<'a> {
+    /// A view of a request of records.
+    pub fn of(request: &'a AllocationRequest) -> RequestView<'a> {
+        RequestView {
+            resource: &request.resource,
+            available: request
+                .available
+                .iter()
+                .map(|d| DeviceRef {
+                    id: &d.id,
+                    numa_nodes: &d.numa_nodes,
+                })
+                .collect(),
+            must_include: &request.must_include,
+            count: request.count,
+            preferred: request.preferred.as_deref(),
+        }
+    }
+
+    /// A view of a request in columns. Ends out of range or not increasing are clamped (an id
+    /// that would split a character is empty), so a bad request yields fewer or shorter ids
+    /// rather than a trap; the host never sends one.
+    pub fn of_packed(request: &'a PackedRequest) -> RequestView<'a> {
+        let mut available = Vec::with_capacity(request.id_ends.len());
+        let (mut id_start, mut numa_start) = (0usize, 0usize);
+        for (i, &end) in request.id_ends.iter().enumerate() {
+            let id_end = (end as usize).clamp(id_start, request.ids.len());
+            let numa_end = request.numa_ends.get(i).map_or(numa_start, |&e| {
+                (e as usize).clamp(numa_start, request.numa_nodes.len())
+            });
+            available.push(DeviceRef {
+                id: request.ids.get(id_start..id_end).unwrap_or_default(),
+                numa_nodes: &request.numa_nodes[numa_start..numa_end],
+            });
+            (id_start, numa_start) = (id_end, numa_end);
+        }
+        RequestView {
+            resource: &request.resource,
+            available,
+            must_include: &request.must_include,
+            count: request.count,
+            preferred: request.preferred.as_deref(),
+        }
+    }
+
+    /// An owned [`AllocationRequest`] with the same content.
+    pub fn to_request(&self) -> AllocationRequest {
+        AllocationRequest {
+            resource: self.resource.to_owned(),
+            available: self
+                .available
+                .iter()
+                .map(|d| Device {
+                    id: d.id.to_owned(),
+                    numa_nodes: d.numa_nodes.to_vec(),
+                })
+                .collect(),
+            must_include: self.must_include.to_vec(),
+            count: self.count,
+            preferred: self.preferred.map(<[String]>::to_vec),
+        }
+    }
+}
+
+/// Turns a request in columns (`allocate-packed`, contract 1.2.0) into an [`AllocationRequest`]
+/// (see [`RequestView::of_packed`] for how bad ends are treated).
+pub fn unpack(request: PackedRequest) -> AllocationRequest {
+    RequestView::of_packed(&request).to_request()
 }
 
 /// The simplest valid allocation: the must-include ids, then available ids in order. Refuses
@@ -334,6 +437,11 @@ macro_rules! __pluglet_impl {
             ) -> Result<Vec<String>, $crate::Refusal> {
                 <$ty as $crate::AllocationPolicy>::allocate(request)
             }
+            fn allocate_packed(
+                request: $crate::PackedRequest,
+            ) -> Result<Vec<String>, $crate::Refusal> {
+                <$ty as $crate::AllocationPolicy>::allocate_packed(request)
+            }
         }
     };
 }
@@ -367,6 +475,50 @@ mod tests {
                 .map(String::from)
                 .collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn unpack_restores_the_columns() {
+        let unpacked = unpack(PackedRequest {
+            resource: "vendor.com/gpu".into(),
+            ids: "d0gpu-1x".into(),
+            id_ends: vec![2, 7, 8],
+            numa_nodes: vec![0, 0, 1],
+            numa_ends: vec![1, 1, 3],
+            must_include: vec!["x".into()],
+            count: 2,
+            preferred: Some(vec!["d0".into()]),
+        });
+        let devices: Vec<(&str, &[i64])> = unpacked
+            .available
+            .iter()
+            .map(|d| (d.id.as_str(), d.numa_nodes.as_slice()))
+            .collect();
+        assert_eq!(
+            devices,
+            [("d0", &[0][..]), ("gpu-1", &[][..]), ("x", &[0, 1][..])]
+        );
+        assert_eq!(unpacked.must_include, ["x"]);
+        assert_eq!(
+            (unpacked.count, unpacked.preferred),
+            (2, Some(vec!["d0".into()]))
+        );
+    }
+
+    #[test]
+    fn unpack_clamps_bad_ends_instead_of_trapping() {
+        let unpacked = unpack(PackedRequest {
+            resource: "r".into(),
+            ids: "ab".into(),
+            id_ends: vec![5, 1],
+            numa_nodes: vec![],
+            numa_ends: vec![9],
+            must_include: vec![],
+            count: 1,
+            preferred: None,
+        });
+        let ids: Vec<&str> = unpacked.available.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["ab", ""]);
     }
 
     #[test]

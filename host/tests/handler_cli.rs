@@ -43,7 +43,7 @@ fn check_reports_contract_families_and_digest() {
     let out = pluglet(&["handler", "check", &path]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("contract:  pluglet:handler@1.1.0"), "{text}");
+    assert!(text.contains("contract:  pluglet:handler@1.2.0"), "{text}");
     assert!(
         text.contains("families:  registration, allocation-policy"),
         "{text}"

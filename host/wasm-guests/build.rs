@@ -44,6 +44,12 @@ const GUESTS: &[(&str, &str, &str, bool)] = &[
         false,
     ),
     (
+        "contract-v1-1",
+        "test-guest-contract-v1-1",
+        "tests/guests/contract-v1-1",
+        false,
+    ),
+    (
         "spread-policy",
         "example-spread-policy",
         "examples/spread-policy",

@@ -13,7 +13,7 @@ wasmtime::component::bindgen!({
 });
 
 /// The contract version this host implements (the WIT package version).
-pub const CONTRACT_VERSION: &str = "1.1.0";
+pub const CONTRACT_VERSION: &str = "1.2.0";
 
 /// The contract's major version: components of the same major version load.
 pub const CONTRACT_MAJOR: u64 = 1;

@@ -13,8 +13,8 @@ use crate::call_state::CallState;
 use crate::engine::{Limits, RuntimeInner};
 use crate::error::{HandlerError, HandlerFault};
 use crate::types::{
-    Accepted, AllocationRequest, Call, CallContext, Family, GuestLog, Hook, LogLevel, PluginInfo,
-    Refusal, RegisteredPlugin, RegistrationFacts,
+    Accepted, AllocationRequest, Call, CallContext, Family, GuestLog, Hook, LogLevel,
+    PackedRequest, PluginInfo, Refusal, RegisteredPlugin, RegistrationFacts,
 };
 
 /// A call may take at most this many times its deadline in wall time, however little CPU it got.
@@ -38,6 +38,8 @@ fn thread_cpu_time() -> Option<Duration> {
 pub(crate) struct ExportIndices {
     registration: Option<RegistrationIndices>,
     allocate: Option<ComponentExportIndex>,
+    /// `allocate-packed` (1.2.0); absent from components built for 1.1.0.
+    allocate_packed: Option<ComponentExportIndex>,
 }
 
 #[derive(Clone, Debug)]
@@ -73,9 +75,13 @@ impl ExportIndices {
             Some(export) => Some(lookup(export, "allocate")?),
             None => None,
         };
+        let allocate_packed = families
+            .get(&Family::AllocationPolicy)
+            .and_then(|export| lookup(export, "allocate-packed").ok());
         Ok(ExportIndices {
             registration,
             allocate,
+            allocate_packed,
         })
     }
 }
@@ -262,6 +268,23 @@ impl Handler {
         cx: &CallContext,
         request: &AllocationRequest,
     ) -> Result<Call<Result<Vec<String>, Refusal>>, HandlerError> {
+        if let Some(packed) = self.indices.allocate_packed {
+            let request = PackedRequest::from(request);
+            return self.call(
+                cx,
+                Hook::Allocate,
+                Some(packed),
+                |store, instance, index| {
+                    let func = instance
+                        .get_typed_func::<(&PackedRequest,), (Result<Vec<String>, Refusal>,)>(
+                            &mut *store,
+                            index,
+                        )?;
+                    let (out,) = func.call(&mut *store, (&request,))?;
+                    Ok(out)
+                },
+            );
+        }
         let index = self.indices.allocate;
         self.call(cx, Hook::Allocate, index, |store, instance, index| {
             let func = instance

@@ -158,6 +158,52 @@ pub struct AllocationRequest {
     pub preferred: Option<Vec<String>>,
 }
 
+/// [`AllocationRequest`] in columns: what `allocate-packed` (contract 1.2.0) takes. One string
+/// and three lists cross into the guest instead of a string and a list per device (each of
+/// which costs a call into the guest's allocator).
+#[derive(Clone, Debug, PartialEq, Eq, ComponentType, Lower)]
+#[component(record)]
+pub(crate) struct PackedRequest {
+    resource: String,
+    ids: String,
+    #[component(name = "id-ends")]
+    id_ends: Vec<u32>,
+    #[component(name = "numa-nodes")]
+    numa_nodes: Vec<i64>,
+    #[component(name = "numa-ends")]
+    numa_ends: Vec<u32>,
+    #[component(name = "must-include")]
+    must_include: Vec<String>,
+    count: u32,
+    preferred: Option<Vec<String>>,
+}
+
+impl From<&AllocationRequest> for PackedRequest {
+    fn from(request: &AllocationRequest) -> PackedRequest {
+        let devices = &request.available;
+        let mut ids = String::with_capacity(devices.iter().map(|d| d.id.len()).sum());
+        let mut id_ends = Vec::with_capacity(devices.len());
+        let mut numa_nodes = Vec::with_capacity(devices.len());
+        let mut numa_ends = Vec::with_capacity(devices.len());
+        for device in devices {
+            ids.push_str(&device.id);
+            id_ends.push(u32::try_from(ids.len()).unwrap_or(u32::MAX));
+            numa_nodes.extend_from_slice(&device.numa_nodes);
+            numa_ends.push(u32::try_from(numa_nodes.len()).unwrap_or(u32::MAX));
+        }
+        PackedRequest {
+            resource: request.resource.clone(),
+            ids,
+            id_ends,
+            numa_nodes,
+            numa_ends,
+            must_include: request.must_include.clone(),
+            count: request.count,
+            preferred: request.preferred.clone(),
+        }
+    }
+}
+
 /// A hook family: one exported interface of the contract.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

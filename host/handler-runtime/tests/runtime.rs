@@ -114,7 +114,7 @@ mod builtin_csi {
     fn families_and_contract_are_read_from_the_component() {
         let h = csi();
         assert_eq!(h.module(), "builtin:csi");
-        assert_eq!(h.contract_version(), "1.1.0");
+        assert_eq!(h.contract_version(), "1.2.0");
         assert_eq!(h.families(), &[Family::Registration]);
         assert_eq!(h.sha256().len(), 64);
     }
@@ -294,7 +294,7 @@ mod builtin_device_plugin {
             h.families(),
             &[Family::Registration, Family::AllocationPolicy]
         );
-        assert_eq!(h.contract_version(), "1.1.0");
+        assert_eq!(h.contract_version(), "1.2.0");
     }
 
     #[test]
@@ -642,6 +642,69 @@ mod admission {
             .unwrap_err();
         assert!(matches!(err, LoadError::OtherContract { .. }), "{err}");
         assert!(err.to_string().contains("exports nothing"), "{err}");
+    }
+
+    #[test]
+    fn a_1_1_0_policy_without_allocate_packed_is_called_with_records() {
+        let h = runtime()
+            .load(guest("contract-v1-1"), BTreeMap::new(), None)
+            .expect("the 1.1.0 guest loads");
+        assert_eq!(h.contract_version(), "1.1.0");
+        assert_eq!(h.families(), &[Family::AllocationPolicy]);
+        let request = AllocationRequest {
+            resource: "vendor.com/gpu".into(),
+            available: vec![
+                Device {
+                    id: "a".into(),
+                    numa_nodes: vec![0],
+                },
+                Device {
+                    id: "b".into(),
+                    numa_nodes: vec![],
+                },
+                Device {
+                    id: "c".into(),
+                    numa_nodes: vec![0, 1],
+                },
+            ],
+            must_include: vec![],
+            count: 2,
+            preferred: None,
+        };
+        let chosen = h.allocate(&cx(), &request).unwrap().value.unwrap();
+        assert_eq!(chosen, ["c@[0, 1]", "b@[]"]);
+    }
+
+    #[test]
+    fn the_packed_request_reaches_a_1_2_0_policy_intact() {
+        // The built-in exports allocate-packed: ids of several lengths, NUMA lists of 0–2 nodes,
+        // preference and must-include all survive the trip through the columns.
+        let h = runtime()
+            .load(
+                builtin("device-plugin", pluglet_wasm_guests::DEVICE_PLUGIN),
+                BTreeMap::new(),
+                None,
+            )
+            .unwrap();
+        let device = |id: &str, numa: &[i64]| Device {
+            id: id.into(),
+            numa_nodes: numa.to_vec(),
+        };
+        let request = AllocationRequest {
+            resource: "vendor.com/gpu".into(),
+            available: vec![
+                device("gpu-0", &[0]),
+                device("g1", &[1]),
+                device("long-device-name-2", &[1]),
+                device("x", &[]),
+                device("both", &[0, 1]),
+            ],
+            must_include: vec!["x".into()],
+            count: 3,
+            preferred: Some(vec!["long-device-name-2".into(), "missing".into()]),
+        };
+        let chosen = h.allocate(&cx(), &request).unwrap().value.unwrap();
+        assert_eq!(chosen, ["x", "long-device-name-2", "g1"]);
     }
 
     #[test]

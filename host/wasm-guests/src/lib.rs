@@ -31,7 +31,7 @@ pub fn built_guests() -> Vec<&'static str> {
 }
 
 /// The path of a built guest component by short name: `csi`, `device-plugin`, `misbehave`,
-/// `uses-fs`, `uses-tcp`, `contract-v1-0`, `spread-policy` (built only once that example exports a
+/// `uses-fs`, `uses-tcp`, `contract-v1-0`, `contract-v1-1`, `spread-policy` (built only once that example exports a
 /// handler; check [`built_guests`]). Other names map to `<name with - as _>.wasm` in
 /// [`GUESTS_DIR`].
 pub fn guest_path(name: &str) -> PathBuf {
@@ -42,6 +42,7 @@ pub fn guest_path(name: &str) -> PathBuf {
         "uses-fs" => "test_guest_uses_fs",
         "uses-tcp" => "test_guest_uses_tcp",
         "contract-v1-0" => "test_guest_contract_v1_0",
+        "contract-v1-1" => "test_guest_contract_v1_1",
         "spread-policy" => "example_spread_policy",
         other => {
             return PathBuf::from(GUESTS_DIR).join(format!("{}.wasm", other.replace('-', "_")));
@@ -64,7 +65,13 @@ mod tests {
 
     #[test]
     fn test_guests_are_built() {
-        for name in ["misbehave", "uses-fs", "uses-tcp", "contract-v1-0"] {
+        for name in [
+            "misbehave",
+            "uses-fs",
+            "uses-tcp",
+            "contract-v1-0",
+            "contract-v1-1",
+        ] {
             assert!(guest_path(name).exists(), "{}", guest_path(name).display());
             assert!(built_guests().contains(&name));
         }
