@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
-use pluglet_proto::v1beta1::{DevicePluginOptions, Empty};
+use pluglet_proto::v1beta1::{DevicePluginOptions, Empty, ListAndWatchResponse};
 use pluglet_uds::Channel;
 use tokio_util::sync::CancellationToken;
 
@@ -62,8 +62,17 @@ pub(crate) struct Endpoint {
     pub cancel: CancellationToken,
 }
 
+/// A ListAndWatch call as opened by [`Endpoint::connect`]: the stream, or why it did not open.
+pub(crate) type Opened = Result<tonic::Streaming<ListAndWatchResponse>, tonic::Status>;
+
 impl Endpoint {
-    /// Dials `path` and asks GetDevicePluginOptions, each within `timeout`.
+    /// Dials `path`, asks GetDevicePluginOptions (within `timeout`) and opens ListAndWatch.
+    ///
+    /// ListAndWatch is opened on the same connection at the same time as the options are asked
+    /// for, so the first device list is on its way when the registration is answered: one round
+    /// trip less from Register to devices visible. (The kubelet starts ListAndWatch in a goroutine
+    /// as it answers Register, so a plugin sees the two in no fixed order either way.) If the
+    /// options fail, the stream is dropped, which cancels it.
     pub async fn connect(
         resource: &str,
         path: PathBuf,
@@ -71,7 +80,7 @@ impl Endpoint {
         generation: u64,
         timeout: Duration,
         cancel: CancellationToken,
-    ) -> Result<Endpoint, RegisterError> {
+    ) -> Result<(Endpoint, Opened), RegisterError> {
         let channel = pluglet_uds::connect(&path, timeout)
             .await
             .map_err(|source| RegisterError::Dial {
@@ -80,54 +89,55 @@ impl Endpoint {
                 source,
             })?;
         let mut client = DevicePluginClient::new(channel);
-        let options =
-            match tokio::time::timeout(timeout, client.get_device_plugin_options(Empty {})).await {
-                Ok(Ok(options)) => options.into_inner(),
-                Ok(Err(status)) => {
-                    return Err(RegisterError::Options {
-                        resource: resource.to_owned(),
-                        endpoint: path,
-                        status,
-                    });
-                }
-                Err(_) => {
-                    return Err(RegisterError::Options {
-                        resource: resource.to_owned(),
-                        endpoint: path,
-                        status: tonic::Status::deadline_exceeded(format!(
-                            "no answer within {timeout:?}"
-                        )),
-                    });
-                }
-            };
-        Ok(Endpoint {
+        let mut watch_client = client.clone();
+        let (options, opened) = tokio::join!(
+            tokio::time::timeout(timeout, client.get_device_plugin_options(Empty {})),
+            watch_client.list_and_watch(Empty {}),
+        );
+        let options = match options {
+            Ok(Ok(options)) => options.into_inner(),
+            Ok(Err(status)) => {
+                return Err(RegisterError::Options {
+                    resource: resource.to_owned(),
+                    endpoint: path,
+                    status,
+                });
+            }
+            Err(_) => {
+                return Err(RegisterError::Options {
+                    resource: resource.to_owned(),
+                    endpoint: path,
+                    status: tonic::Status::deadline_exceeded(format!(
+                        "no answer within {timeout:?}"
+                    )),
+                });
+            }
+        };
+        let endpoint = Endpoint {
             path,
             flow,
             generation,
             options,
             client,
             cancel,
-        })
+        };
+        Ok((endpoint, opened.map(tonic::Response::into_inner)))
     }
 }
 
-/// The endpoint's task: opens ListAndWatch and applies every update until the stream ends or
-/// the endpoint is cancelled. A stream that ends is reported once as [`Event::StreamEnded`];
+/// The endpoint's task: applies every update of the ListAndWatch stream [`Endpoint::connect`]
+/// opened until the stream ends or the endpoint is cancelled. A stream that ends is reported once as [`Event::StreamEnded`];
 /// a cancelled endpoint reports nothing (whoever cancelled it has already updated the state).
 pub(crate) async fn run(
     manager: DeviceManager,
     resource: String,
     generation: u64,
-    mut client: DevicePluginClient<Channel>,
+    opened: Opened,
     cancel: CancellationToken,
 ) {
     let events = manager.inner.events.clone();
-    let opened = tokio::select! {
-        _ = cancel.cancelled() => return,
-        opened = client.list_and_watch(Empty {}) => opened,
-    };
     let mut stream = match opened {
-        Ok(response) => response.into_inner(),
+        Ok(stream) => stream,
         Err(status) => {
             let reason = format!(
                 "ListAndWatch failed: {:?}: {}",

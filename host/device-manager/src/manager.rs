@@ -453,8 +453,8 @@ impl DeviceManager {
             cancel.clone(),
         )
         .await?;
+        let (endpoint, opened) = endpoint;
         let options = endpoint.options;
-        let client = endpoint.client.clone();
         let endpoint = Arc::new(endpoint);
         {
             let mut state = self.lock();
@@ -475,7 +475,7 @@ impl DeviceManager {
             self.clone(),
             resource.clone(),
             generation,
-            client,
+            opened,
             cancel,
         ));
         tracing::info!(
