@@ -6,7 +6,9 @@ use crate::device_support::{
     DevicePluginProcess, FLOWS, allocate, allocations, checkpoint, device_plugins_dir, ids,
     kill_daemon, resource, wait_allocatable, wait_resource,
 };
-use crate::support::{Daemon, TestRoot};
+use crate::support::{Daemon, TestRoot, wait_for};
+
+use std::time::Duration;
 
 const GPU: &str = "vendor.com/gpu";
 
@@ -48,6 +50,55 @@ fn allocations_survive_a_restart_and_a_sigkill() {
             assert!(!held.contains(&id), "{id} given twice");
         }
     }
+}
+
+/// The checkpoint's text once `done` says it holds what the test waits for.
+fn checkpoint_when(root: &TestRoot, what: &str, done: impl Fn(&str) -> bool) -> String {
+    wait_for(what, Duration::from_secs(30), || {
+        std::fs::read_to_string(checkpoint(root))
+            .ok()
+            .filter(|text| done(text))
+    })
+}
+
+#[test]
+fn allocations_answered_before_the_checkpoint_caught_up_come_back_from_the_journal() {
+    let root = TestRoot::new();
+    let daemon = Daemon::start(&root.path(), &[]);
+    let _plugin = DevicePluginProcess::start(&root, FLOWS[0], GPU, &[]);
+    wait_allocatable(&daemon, GPU, 4);
+    // What a crash leaves on disk if the checkpoint write that follows an allocation's answer
+    // never happens: the checkpoint from before the allocation.
+    let before = checkpoint_when(&root, "the devices in the checkpoint", |text| {
+        text.contains(GPU) && text.contains(r#""PodDeviceEntries":null"#)
+    });
+    let first = allocate(&daemon, "pod-1", "ctr", GPU, 2).unwrap();
+    checkpoint_when(&root, "pod-1 in the checkpoint", |text| {
+        text.contains("pod-1")
+    });
+    kill_daemon(daemon);
+    std::fs::write(checkpoint(&root), &before).unwrap();
+
+    let daemon = Daemon::start(&root.path(), &[]);
+    let listed = allocations(&daemon);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(ids(&listed[0]["device_ids"]), ids(&first["device_ids"]));
+    let log = daemon.log_text();
+    assert!(log.contains("restored from the journal"), "{log}");
+    checkpoint_when(&root, "the checkpoint to catch up", |text| {
+        text.contains("pod-1")
+    });
+
+    // A checkpoint the journal does not name (one a kubelet wrote, say) is newer: it wins.
+    kill_daemon(daemon);
+    std::fs::write(
+        checkpoint(&root),
+        r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3467439661}"#,
+    )
+    .unwrap();
+    let daemon = Daemon::start(&root.path(), &[]);
+    assert!(allocations(&daemon).is_empty());
+    assert!(!daemon.log_text().contains("restored from the journal"));
 }
 
 #[test]

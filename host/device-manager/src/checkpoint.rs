@@ -12,11 +12,15 @@
 //!   the state directory first ([`pluglet_checkpoint::Journal`]: one in-place write and an
 //!   `fdatasync`), and the checkpoint follows.
 //!
-//! Which is newer after a crash: each journal record names the checkpoint files that were on
-//! disk or being written when it was made (by their kubelet checksums, see [`Disk`]). At start,
+//! Which is newer after a crash: each journal record names the checkpoint files that were in
+//! place or being written when it was made (by their kubelet checksums, see [`Disk`]). At start,
 //! when the checkpoint is one of those, the journal's allocations are newer and win; otherwise
 //! the checkpoint was written later (by Pluglet, and then holds every journaled change, or by a
-//! kubelet) and wins.
+//! kubelet) and wins. Only the newest files are named, so an older state that a kubelet happens
+//! to write again (an empty node, say) is not mistaken for Pluglet's. After a power cut the
+//! checkpoint's last renames may be undone, as with the kubelet (it never fsyncs the directory;
+//! Pluglet does every fourth write): the older checkpoint then wins and the allocations made
+//! since are lost, with the containers that used them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -42,8 +46,8 @@ pub const SIDE_FILE_NAME: &str = "device-manager.json";
 /// File name of the allocation journal in the state directory.
 pub const JOURNAL_FILE_NAME: &str = "device-manager.journal";
 
-/// The checkpoint writer fsyncs the directory (making every rename so far durable) once this
-/// many checkpoint files may be on disk; until then a journal record names them all.
+/// The checkpoint writer fsyncs the directory (making its renames survive a power cut) after
+/// this many renames.
 const DIR_SYNC_AFTER: usize = 4;
 
 /// How many checkpoint files a journal record names at most (more only while writes keep
@@ -57,11 +61,13 @@ const MAX_ON_DISK: usize = 16;
 pub(crate) struct Disk {
     /// The allocation journal.
     pub journal: Journal,
-    /// Kubelet checksums of the checkpoint files that may be on disk after a power cut: the one
-    /// in place at the last directory fsync and every one renamed (or being written) since.
+    /// Kubelet checksums of the checkpoint files that may be in place if the process dies now:
+    /// the last one written and any being written (or that failed to be) since.
     pub on_disk: Vec<u64>,
     /// [`PodDevices::version`] of the newest journal record.
     pub journaled: u64,
+    /// Renames since the last directory fsync.
+    pub unsynced: usize,
 }
 
 impl Disk {
@@ -73,17 +79,16 @@ impl Disk {
         }
     }
 
-    /// The directory was fsynced after the file with this checksum was renamed into place:
-    /// earlier files are gone for good.
-    pub fn synced(&mut self, checksum: u64) {
-        if let Some(at) = self.on_disk.iter().rposition(|&c| c == checksum) {
-            self.on_disk.drain(..at);
-        }
+    /// The file with this checksum is in place: earlier ones are gone.
+    pub fn written(&mut self, checksum: u64) {
+        self.on_disk.clear();
+        self.on_disk.push(checksum);
+        self.unsynced += 1;
     }
 
-    /// Whether enough files may be on disk that the writer should fsync the directory.
+    /// Whether the writer should fsync the directory now.
     pub fn needs_dir_sync(&self) -> bool {
-        self.on_disk.len() >= DIR_SYNC_AFTER
+        self.unsynced >= DIR_SYNC_AFTER
     }
 }
 
@@ -739,6 +744,37 @@ mod tests {
         .unwrap();
         assert!(restored.pods.is_empty());
         assert!(!restored.report.from_journal);
+    }
+
+    #[test]
+    fn a_record_names_the_file_in_place_and_the_one_being_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut disk = Disk {
+            journal: Journal::open(&dir.path().join("j"), Durability::NoFsync)
+                .unwrap()
+                .journal,
+            on_disk: Vec::new(),
+            journaled: 0,
+            unsynced: 0,
+        };
+        disk.writing(1);
+        disk.written(1);
+        disk.writing(2);
+        assert_eq!(disk.on_disk, [1, 2], "a crash now leaves either in place");
+        disk.written(2);
+        assert_eq!(
+            disk.on_disk,
+            [2],
+            "file 1 is gone for good once 2 is in place"
+        );
+        disk.writing(3);
+        disk.writing(4);
+        assert_eq!(disk.on_disk, [2, 3, 4], "a failed write stays named");
+        assert!(!disk.needs_dir_sync());
+        disk.written(4);
+        disk.written(4);
+        disk.written(4);
+        assert!(disk.needs_dir_sync(), "every fourth rename");
     }
 
     #[test]

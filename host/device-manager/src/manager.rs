@@ -270,6 +270,7 @@ impl DeviceManager {
                 journal: opened.journal,
                 on_disk: Vec::new(),
                 journaled: 0,
+                unsynced: 0,
             }),
             decisions: Mutex::new(HashMap::new()),
             next_generation: AtomicU64::new(1),
@@ -299,8 +300,7 @@ impl DeviceManager {
             manager.start_grace_timer(name, 0);
         }
         *manager.lock_tasks() = tasks;
-        // The first write, renames made durable at once: a journal record never has to name a
-        // file from before this start.
+        // The first write of this start, made to survive a power cut at once.
         let seq = manager.inner.checkpoint.request_devices();
         let written = match manager.inner.checkpoint.flush(seq).await {
             Ok(()) => manager.sync_dirs().await.map_err(Arc::new),
@@ -643,13 +643,13 @@ impl DeviceManager {
                 }
             };
             let write_side = self.inner.checkpoint.take_devices_changed();
-            let (bytes, side) = {
+            let (bytes, checksum, side) = {
                 // Under the disk lock, so a journal record made after this snapshot names it.
                 let mut disk = self.inner.disk.lock().await;
                 let (data, side) = self.snapshot(write_side);
                 let (bytes, checksum) = data.encode_with_checksum();
                 disk.writing(checksum);
-                (bytes, side)
+                (bytes, checksum, side)
             };
             let config = &self.inner.config;
             let result = pluglet_handler_runtime::run_in_place(|| {
@@ -662,35 +662,39 @@ impl DeviceManager {
                 )
             });
             let result = match result {
-                Ok(()) if self.inner.disk.lock().await.needs_dir_sync() => self.sync_dirs().await,
-                other => other,
+                Ok(()) => {
+                    let sync = {
+                        let mut disk = self.inner.disk.lock().await;
+                        disk.written(checksum);
+                        disk.needs_dir_sync()
+                    };
+                    if sync { self.sync_dirs().await } else { Ok(()) }
+                }
+                Err(err) => Err(err),
             };
             if let Err(err) = &result {
                 tracing::error!(error = %crate::error::error_chain(err), "cannot write the device manager checkpoint");
             }
             self.inner.checkpoint.done(target, result.err());
         }
-        if self.inner.disk.lock().await.on_disk.len() > 1
+        if self.inner.disk.lock().await.unsynced > 0
             && let Err(err) = self.sync_dirs().await
         {
             tracing::error!(error = %crate::error::error_chain(&err), "cannot sync the device manager checkpoint");
         }
     }
 
-    /// Fsyncs the directories of the checkpoint and the side file: every rename so far is then
-    /// durable, and only the newest checkpoint file can be on disk.
+    /// Fsyncs the directories of the checkpoint and the side file, so that the renames so far
+    /// survive a power cut.
     async fn sync_dirs(&self) -> Result<(), pluglet_checkpoint::CheckpointError> {
         let config = &self.inner.config;
-        let newest = self.inner.disk.lock().await.on_disk.last().copied();
         if config.durability == Durability::Fsync {
             pluglet_handler_runtime::run_in_place(|| {
                 pluglet_checkpoint::sync_parent(&config.checkpoint_path())?;
                 pluglet_checkpoint::sync_parent(&config.side_path())
             })?;
         }
-        if let Some(newest) = newest {
-            self.inner.disk.lock().await.synced(newest);
-        }
+        self.inner.disk.lock().await.unsynced = 0;
         Ok(())
     }
 
