@@ -110,8 +110,15 @@ echo
 echo "==> pluglet ctl allocations"
 ctl allocations
 echo
+# The allocation was answered once its journal record was on disk; the kubelet-format
+# checkpoint follows right after.
+in_checkpoint() { grep -q demo-pod "$root/device-plugins/kubelet_internal_checkpoint"; }
+wait_until in_checkpoint
 echo "==> kubelet_internal_checkpoint (kubelet format, readable by a kubelet)"
 cat "$root/device-plugins/kubelet_internal_checkpoint"; echo
+echo
+echo "==> $root/state (journal, side file, lock)"
+ls -l "$root/state"
 echo
 echo "==> stopping (SIGTERM: plugins, then the daemon)"
 stop
