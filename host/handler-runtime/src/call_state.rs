@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
@@ -37,6 +38,44 @@ pub(crate) struct CallState {
     node_name: String,
     settings: Arc<BTreeMap<String, String>>,
     module: Arc<str>,
+    /// Zero of the guest's monotonic clock (see [`CallClock`]).
+    clock_origin: Instant,
+    /// When the call's wall time runs out; no guest sleep lasts past it (see
+    /// [`crate::engine`]'s capped sleeps).
+    pub(crate) wall_end: Option<Instant>,
+}
+
+/// The guest's `wasi:clocks/monotonic-clock`: nanoseconds since the call's store was made.
+struct CallClock {
+    origin: Instant,
+}
+
+impl wasmtime_wasi::clocks::HostMonotonicClock for CallClock {
+    fn resolution(&self) -> u64 {
+        1
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A guest timer (`subscribe-duration` / `subscribe-instant`) that ends at the requested time or
+/// when the call's wall time runs out, whichever comes first. When it ends early the guest runs
+/// on into the epoch deadline and the call fails as a deadline, instead of the host thread
+/// sleeping as long as the guest asked.
+pub(crate) struct CappedSleep {
+    until: Option<tokio::time::Instant>,
+}
+
+#[async_trait::async_trait]
+impl wasmtime_wasi::p2::Pollable for CappedSleep {
+    async fn ready(&mut self) {
+        match self.until {
+            Some(until) => tokio::time::sleep_until(until).await,
+            None => tokio::task::yield_now().await,
+        }
+    }
 }
 
 impl CallState {
@@ -48,6 +87,7 @@ impl CallState {
         memory_bytes: usize,
     ) -> CallState {
         let output = MemoryOutputPipe::new(OUTPUT_CAPTURE_BYTES);
+        let clock_origin = Instant::now();
         // The default builder already has no env, no args, no preopens and stdin closed; network
         // is switched off explicitly (admission refuses wasi:sockets anyway).
         let wasi = WasiCtxBuilder::new()
@@ -56,6 +96,9 @@ impl CallState {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
+            .monotonic_clock(CallClock {
+                origin: clock_origin,
+            })
             .build();
         CallState {
             wasi,
@@ -67,7 +110,46 @@ impl CallState {
             node_name,
             settings,
             module,
+            clock_origin,
+            wall_end: None,
         }
+    }
+
+    /// A pollable for a guest timer ending after `nanos` (capped as [`CappedSleep`] says).
+    pub(crate) fn sleep_for(
+        &mut self,
+        nanos: u64,
+    ) -> wasmtime::Result<wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>> {
+        let requested = Instant::now().checked_add(Duration::from_nanos(nanos));
+        self.sleep_until(requested)
+    }
+
+    /// A pollable for a guest timer ending at `when` on the guest's monotonic clock.
+    pub(crate) fn sleep_until_instant(
+        &mut self,
+        when: u64,
+    ) -> wasmtime::Result<wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>> {
+        let requested = self.clock_origin.checked_add(Duration::from_nanos(when));
+        self.sleep_until(requested)
+    }
+
+    fn sleep_until(
+        &mut self,
+        requested: Option<Instant>,
+    ) -> wasmtime::Result<wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>> {
+        // `None` from the addition: further away than a clock can say; the cap applies.
+        let until = match (requested, self.wall_end) {
+            (Some(requested), Some(end)) => Some(requested.min(end)),
+            (Some(requested), None) => Some(requested),
+            (None, end) => end,
+        };
+        let sleep = CappedSleep {
+            until: until
+                .filter(|&t| t > Instant::now())
+                .map(tokio::time::Instant::from_std),
+        };
+        let resource = self.table.push(sleep)?;
+        wasmtime_wasi::p2::subscribe(&mut self.table, resource)
     }
 
     /// The guest's captured output as text, without the Rust "note: run with RUST_BACKTRACE" hint,

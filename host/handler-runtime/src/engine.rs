@@ -35,6 +35,33 @@ const TABLES_PER_COMPONENT: u32 = 8;
 const MEMORY_KEEP_RESIDENT: usize = 2 << 20;
 const TABLE_KEEP_RESIDENT: usize = 64 << 10;
 
+/// The WASI clock interface whose timers [`cap_guest_sleeps`] replaces (the version
+/// `wasmtime-wasi` provides; guests built for older 0.2 versions are linked to it).
+const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
+
+/// Replaces WASI's `subscribe-duration` and `subscribe-instant` with timers that end when the
+/// call's wall time runs out. A guest timer is waited for in host code, where the epoch deadline
+/// cannot interrupt it: without the cap, a guest calling `thread::sleep` for an hour would hold
+/// its host thread for an hour.
+fn cap_guest_sleeps(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance(MONOTONIC_CLOCK)?;
+    clock.func_wrap(
+        "subscribe-duration",
+        |mut store: wasmtime::StoreContextMut<'_, CallState>, (nanos,): (u64,)| {
+            Ok((store.data_mut().sleep_for(nanos)?,))
+        },
+    )?;
+    clock.func_wrap(
+        "subscribe-instant",
+        |mut store: wasmtime::StoreContextMut<'_, CallState>, (when,): (u64,)| {
+            Ok((store.data_mut().sleep_until_instant(when)?,))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
 /// Per-call budgets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -205,6 +232,7 @@ impl Runtime {
 
         let mut linker = Linker::<CallState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(engine_err)?;
+        cap_guest_sleeps(&mut linker).map_err(engine_err)?;
         bindings::pluglet::handler::types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(engine_err)?;
         bindings::pluglet::handler::host::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)

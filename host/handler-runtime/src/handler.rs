@@ -385,6 +385,7 @@ impl Handler {
         let wall_cap = (budget * WALL_CAP_FACTOR).max(MIN_WALL_CAP);
         let started = Instant::now();
         let cpu_start = thread_cpu_time();
+        store.data_mut().wall_end = started.checked_add(wall_cap);
         store.set_epoch_deadline(Self::ticks(tick, budget));
         store.epoch_deadline_callback(move |_| {
             let used = match (cpu_start, thread_cpu_time()) {

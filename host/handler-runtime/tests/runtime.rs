@@ -490,6 +490,30 @@ mod limits {
     }
 
     #[test]
+    fn one_long_sleep_ends_at_the_wall_time_cap() {
+        // A single hour-long sleep is waited for in host code, out of the epoch deadline's reach:
+        // the timer itself must end when the call's wall time does.
+        let h = misbehave(
+            &[("mode", "sleep"), ("ms", "3600000")],
+            limits(10, 16, None),
+        );
+        let started = std::time::Instant::now();
+        let err = validate(&h).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            err.fault,
+            HandlerFault::Deadline {
+                deadline: Duration::from_millis(10)
+            }
+        );
+        good_call_succeeds();
+    }
+
+    #[test]
     fn fuel_obeyed() {
         let h = misbehave(
             &[("mode", "burn"), ("iterations", "1000")],
