@@ -5,6 +5,7 @@
 //! and the admin API.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use pluglet_proto::constants::HEALTHY;
 use pluglet_proto::v1beta1;
@@ -64,10 +65,15 @@ impl Device {
 }
 
 /// Every device of one resource, in the order the plugin listed them.
+///
+/// Cheap to clone (shared, copy-on-write): the checkpoint writer clones the sets under the state
+/// lock and does its sorting and encoding after releasing it.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceSet {
-    devices: Vec<Device>,
-    index: HashMap<String, usize>,
+    devices: Arc<Vec<Device>>,
+    index: Arc<HashMap<String, usize>>,
+    /// Positions in `devices`, ordered by id (Go's string order, as the checkpoint lists them).
+    by_id: Arc<Vec<usize>>,
     healthy: usize,
 }
 
@@ -83,18 +89,25 @@ impl DeviceSet {
     /// Returns whether anything changed.
     pub fn replace(&mut self, devices: Vec<Device>) -> bool {
         // The common update (a health flip) keeps the same ids in the same order: keep the
-        // index instead of rebuilding it.
+        // index and the id order instead of rebuilding them.
         if devices.len() == self.devices.len()
-            && devices.iter().zip(&self.devices).all(|(a, b)| a.id == b.id)
+            && devices
+                .iter()
+                .zip(self.devices.iter())
+                .all(|(a, b)| a.id == b.id)
         {
-            if devices == self.devices {
+            if devices
+                .iter()
+                .zip(self.devices.iter())
+                .all(|(a, b)| a.health == b.health && a.numa == b.numa)
+            {
                 return false;
             }
             self.healthy = devices
                 .iter()
                 .filter(|d| d.health == Health::Healthy)
                 .count();
-            self.devices = devices;
+            self.devices = Arc::new(devices);
             return true;
         }
         let mut index = HashMap::with_capacity(devices.len());
@@ -108,18 +121,21 @@ impl DeviceSet {
                 }
             }
         }
-        if list == self.devices {
+        if list == *self.devices {
             return false;
         }
+        let mut by_id: Vec<usize> = (0..list.len()).collect();
+        by_id.sort_unstable_by(|&a, &b| list[a].id.cmp(&list[b].id));
         self.healthy = list.iter().filter(|d| d.health == Health::Healthy).count();
-        self.devices = list;
-        self.index = index;
+        self.devices = Arc::new(list);
+        self.index = Arc::new(index);
+        self.by_id = Arc::new(by_id);
         true
     }
 
     /// Turns every device unhealthy at once (the plugin's stream ended or its socket went).
     pub fn mark_all_unhealthy(&mut self) {
-        for device in &mut self.devices {
+        for device in Arc::make_mut(&mut self.devices) {
             device.health = Health::Unhealthy;
         }
         self.healthy = 0;
@@ -152,14 +168,12 @@ impl DeviceSet {
 
     /// Ids of the healthy devices, sorted (what the kubelet checkpoints as `RegisteredDevices`).
     pub fn healthy_ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self
-            .devices
+        self.by_id
             .iter()
+            .map(|&at| &self.devices[at])
             .filter(|d| d.health == Health::Healthy)
             .map(|d| d.id.clone())
-            .collect();
-        ids.sort();
-        ids
+            .collect()
     }
 }
 

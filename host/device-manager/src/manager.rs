@@ -732,20 +732,26 @@ impl DeviceManager {
 
     /// The kubelet checkpoint, and the side file when `with_side`.
     fn snapshot(&self, with_side: bool) -> (pluglet_checkpoint::CheckpointData, Option<SideState>) {
-        let state = self.lock();
-        let data = checkpoint::kubelet_data(
-            state.resources.iter().map(|(k, r)| (k, &r.devices)),
-            &state.pods,
-        );
-        let side = with_side.then(|| SideState {
-            resources: state
+        // Under the state lock only the (shared, copy-on-write) device sets and the allocations
+        // are copied; sorting and encoding happen after it is released.
+        let (resources, pods) = {
+            let state = self.lock();
+            let resources: Vec<(String, DeviceSet)> = state
                 .resources
                 .iter()
-                .map(|(name, r)| {
+                .map(|(name, r)| (name.clone(), r.devices.clone()))
+                .collect();
+            (resources, state.pods.clone())
+        };
+        let data = checkpoint::kubelet_data(resources.iter().map(|(k, d)| (k, d)), &pods);
+        let side = with_side.then(|| SideState {
+            resources: resources
+                .iter()
+                .map(|(name, devices)| {
                     let policy = self.inner.handlers.for_resource(name);
                     (
                         name.clone(),
-                        checkpoint::side_resource(&r.devices, policy.module(), policy.sha256()),
+                        checkpoint::side_resource(devices, policy.module(), policy.sha256()),
                     )
                 })
                 .collect(),
