@@ -13,8 +13,10 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
+use pluglet_core::PluginType;
 use pluglet_handler_runtime::{HandlerSet, ModuleSource, Runtime, RuntimeConfig};
 use pluglet_proto::constants;
+use pluglet_registration::Pipeline;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -22,8 +24,7 @@ use tracing::{error, info, warn};
 use crate::admin::server::{AdminService, bind_and_serve};
 use crate::config::Config;
 use crate::plugin_manager::{PluginManager, PluginManagerConfig};
-use crate::plugin_types::PluginTypes;
-use crate::plugin_types::device_plugin::DevicePluginSink;
+use crate::plugin_types::csi::CsiKind;
 
 /// Another daemon holds the state directory.
 #[derive(Debug, thiserror::Error)]
@@ -177,28 +178,31 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     device_config.grace_period = timings.device_grace_period;
     device_config.dial_timeout = timings.dial_timeout;
+    // One registration pipeline for both doors: the device manager gives it the device plugin
+    // type's steps and serves kubelet.sock through it; the plugin manager feeds it what the
+    // watcher finds.
+    let pipeline = Pipeline::new(handlers.clone(), config.node_name.clone());
+    pipeline.set_kind(
+        PluginType::Csi,
+        Arc::new(CsiKind {
+            dial_timeout: timings.dial_timeout,
+            node_get_info_timeout: timings.node_get_info_timeout,
+        }),
+    );
     let devices = pluglet_device_manager::DeviceManager::start(
         device_config,
-        handlers.clone(),
+        pipeline.clone(),
         cancel.child_token(),
     )
     .await
     .context("cannot start the device manager")?;
-    let device_plugins: Arc<dyn DevicePluginSink> = Arc::new(devices.clone());
-    let plugin_types = Arc::new(PluginTypes::new(
-        timings.dial_timeout,
-        timings.node_get_info_timeout,
-        device_plugins,
-    ));
 
     let manager = PluginManager::start(
         PluginManagerConfig {
             registry_dir: paths.registry_dir.clone(),
             timings: timings.clone(),
-            node_name: config.node_name.clone(),
         },
-        handlers.clone(),
-        plugin_types,
+        pipeline,
         cancel.clone(),
     )?;
 

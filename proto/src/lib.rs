@@ -47,12 +47,8 @@ pub mod admin {
 
 /// Wire constants of the kubelet protocols.
 pub mod constants {
-    /// Plugin type of CSI drivers in `PluginInfo.type`.
-    pub const CSI_PLUGIN: &str = "CSIPlugin";
-    /// Plugin type of device plugins in `PluginInfo.type`.
-    pub const DEVICE_PLUGIN: &str = "DevicePlugin";
-    /// Plugin type of DRA drivers in `PluginInfo.type`.
-    pub const DRA_PLUGIN: &str = "DRAPlugin";
+    /// Plugin types in `PluginInfo.type` (defined with [`pluglet_core::PluginType`]).
+    pub use pluglet_core::names::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
     /// Device health: healthy.
     pub const HEALTHY: &str = "Healthy";
     /// Device health: unhealthy.

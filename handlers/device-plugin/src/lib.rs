@@ -47,6 +47,10 @@ impl Registration for DevicePlugin {
         }
         Ok(accepted)
     }
+
+    fn deregister(plugin: PluginInfo) {
+        pluglet_guest::info(&format!("device plugin {} deregistered", plugin.name));
+    }
 }
 
 impl AllocationPolicy for DevicePlugin {

@@ -63,9 +63,13 @@ async fn start(root: &Path, handlers: Arc<HandlerSet>, durability: Durability) -
         "bench".into(),
     );
     config.durability = durability;
-    DeviceManager::start(config, handlers, CancellationToken::new())
-        .await
-        .expect("start the device manager")
+    DeviceManager::start(
+        config,
+        pluglet_registration::Pipeline::new(handlers, "bench"),
+        CancellationToken::new(),
+    )
+    .await
+    .expect("start the device manager")
 }
 
 async fn bench_register(handlers: Arc<HandlerSet>, durability: Durability, n: usize) -> Duration {

@@ -1,5 +1,11 @@
-//! Allocation: candidates → plugin preference → WASM policy → host check → reserve → Allocate
-//! → PreStartContainer → record (facts §7.4, §7.5).
+//! [`Allocator`]: who holds which devices, and every change to that: allocation (candidates →
+//! plugin preference → WASM policy → host check → reserve → Allocate → PreStartContainer →
+//! record), release, and the sync with the pods still active. The kubelet behaviour it follows
+//! is in `docs/kubelet-compatibility.md` ("Allocation").
+//!
+//! It owns the pod-device records ([`PodDevices`]) behind one short `std` mutex, never held
+//! across an `.await` nor together with the registry's lock: it reads the resource's devices
+//! from the [`Registry`] first (a shared copy), then decides under its own lock.
 //!
 //! Promises:
 //! - a container that already holds devices of a resource gets the same ones again with no
@@ -11,17 +17,23 @@
 //! - any failure leaves nothing held; success returns only once it is durable (journal
 //!   first, the kubelet checkpoint follows: see [`crate::checkpoint`]).
 
-use std::collections::HashSet;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use pluglet_handler_runtime::{AllocationRequest, CallContext, Device as PolicyDevice};
+use pluglet_core::{ContainerName, PodUid, ResourceName};
+use pluglet_handler_runtime::{AllocationRequest, CallContext, Device as PolicyDevice, HandlerSet};
 use pluglet_proto::v1beta1;
+use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
+use pluglet_uds::Channel;
+use tokio_util::sync::CancellationToken;
 
-use crate::error::AllocateError;
-use crate::manager::DeviceManager;
-use crate::pod_devices::{Entry, EntryState, HolderKey, group_by_numa};
+use crate::devices::Health;
+use crate::error::{AllocateError, ReleaseError};
+use crate::persistence::Persistence;
+use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices, group_by_numa};
+use crate::registry::Registry;
 
 /// The kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
 pub const PRE_START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -69,36 +81,81 @@ pub fn check_answer(
     Ok(())
 }
 
-/// What the state says before the policy runs.
-enum Plan {
-    /// The container already holds these devices.
-    Reuse(Allocation),
-    /// Choose among these.
-    Choose {
-        available: Vec<PolicyDevice>,
-        preferred_available: bool,
-        client: v1beta1::device_plugin_client::DevicePluginClient<pluglet_uds::Channel>,
-    },
+/// What one container holds of one resource, as the admin API shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocationInfo {
+    /// The pod.
+    pub pod_uid: PodUid,
+    /// The container.
+    pub container: ContainerName,
+    /// The resource.
+    pub resource: ResourceName,
+    /// The devices.
+    pub device_ids: Vec<String>,
+    /// False while the plugin's Allocate is still running.
+    pub allocated: bool,
 }
 
-impl DeviceManager {
+impl AllocationInfo {
+    fn of(key: &HolderKey, entry: &Entry) -> AllocationInfo {
+        AllocationInfo {
+            pod_uid: key.pod_uid.clone(),
+            container: key.container.clone(),
+            resource: key.resource.clone(),
+            device_ids: entry.devices.clone(),
+            allocated: matches!(entry.state, EntryState::Allocated { .. }),
+        }
+    }
+}
+
+struct Inner {
+    pods: Mutex<PodDevices>,
+    /// Per resource: held while choosing devices, so two requests never choose the same ones.
+    decisions: Mutex<HashMap<ResourceName, Arc<tokio::sync::Mutex<()>>>>,
+    next_token: AtomicU64,
+    registry: Registry,
+    persistence: Persistence,
+    handlers: Arc<HandlerSet>,
+    node_name: String,
+    cancel: CancellationToken,
+}
+
+/// The allocations and the decisions about them. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Allocator {
+    inner: Arc<Inner>,
+}
+
+impl Allocator {
+    /// An allocator starting from `pods` (restored), choosing among the `registry`'s devices
+    /// with the policies of `handlers`, committing through `persistence`.
+    pub fn new(
+        pods: PodDevices,
+        registry: Registry,
+        persistence: Persistence,
+        handlers: Arc<HandlerSet>,
+        node_name: String,
+        cancel: CancellationToken,
+    ) -> Allocator {
+        Allocator {
+            inner: Arc::new(Inner {
+                pods: Mutex::new(pods),
+                decisions: Mutex::new(HashMap::new()),
+                next_token: AtomicU64::new(1),
+                registry,
+                persistence,
+                handlers,
+                node_name,
+                cancel,
+            }),
+        }
+    }
+
     /// Allocates `count` devices of `resource` to one container (see the module doc).
-    pub async fn allocate(
-        &self,
-        pod_uid: &str,
-        container: &str,
-        resource: &str,
-        count: u32,
-    ) -> Result<Allocation, AllocateError> {
-        let key = HolderKey {
-            pod_uid: pod_uid.to_owned(),
-            container: container.to_owned(),
-            resource: resource.to_owned(),
-        };
+    pub async fn allocate(&self, key: HolderKey, count: u32) -> Result<Allocation, AllocateError> {
+        let resource = key.resource.clone();
         if count == 0 {
-            return Err(AllocateError::ZeroCount {
-                resource: key.resource,
-            });
+            return Err(AllocateError::ZeroCount { resource });
         }
         if self.inner.cancel.is_cancelled() {
             return Err(AllocateError::Stopped);
@@ -109,7 +166,7 @@ impl DeviceManager {
                 .decisions
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            locks.entry(resource.to_owned()).or_default().clone()
+            locks.entry(resource.clone()).or_default().clone()
         };
         let decision = decision.lock_owned().await;
 
@@ -130,22 +187,18 @@ impl DeviceManager {
                     allocation_size: i32::try_from(count).unwrap_or(i32::MAX),
                 }],
             };
-            let answer =
-                tokio::time::timeout(ALLOCATE_TIMEOUT, client.get_preferred_allocation(request))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(tonic::Status::deadline_exceeded(format!(
-                            "no answer within {ALLOCATE_TIMEOUT:?}"
-                        )))
-                    })
-                    .map_err(|status| AllocateError::Preferred {
-                        resource: resource.to_owned(),
-                        status,
-                    })?;
+            let answer = pluglet_uds::with_deadline(
+                ALLOCATE_TIMEOUT,
+                client.get_preferred_allocation(request),
+            )
+            .await
+            .map_err(|status| AllocateError::Preferred {
+                resource: resource.clone(),
+                status,
+            })?;
             // Only the first container response counts, as in the kubelet.
             Some(
                 answer
-                    .into_inner()
                     .container_responses
                     .into_iter()
                     .next()
@@ -156,25 +209,25 @@ impl DeviceManager {
             None
         };
 
-        let policy = self.inner.handlers.for_resource(resource);
+        let policy = self.inner.handlers.for_resource(resource.as_str());
         let module = policy.module().to_owned();
         let request = AllocationRequest {
-            resource: resource.to_owned(),
+            resource: resource.to_string(),
             available,
             must_include: Vec::new(),
             count,
             preferred,
         };
         let cx = CallContext {
-            node_name: self.inner.config.node_name.clone(),
+            node_name: self.inner.node_name.clone(),
         };
         let call = pluglet_handler_runtime::run_in_place(|| policy.allocate(&cx, &request));
         let call = call.map_err(|source| AllocateError::PolicyFailed {
-            resource: resource.to_owned(),
+            resource: resource.clone(),
             source,
         })?;
         let chosen = call.value.map_err(|refusal| AllocateError::PolicyRefused {
-            resource: resource.to_owned(),
+            resource: resource.clone(),
             module: module.clone(),
             refusal,
         })?;
@@ -182,7 +235,7 @@ impl DeviceManager {
             request.available.iter().map(|d| d.id.as_str()).collect();
         check_answer(&chosen, count, &available_ids, &request.must_include).map_err(|problem| {
             AllocateError::BadPolicyAnswer {
-                resource: resource.to_owned(),
+                resource: resource.clone(),
                 module: module.clone(),
                 answer: chosen.clone(),
                 count,
@@ -195,82 +248,110 @@ impl DeviceManager {
         let (client, pre_start) = self.reserve(&key, &chosen, token)?;
         drop(decision);
 
-        match self.call_plugin(client, pre_start, &key, &chosen).await {
+        match call_plugin(client, pre_start, &key, &chosen).await {
             Ok(response) => self.commit(key, token, chosen, response).await,
             Err(err) => {
-                self.lock().pods.cancel(&key, token);
+                self.lock().cancel(&key, token);
                 Err(err)
             }
         }
     }
 
-    /// Releases what `pod_uid` holds (only `container`'s when given); returns the number of
-    /// (container, resource) entries released, once the checkpoint no longer holds them.
-    pub async fn release(&self, pod_uid: &str, container: Option<&str>) -> usize {
-        let released = self.lock().pods.release(pod_uid, container);
-        if released.is_empty() {
-            return 0;
-        }
-        tracing::info!(
-            pod_uid,
-            ?container,
-            entries = released.len(),
-            "devices released"
-        );
-        if let Err(err) = self.persist_allocations().await {
-            tracing::error!(error = %crate::error::error_chain(&*err), "cannot record a release on disk");
-        }
-        released.len()
+    /// Releases what `pod_uid` holds (only `container`'s when given); returns the
+    /// (container, resource) entries released, once that is durable.
+    pub async fn release(
+        &self,
+        pod_uid: &str,
+        container: Option<&str>,
+    ) -> Result<Vec<AllocationInfo>, ReleaseError> {
+        self.release_where(|key| {
+            key.pod_uid == pod_uid && container.is_none_or(|c| key.container == c)
+        })
+        .await
     }
 
-    /// Under the state lock: reuse, or the candidates.
-    fn plan(&self, key: &HolderKey, count: u32) -> Result<Plan, AllocateError> {
-        let state = self.lock();
-        if let Some(entry) = state.pods.get(key) {
-            return match &entry.state {
-                EntryState::Reserved { .. } => Err(AllocateError::InProgress {
-                    pod_uid: key.pod_uid.clone(),
-                    container: key.container.clone(),
-                    resource: key.resource.clone(),
-                }),
-                EntryState::Allocated { response } if entry.devices.len() == count as usize => {
-                    Ok(Plan::Reuse(Allocation {
-                        device_ids: entry.devices.clone(),
-                        response: response.clone(),
-                        reused: true,
-                    }))
-                }
-                EntryState::Allocated { .. } => Err(AllocateError::ChangedRequest {
-                    pod_uid: key.pod_uid.clone(),
-                    container: key.container.clone(),
-                    resource: key.resource.clone(),
-                    held: entry.devices.len(),
-                    requested: count,
-                }),
-            };
+    /// Releases, in one durable step, every allocation of a pod not in `keep` (the kubelet's
+    /// sync with the active pods); with `dry_run`, only says what that would free.
+    pub async fn sync_pods(
+        &self,
+        keep: &BTreeSet<PodUid>,
+        dry_run: bool,
+    ) -> Result<Vec<AllocationInfo>, ReleaseError> {
+        if dry_run {
+            return Ok(self
+                .lock()
+                .iter()
+                .filter(|(key, _)| !keep.contains(&key.pod_uid))
+                .map(|(key, entry)| AllocationInfo::of(key, entry))
+                .collect());
         }
-        let Some(resource) = state.resources.get(&key.resource) else {
-            return Err(AllocateError::UnknownResource {
-                resource: key.resource.clone(),
-            });
+        self.release_where(|key| !keep.contains(&key.pod_uid)).await
+    }
+
+    /// Removes the entries `gone` selects in one change, then makes that durable.
+    async fn release_where(
+        &self,
+        gone: impl Fn(&HolderKey) -> bool,
+    ) -> Result<Vec<AllocationInfo>, ReleaseError> {
+        let released: Vec<AllocationInfo> = {
+            let mut pods = self.lock();
+            let infos: Vec<AllocationInfo> = pods
+                .iter()
+                .filter(|(key, _)| gone(key))
+                .map(|(key, entry)| AllocationInfo::of(key, entry))
+                .collect();
+            pods.release_where(|key| gone(key));
+            infos
         };
-        let Some(endpoint) = &resource.endpoint else {
-            return Err(AllocateError::NotConnected {
-                resource: key.resource.clone(),
-            });
-        };
-        let available: Vec<PolicyDevice> = resource
-            .devices
+        if released.is_empty() {
+            return Ok(released);
+        }
+        tracing::info!(
+            entries = released.len(),
+            pods = ?released.iter().map(|a| a.pod_uid.as_str()).collect::<BTreeSet<_>>(),
+            "devices released"
+        );
+        self.inner
+            .persistence
+            .commit(&self.inner.pods)
+            .await
+            .map_err(ReleaseError)?;
+        Ok(released)
+    }
+
+    /// Who holds what, sorted by pod, container and resource.
+    pub fn allocations(&self) -> Vec<AllocationInfo> {
+        self.lock()
             .iter()
-            .filter(|d| {
-                d.health == crate::devices::Health::Healthy
-                    && !state.pods.is_held(&key.resource, &d.id)
-            })
-            .map(|d| PolicyDevice {
-                id: d.id.clone(),
-                numa_nodes: d.numa.clone(),
-            })
-            .collect();
+            .map(|(key, entry)| AllocationInfo::of(key, entry))
+            .collect()
+    }
+
+    /// A copy of the records, for the checkpoint writer.
+    pub fn snapshot(&self) -> PodDevices {
+        self.lock().clone()
+    }
+
+    /// Reuse, or the candidates: the registry's devices now, minus what someone holds.
+    fn plan(&self, key: &HolderKey, count: u32) -> Result<Plan, AllocateError> {
+        if let Some(plan) = self.reuse(key, count)? {
+            return Ok(plan);
+        }
+        let offer = self.inner.registry.offer(&key.resource)?;
+        let available: Vec<PolicyDevice> = {
+            let pods = self.lock();
+            offer
+                .devices
+                .iter()
+                .filter(|d| {
+                    d.health == Health::Healthy && !pods.is_held(key.resource.as_str(), &d.id)
+                })
+                .map(|d| PolicyDevice {
+                    id: d.id.clone(),
+                    numa_nodes: d.numa.clone(),
+                })
+                .collect()
+        };
         if available.len() < count as usize {
             return Err(AllocateError::Unavailable {
                 resource: key.resource.clone(),
@@ -280,49 +361,64 @@ impl DeviceManager {
         }
         Ok(Plan::Choose {
             available,
-            preferred_available: endpoint.options.get_preferred_allocation_available,
-            client: endpoint.client.clone(),
+            preferred_available: offer.preferred_available,
+            client: offer.client,
         })
     }
 
-    /// Under the state lock: checks the chosen devices are still free and healthy and holds
-    /// them for this request. Returns the client to call and whether PreStartContainer is due.
+    /// What the container holds already, if anything.
+    fn reuse(&self, key: &HolderKey, count: u32) -> Result<Option<Plan>, AllocateError> {
+        let pods = self.lock();
+        let Some(entry) = pods.get(key) else {
+            return Ok(None);
+        };
+        match &entry.state {
+            EntryState::Reserved { .. } => Err(AllocateError::InProgress {
+                pod_uid: key.pod_uid.clone(),
+                container: key.container.clone(),
+                resource: key.resource.clone(),
+            }),
+            EntryState::Allocated { response } if entry.devices.len() == count as usize => {
+                Ok(Some(Plan::Reuse(Allocation {
+                    device_ids: entry.devices.clone(),
+                    response: response.clone(),
+                    reused: true,
+                })))
+            }
+            EntryState::Allocated { .. } => Err(AllocateError::ChangedRequest {
+                pod_uid: key.pod_uid.clone(),
+                container: key.container.clone(),
+                resource: key.resource.clone(),
+                held: entry.devices.len(),
+                requested: count,
+            }),
+        }
+    }
+
+    /// Checks the chosen devices are still healthy (in the registry now) and free (under the
+    /// allocator's lock), and holds them for this request. Returns the client to call and
+    /// whether PreStartContainer is due.
     fn reserve(
         &self,
         key: &HolderKey,
         chosen: &[String],
         token: u64,
-    ) -> Result<
-        (
-            v1beta1::device_plugin_client::DevicePluginClient<pluglet_uds::Channel>,
-            bool,
-        ),
-        AllocateError,
-    > {
-        let mut state = self.lock();
-        if state.pods.get(key).is_some() {
+    ) -> Result<(DevicePluginClient<Channel>, bool), AllocateError> {
+        let offer = self.inner.registry.offer(&key.resource)?;
+        let mut pods = self.lock();
+        if pods.get(key).is_some() {
             return Err(AllocateError::InProgress {
                 pod_uid: key.pod_uid.clone(),
                 container: key.container.clone(),
                 resource: key.resource.clone(),
             });
         }
-        let Some(resource) = state.resources.get(&key.resource) else {
-            return Err(AllocateError::UnknownResource {
-                resource: key.resource.clone(),
-            });
-        };
-        let Some(endpoint) = &resource.endpoint else {
-            return Err(AllocateError::NotConnected {
-                resource: key.resource.clone(),
-            });
-        };
         let mut numa_of = Vec::with_capacity(chosen.len());
         for id in chosen {
-            match resource.devices.get(id) {
+            match offer.devices.get(id) {
                 Some(device)
-                    if device.health == crate::devices::Health::Healthy
-                        && !state.pods.is_held(&key.resource, id) =>
+                    if device.health == Health::Healthy
+                        && !pods.is_held(key.resource.as_str(), id) =>
                 {
                     numa_of.push((id.as_str(), device.numa.as_slice()));
                 }
@@ -335,9 +431,7 @@ impl DeviceManager {
             }
         }
         let numa = group_by_numa(numa_of);
-        let client = endpoint.client.clone();
-        let pre_start = endpoint.options.pre_start_required;
-        state.pods.insert(
+        pods.insert(
             key.clone(),
             Entry {
                 devices: chosen.to_vec(),
@@ -345,61 +439,7 @@ impl DeviceManager {
                 state: EntryState::Reserved { token },
             },
         );
-        Ok((client, pre_start))
-    }
-
-    /// Allocate, then PreStartContainer when the plugin asked for it.
-    async fn call_plugin(
-        &self,
-        mut client: v1beta1::device_plugin_client::DevicePluginClient<pluglet_uds::Channel>,
-        pre_start: bool,
-        key: &HolderKey,
-        chosen: &[String],
-    ) -> Result<v1beta1::ContainerAllocateResponse, AllocateError> {
-        let request = v1beta1::AllocateRequest {
-            container_requests: vec![v1beta1::ContainerAllocateRequest {
-                devices_ids: chosen.to_vec(),
-            }],
-        };
-        let answer = tokio::time::timeout(ALLOCATE_TIMEOUT, client.allocate(request))
-            .await
-            .unwrap_or_else(|_| {
-                Err(tonic::Status::deadline_exceeded(format!(
-                    "no answer within {ALLOCATE_TIMEOUT:?}"
-                )))
-            })
-            .map_err(|status| AllocateError::Allocate {
-                resource: key.resource.clone(),
-                devices: chosen.to_vec(),
-                status,
-            })?;
-        let response = answer
-            .into_inner()
-            .container_responses
-            .into_iter()
-            .next()
-            .ok_or_else(|| AllocateError::EmptyAllocateResponse {
-                resource: key.resource.clone(),
-                devices: chosen.to_vec(),
-            })?;
-        if pre_start {
-            let request = v1beta1::PreStartContainerRequest {
-                devices_ids: chosen.to_vec(),
-            };
-            tokio::time::timeout(PRE_START_TIMEOUT, client.pre_start_container(request))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(tonic::Status::deadline_exceeded(format!(
-                        "no answer within {PRE_START_TIMEOUT:?}"
-                    )))
-                })
-                .map_err(|status| AllocateError::PreStart {
-                    resource: key.resource.clone(),
-                    devices: chosen.to_vec(),
-                    status,
-                })?;
-        }
-        Ok(response)
+        Ok((offer.client, offer.pre_start_required))
     }
 
     /// Records the allocation and waits until it is durable; undoes it if the write fails.
@@ -410,28 +450,28 @@ impl DeviceManager {
         chosen: Vec<String>,
         response: v1beta1::ContainerAllocateResponse,
     ) -> Result<Allocation, AllocateError> {
-        if !self.lock().pods.commit(&key, token, response.clone()) {
+        if !self.lock().commit(&key, token, response.clone()) {
             return Err(AllocateError::Released {
                 pod_uid: key.pod_uid,
                 container: key.container,
                 resource: key.resource,
             });
         }
-        if let Err(source) = self.persist_allocations().await {
+        if let Err(source) = self.inner.persistence.commit(&self.inner.pods).await {
             {
-                let mut state = self.lock();
-                let ours = state.pods.get(&key).is_some_and(|e| {
+                let mut pods = self.lock();
+                let ours = pods.get(&key).is_some_and(|e| {
                     matches!(&e.state, EntryState::Allocated { response: r } if *r == response)
                         && e.devices == chosen
                 });
                 if ours {
-                    state.pods.release_key(&key);
+                    pods.release_key(&key);
                 }
             }
-            let _ = self.persist_allocations().await;
+            let _ = self.inner.persistence.commit(&self.inner.pods).await;
             return Err(AllocateError::Checkpoint {
                 resource: key.resource,
-                source: Arc::clone(&source),
+                source,
             });
         }
         tracing::info!(
@@ -447,6 +487,64 @@ impl DeviceManager {
             reused: false,
         })
     }
+
+    fn lock(&self) -> MutexGuard<'_, PodDevices> {
+        self.inner.pods.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the records say before the policy runs.
+enum Plan {
+    /// The container already holds these devices.
+    Reuse(Allocation),
+    /// Choose among these.
+    Choose {
+        available: Vec<PolicyDevice>,
+        preferred_available: bool,
+        client: DevicePluginClient<Channel>,
+    },
+}
+
+/// Allocate, then PreStartContainer when the plugin asked for it.
+async fn call_plugin(
+    mut client: DevicePluginClient<Channel>,
+    pre_start: bool,
+    key: &HolderKey,
+    chosen: &[String],
+) -> Result<v1beta1::ContainerAllocateResponse, AllocateError> {
+    let request = v1beta1::AllocateRequest {
+        container_requests: vec![v1beta1::ContainerAllocateRequest {
+            devices_ids: chosen.to_vec(),
+        }],
+    };
+    let answer = pluglet_uds::with_deadline(ALLOCATE_TIMEOUT, client.allocate(request))
+        .await
+        .map_err(|status| AllocateError::Allocate {
+            resource: key.resource.clone(),
+            devices: chosen.to_vec(),
+            status,
+        })?;
+    let response = answer
+        .container_responses
+        .into_iter()
+        .next()
+        .ok_or_else(|| AllocateError::EmptyAllocateResponse {
+            resource: key.resource.clone(),
+            devices: chosen.to_vec(),
+        })?;
+    if pre_start {
+        let request = v1beta1::PreStartContainerRequest {
+            devices_ids: chosen.to_vec(),
+        };
+        pluglet_uds::with_deadline(PRE_START_TIMEOUT, client.pre_start_container(request))
+            .await
+            .map_err(|status| AllocateError::PreStart {
+                resource: key.resource.clone(),
+                devices: chosen.to_vec(),
+                status,
+            })?;
+    }
+    Ok(response)
 }
 
 #[cfg(test)]

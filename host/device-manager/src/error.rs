@@ -1,16 +1,17 @@
 //! Errors of the device manager, one enum per boundary: [`StartError`] (the daemon cannot start
-//! the device manager), [`RegisterError`] (a plugin's registration is refused),
+//! the device manager), [`ConnectError`] (a plugin's endpoint cannot be connected),
 //! [`AllocateError`] (an allocation is refused; nothing is held afterwards).
 //!
-//! Causes sit in `#[source]`; print the chain ([`error_chain`]) to see them. Mapping to gRPC
+//! Causes sit in `#[source]`; print the chain (`pluglet_core::error_chain`) to see them. Mapping to gRPC
 //! statuses happens in one place per service (`registration_server.rs`, the admin server).
 
 use std::io;
 use std::path::PathBuf;
 
 use pluglet_checkpoint::CheckpointError;
+use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_handler_runtime::{HandlerError, Refusal};
-use pluglet_uds::UdsError;
+use pluglet_uds::{RpcError, UdsError};
 
 /// Why the device manager did not start. It has touched nothing in the device plugins
 /// directory when it fails with [`StartError::DirectoryInUse`].
@@ -61,43 +62,17 @@ pub enum StartError {
     },
 }
 
-/// Why a device plugin's registration (either flow) was refused.
+/// Why a device plugin's endpoint could not be connected (the activation step of its
+/// registration, through either door).
 #[derive(Debug, thiserror::Error)]
-pub enum RegisterError {
-    /// No registration handler is configured or built in for `DevicePlugin`.
-    #[error(
-        "device plugin {resource}: no registration handler for plugin type DevicePlugin; configure one in handlers.toml"
-    )]
-    NoHandler {
-        /// The resource the plugin advertises.
-        resource: String,
-    },
-    /// The DevicePlugin handler refused the plugin (bad version, bad resource name, …).
-    #[error("device plugin {resource} refused by {module} ({}): {}", refusal.kind, refusal.message)]
-    Refused {
-        /// The resource the plugin advertises.
-        resource: String,
-        /// The handler module that refused.
-        module: String,
-        /// Its refusal.
-        refusal: Refusal,
-    },
-    /// The DevicePlugin handler failed (trap, deadline, memory cap).
-    #[error("device plugin {resource}: the registration handler failed")]
-    Handler {
-        /// The resource the plugin advertises.
-        resource: String,
-        /// What went wrong in the handler.
-        #[source]
-        source: HandlerError,
-    },
+pub enum ConnectError {
     /// The plugin's endpoint could not be dialed.
     #[error(
         "device plugin {resource}: cannot dial its endpoint {endpoint}; it must serve v1beta1.DevicePlugin there before it registers"
     )]
     Dial {
         /// The resource the plugin advertises.
-        resource: String,
+        resource: ResourceName,
         /// The endpoint dialed.
         endpoint: PathBuf,
         /// The dial error.
@@ -110,20 +85,26 @@ pub enum RegisterError {
     )]
     Options {
         /// The resource the plugin advertises.
-        resource: String,
+        resource: ResourceName,
         /// The endpoint dialed.
         endpoint: PathBuf,
         /// The plugin's answer (or a deadline status).
         #[source]
-        status: tonic::Status,
+        status: RpcError,
     },
     /// The device manager is shutting down.
     #[error("device plugin {resource}: the device manager is shutting down")]
     Stopped {
         /// The resource the plugin advertises.
-        resource: String,
+        resource: ResourceName,
     },
 }
+
+/// Why freed allocations are not durable: they are free in memory, and the checkpoint write
+/// that follows will be retried with the next change.
+#[derive(Debug, thiserror::Error)]
+#[error("the released allocations could not be recorded on disk")]
+pub struct ReleaseError(#[source] pub std::sync::Arc<CheckpointError>);
 
 /// Why an allocation was refused. Nothing is held after any of these.
 #[derive(Debug, thiserror::Error)]
@@ -132,13 +113,13 @@ pub enum AllocateError {
     #[error("cannot allocate 0 devices of {resource}: ask for at least 1")]
     ZeroCount {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
     },
     /// No plugin ever registered the resource (or it was removed after its grace period).
     #[error("cannot allocate unregistered resource {resource}: no device plugin has registered it")]
     UnknownResource {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
     },
     /// The resource is known but its plugin is not connected (stream ended, socket removed, or
     /// not back since a restart).
@@ -147,7 +128,7 @@ pub enum AllocateError {
     )]
     NotConnected {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
     },
     /// The container already holds a different number of devices of this resource.
     #[error(
@@ -155,11 +136,11 @@ pub enum AllocateError {
     )]
     ChangedRequest {
         /// The pod.
-        pod_uid: String,
+        pod_uid: PodUid,
         /// The container.
-        container: String,
+        container: ContainerName,
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// Devices held now.
         held: usize,
         /// Devices requested.
@@ -171,11 +152,11 @@ pub enum AllocateError {
     )]
     InProgress {
         /// The pod.
-        pod_uid: String,
+        pod_uid: PodUid,
         /// The container.
-        container: String,
+        container: ContainerName,
         /// The resource.
-        resource: String,
+        resource: ResourceName,
     },
     /// Fewer free healthy devices than requested (the kubelet's wording).
     #[error(
@@ -183,7 +164,7 @@ pub enum AllocateError {
     )]
     Unavailable {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// Devices requested.
         requested: u32,
         /// Healthy devices nobody holds.
@@ -193,16 +174,16 @@ pub enum AllocateError {
     #[error("GetPreferredAllocation of the {resource} device plugin failed")]
     Preferred {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// The plugin's answer.
         #[source]
-        status: tonic::Status,
+        status: RpcError,
     },
     /// The allocation policy refused the request.
     #[error("allocation policy {module} refused {resource} ({}): {}", refusal.kind, refusal.message)]
     PolicyRefused {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// The policy module.
         module: String,
         /// Its refusal.
@@ -212,7 +193,7 @@ pub enum AllocateError {
     #[error("allocation policy for {resource} failed")]
     PolicyFailed {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// What went wrong in the policy.
         #[source]
         source: HandlerError,
@@ -224,7 +205,7 @@ pub enum AllocateError {
     )]
     BadPolicyAnswer {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// The policy module.
         module: String,
         /// What it answered.
@@ -238,7 +219,7 @@ pub enum AllocateError {
     #[error("device {device} of {resource} became unavailable during the allocation; retry")]
     Raced {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// The device.
         device: String,
     },
@@ -246,12 +227,12 @@ pub enum AllocateError {
     #[error("Allocate of the {resource} device plugin failed for devices {devices:?}")]
     Allocate {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// The devices asked for.
         devices: Vec<String>,
         /// The plugin's answer.
         #[source]
-        status: tonic::Status,
+        status: RpcError,
     },
     /// The plugin's Allocate answered no container response.
     #[error(
@@ -259,7 +240,7 @@ pub enum AllocateError {
     )]
     EmptyAllocateResponse {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// The devices asked for.
         devices: Vec<String>,
     },
@@ -267,12 +248,12 @@ pub enum AllocateError {
     #[error("PreStartContainer of the {resource} device plugin failed for devices {devices:?}")]
     PreStart {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// The devices.
         devices: Vec<String>,
         /// The plugin's answer.
         #[source]
-        status: tonic::Status,
+        status: RpcError,
     },
     /// The container was released while its allocation was in flight.
     #[error(
@@ -280,17 +261,17 @@ pub enum AllocateError {
     )]
     Released {
         /// The pod.
-        pod_uid: String,
+        pod_uid: PodUid,
         /// The container.
-        container: String,
+        container: ContainerName,
         /// The resource.
-        resource: String,
+        resource: ResourceName,
     },
     /// The checkpoint recording the allocation could not be written; the allocation was undone.
     #[error("cannot record the allocation of {resource}; it was undone")]
     Checkpoint {
         /// The resource.
-        resource: String,
+        resource: ResourceName,
         /// The write error.
         #[source]
         source: std::sync::Arc<CheckpointError>,
@@ -298,40 +279,4 @@ pub enum AllocateError {
     /// The device manager is shutting down.
     #[error("the device manager is shutting down")]
     Stopped,
-}
-
-/// An error and its causes on one line, `: `-separated (for logs and gRPC messages).
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        // tonic's Display of a status dumps details and metadata; people need code and message.
-        let cause_text = match cause.downcast_ref::<tonic::Status>() {
-            Some(status) => format!("{:?}: {}", status.code(), status.message()),
-            None => cause.to_string(),
-        };
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chain_names_every_cause_once() {
-        let err = AllocateError::Allocate {
-            resource: "vendor.com/gpu".into(),
-            devices: vec!["d0".into()],
-            status: tonic::Status::internal("boom"),
-        };
-        let text = error_chain(&err);
-        assert!(text.starts_with("Allocate of the vendor.com/gpu device plugin failed"));
-        assert!(text.contains("boom"), "{text}");
-    }
 }

@@ -1,43 +1,45 @@
 //! Pluglet's device manager: what the kubelet's `pkg/kubelet/cm/devicemanager` does, with the
 //! allocation decision made by a sandboxed WASM policy chosen per resource.
 //!
-//! Start at [`DeviceManager::start`]. Data flow:
+//! Start at [`DeviceManager::start`]. Data flow, one module per stage:
 //!
 //! ```text
-//!  kubelet.sock Register ──► registration_server ──┐ (DevicePlugin handler hooks, dial,
-//!  plugin watcher (host) ──► connect_watcher ──────┤  GetDevicePluginOptions)
-//!                                                  ▼
-//!                               endpoint task per registration (ListAndWatch)
-//!                                                  │ Event::Devices / StreamEnded (+ generation)
-//!                                                  ▼
-//!                 manager loop ──► State { resources: devices (health, NUMA), pods: pod_devices }
-//!                                                  ▲                       │
-//!  admin API allocate/release ──► allocator ───────┘                       ▼
-//!     (candidates → GetPreferredAllocation → WASM policy → check → reserve    checkpoint writer
-//!      → Allocate → PreStartContainer → commit)                 (kubelet_internal_checkpoint
-//!                                                                 + side file, fsync, rename)
+//!  kubelet.sock Register ──► registration_server ──┐
+//!  plugin watcher (daemon) ─────────────────────────┤  registration pipeline (validate hook,
+//!                                                   ▼  register hook, then activation:)
+//!                                  kind ──► registry::connect ──► endpoint task per plugin
+//!                                                   ▲                 │ ListAndWatch updates,
+//!                                                   └─────────────────┘ stream end (own task)
+//!  admin API allocate / release / sync-pods ──► allocator (pod devices; candidates from the
+//!     registry → GetPreferredAllocation → WASM policy → check → reserve → Allocate
+//!     → PreStartContainer → commit)
+//!                                │ commit: journal record (durable)      │ write requests
+//!                                ▼                                       ▼
+//!                   persistence (journal, kubelet_internal_checkpoint + side file, restore)
 //! ```
 //!
-//! Modules: [`devices`] (health, capacity, allocatable), [`pod_devices`] (who holds what),
-//! [`allocator`], [`endpoint`] (one task per registration), [`registration_server`]
-//! (`kubelet.sock` and start-up), [`checkpoint`] (the files), [`error`].
+//! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task
+//! per connected plugin), [`devices`] (health, capacity, allocatable), [`allocator`] and
+//! [`pod_devices`] (who holds what), [`persistence`] (the files), [`registration_server`]
+//! (`kubelet.sock` and start-up), `kind` (the device plugin type's pipeline steps), [`error`].
 
 pub mod allocator;
-pub mod checkpoint;
 pub mod devices;
 pub mod endpoint;
 pub mod error;
+mod kind;
 mod manager;
+pub mod persistence;
 pub mod pod_devices;
 pub mod registration_server;
+pub mod registry;
 pub mod stub;
 
-pub use allocator::{Allocation, check_answer};
-pub use checkpoint::{RestoreReport, SetAside};
+pub use allocator::{Allocation, AllocationInfo, check_answer};
 pub use devices::{Device, Health};
 pub use endpoint::Flow;
-pub use error::{AllocateError, RegisterError, StartError, error_chain};
-pub use manager::{
-    AllocationInfo, Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager, ResourceInfo,
-};
+pub use error::{AllocateError, ConnectError, ReleaseError, StartError};
+pub use manager::{Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager};
+pub use persistence::restore::{RestoreReport, SetAside};
 pub use pluglet_checkpoint::Durability;
+pub use registry::{RegistryEvent, ResourceInfo};

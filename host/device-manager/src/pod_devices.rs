@@ -8,17 +8,33 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct HolderKey {
     /// The pod's UID.
-    pub pod_uid: String,
+    pub pod_uid: PodUid,
     /// The container's name.
-    pub container: String,
+    pub container: ContainerName,
     /// The extended resource name.
-    pub resource: String,
+    pub resource: ResourceName,
+}
+
+impl HolderKey {
+    /// The key of `container` of `pod_uid` for `resource`.
+    pub fn new(
+        pod_uid: impl Into<PodUid>,
+        container: impl Into<ContainerName>,
+        resource: impl Into<ResourceName>,
+    ) -> HolderKey {
+        HolderKey {
+            pod_uid: pod_uid.into(),
+            container: container.into(),
+            resource: resource.into(),
+        }
+    }
 }
 
 /// Where an entry stands.
@@ -54,7 +70,7 @@ pub struct PodDevices {
     entries: BTreeMap<HolderKey, Entry>,
     /// resource → device id → number of entries holding it (more than 1 only after restoring a
     /// checkpoint that says so).
-    held: HashMap<String, HashMap<String, u32>>,
+    held: HashMap<ResourceName, HashMap<String, u32>>,
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
 }
@@ -91,7 +107,7 @@ impl PodDevices {
             *held.entry(id.clone()).or_default() += 1;
         }
         if let Some(old) = self.entries.insert(key.clone(), entry) {
-            self.unhold(&key.resource, &old.devices);
+            self.unhold(key.resource.as_str(), &old.devices);
         }
     }
 
@@ -127,12 +143,13 @@ impl PodDevices {
     /// Removes every entry of `pod_uid` (only `container`'s when given), reserved ones included;
     /// returns the keys removed.
     pub fn release(&mut self, pod_uid: &str, container: Option<&str>) -> Vec<HolderKey> {
-        let keys: Vec<HolderKey> = self
-            .entries
-            .keys()
-            .filter(|k| k.pod_uid == pod_uid && container.is_none_or(|c| k.container == c))
-            .cloned()
-            .collect();
+        self.release_where(|k| k.pod_uid == pod_uid && container.is_none_or(|c| k.container == c))
+    }
+
+    /// Removes every entry whose key `gone` says, reserved ones included; returns the entries
+    /// removed.
+    pub fn release_where(&mut self, mut gone: impl FnMut(&HolderKey) -> bool) -> Vec<HolderKey> {
+        let keys: Vec<HolderKey> = self.entries.keys().filter(|k| gone(k)).cloned().collect();
         for key in &keys {
             self.release_key(key);
         }
@@ -158,7 +175,7 @@ impl PodDevices {
     pub fn release_key(&mut self, key: &HolderKey) {
         if let Some(entry) = self.entries.remove(key) {
             self.version += 1;
-            self.unhold(&key.resource, &entry.devices);
+            self.unhold(key.resource.as_str(), &entry.devices);
         }
     }
 

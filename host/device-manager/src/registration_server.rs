@@ -1,32 +1,32 @@
-//! The kubelet's side of `v1beta1.Registration` on `kubelet.sock` (the classic flow, facts
-//! §7.1; the kubelet's `plugin/v1beta1/server.go`), and the start-up steps around the device
-//! plugins directory.
+//! The `kubelet.sock` door: the kubelet's side of `v1beta1.Registration` (the kubelet's
+//! `plugin/v1beta1/server.go`; see `docs/kubelet-compatibility.md`, "Device plugin
+//! registration"), and the start-up steps around the device plugins directory.
 //!
-//! Register runs the same DevicePlugin handler hooks as a watcher registration (validate: the
-//! version and the extended resource name; then register), dials `<dir>/<endpoint>` and asks
-//! GetDevicePluginOptions before answering, as the kubelet does. Any refusal reaches the plugin
-//! as a gRPC error whose message says what was wrong.
+//! Register hands the plugin to the registration pipeline, the same one the plugin watcher's
+//! registrations go through: the DevicePlugin handler's validate hook (the version and the
+//! extended resource name), its register hook, then activation (dial `<dir>/<endpoint>` and
+//! GetDevicePluginOptions) before answering, as the kubelet does. Any refusal reaches the
+//! plugin as a gRPC error whose message says what was wrong.
 //!
 //! The socket is served through `pluglet_uds::incoming_any_authority`: Go plugins dial the
 //! socket by its bare path, so their HTTP/2 `:authority` looks like a path, which tonic would
-//! refuse (facts §0.1).
+//! refuse (see `docs/kubelet-compatibility.md`, "HTTP/2 authority of Go plugins").
 
 use std::io;
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 
-use pluglet_handler_runtime::{
-    CallContext, HandlerError, PluginInfo, RegisteredPlugin, RegistrationFacts,
-};
+use pluglet_core::error_chain;
+use pluglet_handler_runtime::PluginInfo;
 use pluglet_proto::constants::{CHECKPOINT_FILE, DEVICE_PLUGIN};
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::registration_server::{Registration, RegistrationServer};
+use pluglet_registration::{Candidate, Door, Pipeline, RegisterError, Stage};
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
-use crate::endpoint::{Event, Flow};
-use crate::error::{RegisterError, StartError, error_chain};
-use crate::manager::DeviceManager;
+use crate::error::{ConnectError, StartError};
 
 /// Fails with [`StartError::DirectoryInUse`] when something answers on `socket`.
 pub(crate) fn check_not_in_use(socket: &Path) -> Result<(), StartError> {
@@ -72,11 +72,11 @@ pub(crate) fn prepare_directory(dir: &Path) -> Result<(), StartError> {
     Ok(())
 }
 
-/// Watches `dir` for removed sockets and reports them to the manager loop (a classic-flow
+/// Watches `dir` for removed sockets and reports them to the manager loop (a `kubelet.sock`
 /// plugin whose socket is removed is disconnected).
 pub(crate) fn watch_directory(
     dir: &Path,
-    events: mpsc::Sender<Event>,
+    removed: mpsc::Sender<PathBuf>,
 ) -> Result<notify::RecommendedWatcher, StartError> {
     use notify::Watcher as _;
     let fail = |source: notify::Error| StartError::Watch {
@@ -88,7 +88,7 @@ pub(crate) fn watch_directory(
         if matches!(event.kind, notify::EventKind::Remove(_)) {
             for path in event.paths {
                 // Runs on notify's own thread, outside the runtime.
-                let _ = events.blocking_send(Event::SocketRemoved(path));
+                let _ = removed.blocking_send(path);
             }
         }
     })
@@ -99,11 +99,15 @@ pub(crate) fn watch_directory(
     Ok(watcher)
 }
 
-/// Serves Registration on the bound `kubelet.sock` until the manager is cancelled, then removes
-/// the socket.
-pub(crate) async fn serve(manager: DeviceManager, listener: UnixListener, socket: PathBuf) {
-    let cancel = manager.inner.cancel.clone();
-    let service = RegistrationServer::new(RegistrationService { manager });
+/// Serves Registration on the bound `kubelet.sock` until `cancel` fires, then removes the
+/// socket.
+pub(crate) async fn serve(
+    pipeline: Pipeline,
+    listener: UnixListener,
+    socket: PathBuf,
+    cancel: CancellationToken,
+) {
+    let service = RegistrationServer::new(RegistrationService { pipeline });
     let result = tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(
@@ -123,7 +127,7 @@ pub(crate) async fn serve(manager: DeviceManager, listener: UnixListener, socket
 
 /// `v1beta1.Registration`.
 struct RegistrationService {
-    manager: DeviceManager,
+    pipeline: Pipeline,
 }
 
 #[tonic::async_trait]
@@ -134,93 +138,40 @@ impl Registration for RegistrationService {
     ) -> Result<tonic::Response<v1beta1::Empty>, tonic::Status> {
         let request = request.into_inner();
         let resource = request.resource_name.clone();
-        match self.manager.register_classic(request).await {
-            Ok(()) => Ok(tonic::Response::new(v1beta1::Empty {})),
+        let candidate = Candidate {
+            info: PluginInfo {
+                plugin_type: DEVICE_PLUGIN.to_owned(),
+                name: request.resource_name,
+                endpoint: request.endpoint,
+                supported_versions: vec![request.version],
+            },
+            door: Door::KubeletSock,
+            connection: None,
+        };
+        match self.pipeline.register(candidate).await {
+            Ok(_) => Ok(tonic::Response::new(v1beta1::Empty {})),
             Err(err) => {
                 let message = error_chain(&err);
                 tracing::warn!(%resource, error = %message, "device plugin Register refused");
-                Err(to_status(&err, message))
+                Err(tonic::Status::new(status_code(&err), message))
             }
         }
     }
 }
 
-/// The one place Register errors become gRPC statuses.
-fn to_status(err: &RegisterError, message: String) -> tonic::Status {
-    let code = match err {
-        RegisterError::Refused { .. } => tonic::Code::InvalidArgument,
-        RegisterError::NoHandler { .. } => tonic::Code::FailedPrecondition,
-        RegisterError::Dial { .. } | RegisterError::Options { .. } => tonic::Code::Unavailable,
-        RegisterError::Handler { .. } => tonic::Code::Internal,
-        RegisterError::Stopped { .. } => tonic::Code::Unavailable,
-    };
-    tonic::Status::new(code, message)
-}
-
-impl DeviceManager {
-    /// A Register on `kubelet.sock`: handler hooks, then dial and connect.
-    pub(crate) async fn register_classic(
-        &self,
-        request: v1beta1::RegisterRequest,
-    ) -> Result<(), RegisterError> {
-        let resource = request.resource_name.clone();
-        let info = PluginInfo {
-            plugin_type: DEVICE_PLUGIN.to_owned(),
-            name: resource.clone(),
-            endpoint: request.endpoint.clone(),
-            supported_versions: vec![request.version.clone()],
-        };
-        let existing = self
-            .lock()
-            .resources
-            .get(&resource)
-            .and_then(|r| r.registration.clone());
-        let handler = self
-            .inner
-            .handlers
-            .for_plugin_type(DEVICE_PLUGIN)
-            .ok_or_else(|| RegisterError::NoHandler {
-                resource: resource.clone(),
-            })?;
-        let module = handler.module().to_owned();
-        let cx = CallContext {
-            node_name: self.inner.config.node_name.clone(),
-        };
-        let hooks = {
-            let info = info.clone();
-            pluglet_handler_runtime::run_in_place(move || -> Result<_, HandlerError> {
-                let accepted = match handler.validate(&cx, &info, existing.as_ref())?.value {
-                    Ok(accepted) => accepted,
-                    Err(refusal) => return Ok(Err(refusal)),
-                };
-                let facts = RegistrationFacts {
-                    node_id: None,
-                    max_volumes_per_node: None,
-                    topology: Default::default(),
-                };
-                Ok(handler
-                    .register(&cx, &info, &facts)?
-                    .value
-                    .map(|()| accepted))
-            })
-        };
-        let accepted = hooks
-            .map_err(|source| RegisterError::Handler {
-                resource: resource.clone(),
-                source,
-            })?
-            .map_err(|refusal| RegisterError::Refused {
-                resource: resource.clone(),
-                module,
-                refusal,
-            })?;
-        let endpoint = self.inner.config.device_plugins_dir.join(&request.endpoint);
-        let registration = RegisteredPlugin {
-            info,
-            version: accepted.version,
-        };
-        self.connect(resource, endpoint, Flow::Classic, registration)
-            .await
+/// The one place Register refusals become gRPC status codes.
+fn status_code(err: &RegisterError) -> tonic::Code {
+    match err.stage() {
+        Stage::Handler => tonic::Code::FailedPrecondition,
+        Stage::Validate | Stage::Register if err.refusal().is_some() => {
+            tonic::Code::InvalidArgument
+        }
+        Stage::Validate | Stage::Register => tonic::Code::Internal,
+        Stage::Facts => tonic::Code::Internal,
+        Stage::Activate => match err.native::<ConnectError>() {
+            Some(_) => tonic::Code::Unavailable,
+            None => tonic::Code::Internal,
+        },
     }
 }
 

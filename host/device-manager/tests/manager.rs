@@ -6,12 +6,16 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use pluglet_core::{Generation, PluginKey, PluginType, SocketPath};
 use pluglet_device_manager::stub::{Stub, devices};
 use pluglet_device_manager::{
-    AllocateError, Config, DeviceManager, Durability, Health, ResourceInfo, StartError,
+    AllocateError, Config, DeviceManager, Durability, Health, RegistryEvent, ResourceInfo,
+    StartError,
 };
-use pluglet_handler_runtime::{HandlerSet, ModuleSource, Runtime, RuntimeConfig};
+use pluglet_handler_runtime::{HandlerSet, ModuleSource, PluginInfo, Runtime, RuntimeConfig};
 use pluglet_proto::v1beta1;
+use pluglet_registration::{Candidate, Door, EndReason, Pipeline, PipelineEvent};
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 const GPU: &str = "vendor.com/gpu";
@@ -45,6 +49,7 @@ fn handlers() -> Arc<HandlerSet> {
 
 struct Node {
     root: tempfile::TempDir,
+    pipeline: Pipeline,
     manager: DeviceManager,
 }
 
@@ -71,23 +76,30 @@ impl Node {
         let root = tempfile::tempdir().unwrap();
         let mut config = Node::config(root.path());
         tune(&mut config);
-        let manager = DeviceManager::start(config, handlers(), CancellationToken::new())
+        let pipeline = Pipeline::new(handlers(), "node-1");
+        let manager = DeviceManager::start(config, pipeline.clone(), CancellationToken::new())
             .await
             .unwrap();
-        Node { root, manager }
+        Node {
+            root,
+            pipeline,
+            manager,
+        }
     }
 
     async fn restart(self) -> Node {
         self.manager.shutdown().await;
+        let pipeline = Pipeline::new(handlers(), "node-1");
         let manager = DeviceManager::start(
             Node::config(self.root.path()),
-            handlers(),
+            pipeline.clone(),
             CancellationToken::new(),
         )
         .await
         .unwrap();
         Node {
             root: self.root,
+            pipeline,
             manager,
         }
     }
@@ -129,6 +141,43 @@ impl Node {
             node.resource(name).is_some_and(|r| r.allocatable == n)
         })
         .await;
+    }
+}
+
+/// Waits (10 s at most) for the first event `pick` accepts.
+async fn next_event<E: Clone, T>(
+    events: &mut broadcast::Receiver<E>,
+    what: &str,
+    mut pick: impl FnMut(E) -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Ok(event)) => {
+                if let Some(found) = pick(event) {
+                    return found;
+                }
+            }
+            Ok(Err(err)) => panic!("event stream broke waiting for {what}: {err}"),
+            Err(_) => panic!("timed out waiting for {what}"),
+        }
+    }
+}
+
+/// A device plugin found by the plugin watcher at `socket`.
+fn watcher_candidate(resource: &str, socket: &Path, generation: u64) -> Candidate {
+    Candidate {
+        info: PluginInfo {
+            plugin_type: "DevicePlugin".into(),
+            name: resource.into(),
+            endpoint: socket.display().to_string(),
+            supported_versions: vec!["v1beta1".into()],
+        },
+        door: Door::Registry {
+            socket: SocketPath::new(socket),
+            generation: Generation(generation),
+        },
+        connection: None,
     }
 }
 
@@ -312,7 +361,7 @@ async fn failures_leave_nothing_held() {
         .await
         .unwrap_err();
     assert!(matches!(err, AllocateError::Allocate { .. }), "{err}");
-    assert!(pluglet_device_manager::error_chain(&err).contains("fails on purpose"));
+    assert!(pluglet_core::error_chain(&err).contains("fails on purpose"));
     assert!(node.manager.allocations().is_empty());
 
     let err = node
@@ -422,6 +471,7 @@ async fn stream_end_and_socket_removal_turn_devices_unhealthy_then_the_resource_
 #[tokio::test]
 async fn a_plugin_back_within_the_grace_period_keeps_its_resource() {
     let node = Node::start_with(|c| c.grace_period = Duration::from_millis(300)).await;
+    let mut events = node.manager.subscribe();
     let plugin = node.plugin("gpu.sock", 2, options(false, false));
     plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
     node.wait_allocatable(GPU, 2).await;
@@ -434,10 +484,105 @@ async fn a_plugin_back_within_the_grace_period_keeps_its_resource() {
     let plugin = node.plugin("gpu2.sock", 2, options(false, false));
     plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
     node.wait_allocatable(GPU, 2).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let removed = next_event(
+        &mut events,
+        "the first stop's grace period to end",
+        |e| match e {
+            RegistryEvent::GraceEnded { resource, removed } if resource == GPU => Some(removed),
+            _ => None,
+        },
+    )
+    .await;
+    assert!(!removed, "the resource whose plugin came back is kept");
     assert!(
-        node.resource(GPU).is_some_and(|r| r.connected),
+        node.resource(GPU)
+            .is_some_and(|r| r.connected && r.allocatable == 2),
         "kept after the grace period"
+    );
+}
+
+#[tokio::test]
+async fn the_deregister_hook_runs_once_when_a_kubelet_sock_plugin_is_gone_for_good() {
+    let node = Node::start_with(|c| c.grace_period = Duration::from_millis(200)).await;
+    let mut events = node.pipeline.subscribe();
+    let deregistered = |e: PipelineEvent| match e {
+        PipelineEvent::Deregistered {
+            key, reason, logs, ..
+        } if key.name == GPU => Some((reason, logs)),
+        _ => None,
+    };
+
+    // Replaced by a newer registration: the older one ends at once.
+    let first = node.plugin("gpu-1.sock", 2, options(false, false));
+    first.register(&node.kubelet_socket(), GPU).await.unwrap();
+    let second = node.plugin("gpu-2.sock", 2, options(false, false));
+    second.register(&node.kubelet_socket(), GPU).await.unwrap();
+    let (reason, logs) =
+        next_event(&mut events, "the first registration to end", deregistered).await;
+    assert_eq!(reason, EndReason::Replaced);
+    assert!(
+        logs.iter()
+            .any(|l| l.message == "device plugin vendor.com/gpu deregistered"),
+        "the handler's deregister hook ran: {logs:?}"
+    );
+    first.stop();
+
+    // Stream ended and the grace period passed with no new registration: the second ends.
+    second.stop();
+    let (reason, _) = next_event(&mut events, "the second registration to end", deregistered).await;
+    assert_eq!(reason, EndReason::GracePeriodOver);
+    node.wait("gpu removed", |n| n.resource(GPU).is_none())
+        .await;
+
+    // Once each: nothing more for this name, up to a later registration's own events.
+    let third = node.plugin("gpu-3.sock", 1, options(false, false));
+    third.register(&node.kubelet_socket(), GPU).await.unwrap();
+    let next = next_event(&mut events, "the next event of the name", |e| match e {
+        PipelineEvent::Registered { key, .. } if key.name == GPU => Some("registered"),
+        PipelineEvent::Deregistered { key, .. } if key.name == GPU => Some("deregistered"),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        next, "registered",
+        "no second deregistration of an ended registration"
+    );
+    let key = PluginKey::new(PluginType::DevicePlugin, GPU);
+    assert!(node.pipeline.current(&key).await.is_some());
+}
+
+#[tokio::test]
+async fn two_kubelet_sock_registrations_of_one_resource_at_once_are_serialised() {
+    let node = Node::start().await;
+    let mut events = node.pipeline.subscribe();
+    let a = node.plugin("a.sock", 2, options(false, false));
+    let b = node.plugin("b.sock", 3, options(false, false));
+    let kubelet_socket = node.kubelet_socket();
+    let (ra, rb) = tokio::join!(
+        a.register(&kubelet_socket, GPU),
+        b.register(&kubelet_socket, GPU)
+    );
+    ra.unwrap();
+    rb.unwrap();
+    // One after the other: the later replaced the earlier, which ended once; the resource is
+    // served by whichever registered last.
+    let (ended, _) = next_event(
+        &mut events,
+        "the earlier registration to end",
+        |e| match e {
+            PipelineEvent::Deregistered { id, reason, .. } => Some((id, reason)),
+            _ => None,
+        },
+    )
+    .await;
+    let key = PluginKey::new(PluginType::DevicePlugin, GPU);
+    let current = node.pipeline.current(&key).await.unwrap();
+    assert_ne!(current.id, ended);
+    let endpoint = node.resource(GPU).unwrap().endpoint.unwrap();
+    assert_eq!(
+        endpoint,
+        node.dp_dir().join(&current.info.endpoint),
+        "the registry serves the registration in force"
     );
 }
 
@@ -447,27 +592,51 @@ async fn watcher_flow_connects_and_disconnects() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("gpu.sock");
     let _plugin = Stub::start(&socket, devices(3, 1), options(false, false));
-    node.manager
-        .connect_watcher(GPU.into(), socket.clone())
+    let registration = node
+        .pipeline
+        .register(watcher_candidate(GPU, &socket, 1))
         .await
         .unwrap();
     node.wait_allocatable(GPU, 3).await;
-    // A disconnect for another endpoint changes nothing.
-    node.manager
-        .disconnect_watcher(GPU.into(), dir.path().join("other.sock"))
+
+    // A registration replaced by a newer one: its socket going away later changes nothing.
+    let other = dir.path().join("other.sock");
+    let _other = Stub::start(&other, devices(3, 1), options(false, false));
+    let newer = node
+        .pipeline
+        .register(watcher_candidate(GPU, &other, 2))
+        .await
+        .unwrap();
+    assert!(registration.has_ended(), "replaced");
+    node.pipeline
+        .deregister(&registration, EndReason::SocketGone)
         .await;
-    assert!(node.resource(GPU).unwrap().connected);
-    node.manager.disconnect_watcher(GPU.into(), socket).await;
+    let r = node.resource(GPU).unwrap();
+    assert!(r.connected);
+    assert_eq!(r.endpoint.unwrap(), other);
+
+    node.pipeline
+        .deregister(&newer, EndReason::SocketGone)
+        .await;
     node.wait("disconnected", |n| {
         n.resource(GPU)
             .is_some_and(|r| !r.connected && r.allocatable == 0)
     })
     .await;
     let err = node
-        .manager
-        .connect_watcher("vendor.com/nic".into(), dir.path().join("missing.sock"))
-        .await;
-    assert!(err.is_err());
+        .pipeline
+        .register(watcher_candidate(
+            "vendor.com/nic",
+            &dir.path().join("missing.sock"),
+            3,
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        pluglet_core::error_chain(&err).contains("missing.sock"),
+        "{}",
+        pluglet_core::error_chain(&err)
+    );
 }
 
 #[tokio::test]
@@ -520,7 +689,7 @@ async fn a_corrupt_checkpoint_is_set_aside() {
     std::fs::write(dp.join("kubelet_internal_checkpoint"), "{not json").unwrap();
     let manager = DeviceManager::start(
         Node::config(root.path()),
-        handlers(),
+        Pipeline::new(handlers(), "node-1"),
         CancellationToken::new(),
     )
     .await
@@ -549,7 +718,7 @@ async fn a_live_kubelet_socket_refuses_the_start_and_touches_nothing() {
     std::fs::write(dp.join("kubelet_internal_checkpoint"), "{not json").unwrap();
     let err = DeviceManager::start(
         Node::config(root.path()),
-        handlers(),
+        Pipeline::new(handlers(), "node-1"),
         CancellationToken::new(),
     )
     .await

@@ -5,9 +5,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
-use pluglet_device_manager::{
-    AllocateError, AllocationInfo, DeviceManager, ResourceInfo, error_chain,
-};
+use pluglet_core::error_chain;
+use pluglet_device_manager::{AllocateError, AllocationInfo, DeviceManager, ResourceInfo};
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
 use pluglet_uds::Channel;
@@ -23,7 +22,7 @@ use crate::cli::{CtlCommand, OutputFormat};
 /// Wire form of a resource.
 pub fn resource_to_wire(r: &ResourceInfo) -> pb::Resource {
     pb::Resource {
-        resource: r.resource.clone(),
+        resource: r.resource.to_string(),
         capacity: r.capacity as i64,
         allocatable: r.allocatable as i64,
         devices: r
@@ -48,9 +47,9 @@ pub fn resource_to_wire(r: &ResourceInfo) -> pb::Resource {
 /// Wire form of an allocation.
 pub fn allocation_to_wire(a: &AllocationInfo) -> pb::Allocation {
     pb::Allocation {
-        pod_uid: a.pod_uid.clone(),
-        container: a.container.clone(),
-        resource: a.resource.clone(),
+        pod_uid: a.pod_uid.to_string(),
+        container: a.container.to_string(),
+        resource: a.resource.to_string(),
         device_ids: a.device_ids.clone(),
     }
 }

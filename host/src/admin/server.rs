@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use tracing::info;
 
 use crate::plugin_manager::{PluginManagerHandle, PluginRecord, SocketStatus};
+use crate::plugin_types::csi::CsiNodeInfo;
 
 /// The admin server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -102,11 +103,11 @@ pub fn plugin_to_wire(p: &PluginRecord) -> pb::Plugin {
         r#type: p.info.plugin_type.clone(),
         endpoint: p.info.endpoint.clone(),
         versions: p.info.supported_versions.clone(),
-        version: p.version.clone().unwrap_or_default(),
-        handler: p.handler.module().to_owned(),
+        version: p.version().unwrap_or_default().to_owned(),
+        handler: p.handler_module().unwrap_or_default().to_owned(),
         registered_at: p.registered_at.to_rfc3339_opts(SecondsFormat::Millis, true),
         socket_path: p.socket.to_string(),
-        csi: p.csi.as_ref().map(|c| pb::CsiNodeInfo {
+        csi: p.facts::<CsiNodeInfo>().map(|c| pb::CsiNodeInfo {
             node_id: c.node_id.clone(),
             max_volumes_per_node: c.max_volumes_per_node,
             topology: c.topology.clone().into_iter().collect(),

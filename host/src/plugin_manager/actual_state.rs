@@ -1,16 +1,13 @@
 //! Actual state of world: the plugins that got as far as the register hook, with the outcome.
 //!
 //! Single writer: the reconciler task, which owns [`ActualState`] and applies operation outcomes to
-//! it. Readers: register operations look up "the plugin already registered under this type and name"
-//! through [`RegisteredNames`] (a small map behind a lock, never held across `.await`); the admin API
-//! asks the reconciler for a snapshot. Mirrors the kubelet's `actual_state_of_world.go`, including its
-//! quirk that a plugin refused by the register hook stays here (state [`RegistrationState::Refused`])
-//! so it is not retried until its socket is re-created.
+//! it; the admin API asks the reconciler for a snapshot. (The plugin registered under each type
+//! and name, which a validate hook is shown, is kept by the registration pipeline, for both
+//! doors.) Mirrors the kubelet's `actual_state_of_world.go`, including its quirk that a plugin
+//! refused by the register step stays here (state [`RegistrationState::Refused`]) so it is not
+//! retried until its socket is re-created.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
-
-use pluglet_handler_runtime::RegisteredPlugin;
+use std::collections::BTreeMap;
 
 use super::plugin::{Generation, PluginRecord, SocketPath};
 
@@ -36,40 +33,16 @@ pub struct ActualEntry {
     pub state: RegistrationState,
 }
 
-/// Registered plugins by (type, name), with the socket that registered them.
-type NameIndex = HashMap<(String, String), (SocketPath, RegisteredPlugin)>;
-
-/// Read access to the registered plugins by (type, name), for validate's `existing` argument.
-#[derive(Clone, Debug, Default)]
-pub struct RegisteredNames {
-    inner: Arc<RwLock<NameIndex>>,
-}
-
-impl RegisteredNames {
-    /// The plugin registered under `plugin_type` and `name`, if any.
-    pub fn get(&self, plugin_type: &str, name: &str) -> Option<RegisteredPlugin> {
-        let map = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        map.get(&(plugin_type.to_owned(), name.to_owned()))
-            .map(|(_, p)| p.clone())
-    }
-}
-
 /// The actual state, owned by the reconciler.
 #[derive(Debug, Default)]
 pub struct ActualState {
     entries: BTreeMap<SocketPath, ActualEntry>,
-    names: RegisteredNames,
 }
 
 impl ActualState {
     /// An empty actual state.
     pub fn new() -> ActualState {
         ActualState::default()
-    }
-
-    /// A read handle on the registered names.
-    pub fn names(&self) -> RegisteredNames {
-        self.names.clone()
     }
 
     /// Every entry, by socket path.
@@ -89,12 +62,6 @@ impl ActualState {
 
     /// Records a registered plugin.
     pub fn add_registered(&mut self, record: PluginRecord) {
-        let mut names = self.names.inner.write().unwrap_or_else(|e| e.into_inner());
-        names.insert(
-            record.name_key(),
-            (record.socket.clone(), record.as_registered()),
-        );
-        drop(names);
         self.entries.insert(
             record.socket.clone(),
             ActualEntry {
@@ -120,12 +87,6 @@ impl ActualState {
         if self.generation(socket) != Some(generation) {
             return None;
         }
-        let entry = self.entries.remove(socket)?;
-        let mut names = self.names.inner.write().unwrap_or_else(|e| e.into_inner());
-        let key = entry.record.name_key();
-        if names.get(&key).is_some_and(|(s, _)| s == socket) {
-            names.remove(&key);
-        }
-        Some(entry)
+        self.entries.remove(socket)
     }
 }

@@ -34,6 +34,14 @@ pub enum TryStart {
     },
 }
 
+/// An operation's task panicked; it counts as a failure of its path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("operation panicked: {message}")]
+pub struct OperationPanicked {
+    /// The panic's text.
+    pub message: String,
+}
+
 /// Exponential backoff parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BackoffPolicy {
@@ -88,7 +96,7 @@ pub struct Executor<T, E> {
     tasks: JoinSet<(Operation, Result<T, E>)>,
 }
 
-impl<T: Send + 'static, E: From<String> + Send + 'static> Executor<T, E> {
+impl<T: Send + 'static, E: From<OperationPanicked> + Send + 'static> Executor<T, E> {
     /// An idle executor.
     pub fn new(policy: BackoffPolicy) -> Executor<T, E> {
         Executor {
@@ -182,8 +190,12 @@ impl<T: Send + 'static, E: From<String> + Send + 'static> Executor<T, E> {
                             .map(|(op, _)| op.clone())
                     });
                     if let Some(operation) = op {
-                        return self
-                            .finish(operation, Err(E::from(format!("operation panicked: {e}"))));
+                        return self.finish(
+                            operation,
+                            Err(E::from(OperationPanicked {
+                                message: e.to_string(),
+                            })),
+                        );
                     }
                 }
             }
@@ -204,12 +216,12 @@ impl<T: Send + 'static, E: From<String> + Send + 'static> Executor<T, E> {
                             .map(|(op, _)| op.clone())
                     });
                     if let Some(operation) = op {
-                        return Some(
-                            self.finish(
-                                operation,
-                                Err(E::from(format!("operation panicked: {e}"))),
-                            ),
-                        );
+                        return Some(self.finish(
+                            operation,
+                            Err(E::from(OperationPanicked {
+                                message: e.to_string(),
+                            })),
+                        ));
                     }
                 }
             }
@@ -277,10 +289,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn one_operation_per_path_and_backoff_after_failure() {
-        let mut ex: Executor<(), String> = Executor::new(policy());
+        let mut ex: Executor<(), OperationPanicked> = Executor::new(policy());
         let now = Instant::now();
         assert_eq!(
-            ex.try_start(reg("/a", 1), now, || async { Err("boom".to_owned()) }),
+            ex.try_start(reg("/a", 1), now, || async {
+                Err(OperationPanicked {
+                    message: "boom".into(),
+                })
+            }),
             TryStart::Started
         );
         assert_eq!(
@@ -326,12 +342,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn consecutive_failures_double_the_wait() {
-        let mut ex: Executor<(), String> = Executor::new(policy());
+        let mut ex: Executor<(), OperationPanicked> = Executor::new(policy());
         for expected_ms in [500u64, 1000, 2000] {
             tokio::time::sleep(Duration::from_secs(5)).await;
             let now = Instant::now();
             assert_eq!(
-                ex.try_start(reg("/a", 1), now, || async { Err("x".to_owned()) }),
+                ex.try_start(reg("/a", 1), now, || async {
+                    Err(OperationPanicked {
+                        message: "x".into(),
+                    })
+                }),
                 TryStart::Started
             );
             ex.next_finished().await;

@@ -7,7 +7,8 @@
 //!                                                                          ▼
 //!                                      executor (one task per socket path, backoff per path)
 //!                                                                          │ operation::register
-//!             registration (GetInfo / Notify) · HandlerSet (WASM) · plugin_types (CSI, device plugin)
+//!      registration (GetInfo / Notify) ──▶ the registration pipeline (`pluglet-registration`:
+//!                                          hooks, and each plugin type's steps)
 //! ```
 
 pub mod actual_state;
@@ -22,13 +23,12 @@ pub mod watcher;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use pluglet_handler_runtime::HandlerSet;
+use pluglet_registration::Pipeline;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Timings;
-use crate::plugin_types::PluginTypes;
 pub use plugin::{PluginRecord, PluginType, SocketPath};
 pub use reconciler::{SocketState, SocketStatus};
 pub use watcher::WatchError;
@@ -72,8 +72,6 @@ pub struct PluginManagerConfig {
     pub registry_dir: PathBuf,
     /// Deadlines and backoff.
     pub timings: Timings,
-    /// Node name handed to handlers.
-    pub node_name: String,
 }
 
 /// A running plugin manager: its handle and its tasks (watcher, reconciler).
@@ -89,8 +87,7 @@ impl PluginManager {
     /// reconciler.
     pub fn start(
         config: PluginManagerConfig,
-        handlers: Arc<HandlerSet>,
-        plugin_types: Arc<PluginTypes>,
+        pipeline: Pipeline,
         cancel: CancellationToken,
     ) -> Result<PluginManager, WatchError> {
         let (mut writer, reader) = desired_state::channel();
@@ -99,11 +96,8 @@ impl PluginManager {
             watcher::Watcher::start(&config.registry_dir, writer, config.timings.resync_period)?;
         let actual = actual_state::ActualState::new();
         let cx = operation::OperationContext {
-            handlers,
-            plugin_types,
-            names: actual.names(),
-            timings: config.timings,
-            node_name: config.node_name,
+            pipeline,
+            timings: Arc::new(config.timings),
         };
         let (queries_tx, queries_rx) = mpsc::channel(16);
         let reconciler = reconciler::Reconciler::new(

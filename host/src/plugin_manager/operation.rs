@@ -1,27 +1,26 @@
 //! Operations as data ([`Operation`]) and the steps each one runs (the kubelet's
 //! `operation_generator.go`).
 //!
-//! Register, in the kubelet's order (facts §1, §6): dial (quick retries within the dial timeout) →
-//! GetInfo (deadline) → handler by type → validate (with the plugin already registered under that
-//! type and name) → type-specific facts (CSI NodeGetInfo) → register hook → type-specific activation
-//! (device plugin: [`crate::plugin_types::device_plugin::DevicePluginSink::connect`]) →
-//! NotifyRegistrationStatus (deadline). Dial, GetInfo, no-handler and validate failures are
-//! [`RegisterOutcome::Failed`] (retried with backoff, the plugin told `false` each time it can be);
-//! anything failing from the facts step on is [`RegisterOutcome::Refused`], which stands until the
-//! socket is re-created. Deregister runs the deregister hook and deactivation without dialing.
+//! Register, in the kubelet's order (see `docs/kubelet-compatibility.md`, "Plugin
+//! registration"): dial (quick retries within the dial timeout) → GetInfo (deadline) → the
+//! registration pipeline (validate hook → the plugin type's facts → register hook → the plugin
+//! type's activation) → NotifyRegistrationStatus (deadline). Dial, GetInfo, no-handler and
+//! validate failures are [`RegisterOutcome::Failed`] (retried with backoff, the plugin told
+//! `false` each time it can be); anything failing from the facts step on is
+//! [`RegisterOutcome::Refused`], which stands until the socket is re-created. Deregister ends
+//! the registration in the pipeline (deactivation, deregister hook) without dialing.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use chrono::Utc;
-use pluglet_handler_runtime::{CallContext, HandlerSet, PluginInfo, run_in_place};
-use tracing::{debug, info, warn};
+use pluglet_core::error_chain;
+use pluglet_handler_runtime::PluginInfo;
+use pluglet_registration::{Candidate, Door, EndReason, Pipeline, Stage};
+use tracing::{debug, warn};
 
-use super::actual_state::RegisteredNames;
 use super::plugin::{Generation, PluginRecord, PluginType, SocketPath};
 use super::registration::RegistrationClient;
 use crate::config::Timings;
-use crate::plugin_types::PluginTypes;
 
 /// Something the reconciler asks the executor to do for one socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,16 +63,10 @@ impl Operation {
 /// Everything a register or deregister operation needs; shared by all operations.
 #[derive(Clone)]
 pub struct OperationContext {
-    /// Handler modules by plugin type.
-    pub handlers: Arc<HandlerSet>,
-    /// Type-specific steps (CSI NodeGetInfo, device plugin hand-off).
-    pub plugin_types: Arc<PluginTypes>,
-    /// Plugins registered by (type, name), for validate's `existing`.
-    pub names: RegisteredNames,
+    /// The registration pipeline (handler hooks and the plugin types' steps).
+    pub pipeline: Pipeline,
     /// Deadlines.
-    pub timings: Timings,
-    /// Node name for handler calls.
-    pub node_name: String,
+    pub timings: Arc<Timings>,
 }
 
 /// How a register operation ended.
@@ -100,20 +93,6 @@ pub enum RegisterOutcome {
         /// Why (also sent to the plugin where possible).
         reason: String,
     },
-}
-
-/// Formats an error with its chain of sources, `outer: inner: innermost`.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        let text = inner.to_string();
-        if !s.contains(&text) {
-            let _ = write!(s, ": {text}");
-        }
-        source = inner.source();
-    }
-    s
 }
 
 /// Runs one register operation for `socket` at `generation`.
@@ -145,176 +124,85 @@ pub async fn register(
     let endpoint = if wire.endpoint.is_empty() {
         socket.to_string()
     } else {
-        wire.endpoint.clone()
+        wire.endpoint
     };
     let plugin = PluginInfo {
-        plugin_type: wire.r#type.clone(),
-        name: wire.name.clone(),
+        plugin_type: wire.r#type,
+        name: wire.name,
         endpoint,
-        supported_versions: wire.supported_versions.clone(),
+        supported_versions: wire.supported_versions,
     };
-    let plugin_type = PluginType::parse(&plugin.plugin_type);
     let got_info = start.elapsed();
-    debug!(%socket, plugin_type = %plugin_type, name = %plugin.name, "GetInfo answered");
+    debug!(%socket, plugin_type = %plugin.plugin_type, name = %plugin.name, "GetInfo answered");
 
-    let Some(handler) = cx.handlers.for_plugin_type(&plugin.plugin_type) else {
-        let reason = format!(
-            "no handler registered for plugin type {}",
-            plugin.plugin_type
-        );
-        notify(&mut client, &cx, &socket, false, &reason).await;
-        return RegisterOutcome::Failed {
-            info: Some(plugin),
-            reason,
-        };
-    };
-
-    // Validate: may be retried (the kubelet re-runs GetInfo and validate after backoff).
-    let existing = cx.names.get(&plugin.plugin_type, &plugin.name);
-    let call_cx = CallContext {
-        node_name: cx.node_name.clone(),
-    };
-    let validated = {
-        let handler = handler.clone();
-        let plugin = plugin.clone();
-        let call_cx = call_cx.clone();
-        run_in_place(move || handler.validate(&call_cx, &plugin, existing.as_ref()))
-    };
-    let version = match validated {
-        Ok(call) => match call.value {
-            Ok(accepted) => accepted.version,
-            Err(refusal) => {
-                let reason = format!("plugin validation failed with err: {refusal}");
-                notify(&mut client, &cx, &socket, false, &reason).await;
-                return RegisterOutcome::Failed {
-                    info: Some(plugin),
-                    reason,
-                };
-            }
+    let candidate = Candidate {
+        info: plugin.clone(),
+        door: Door::Registry {
+            socket: socket.clone(),
+            generation,
         },
-        Err(e) => {
-            let reason = format!("plugin validation failed with err: {}", error_chain(&e));
-            notify(&mut client, &cx, &socket, false, &reason).await;
-            return RegisterOutcome::Failed {
-                info: Some(plugin),
-                reason,
-            };
-        }
+        connection: Some(client.channel()),
     };
-
-    let validated_at = start.elapsed();
+    let registered = cx.pipeline.register(candidate).await;
     let mut record = PluginRecord {
         socket: socket.clone(),
         generation,
-        plugin_type: plugin_type.clone(),
-        info: plugin.clone(),
-        version,
-        handler: handler.clone(),
+        plugin_type: PluginType::parse(&plugin.plugin_type),
+        info: plugin,
         registered_at: Utc::now(),
-        csi: None,
+        registration: None,
     };
-
-    // Register step: from here on a failure stands until the socket is re-created.
-    let refused = |record: PluginRecord, why: String| {
-        let reason = format!("plugin registration failed with err: {why}");
-        (record, reason)
-    };
-    let same_socket = (crate::plugin_types::csi::endpoint_path(&plugin.endpoint)
-        == socket.as_path())
-    .then(|| client.channel());
-    let facts = match cx
-        .plugin_types
-        .gather_facts(&plugin_type, &plugin, same_socket)
-        .await
-    {
-        Ok(f) => f,
-        Err(e) => {
-            let (record, reason) = refused(record, error_chain(&e));
+    let piped = start.elapsed();
+    let outcome = match registered {
+        Ok(registration) => {
+            record.registration = Some(registration);
+            let notify_error = notify(&mut client, &cx, &socket, true, "").await;
+            RegisterOutcome::Registered {
+                record,
+                notify_error,
+            }
+        }
+        Err(err) => {
+            // The kubelet's wording, so that plugins and people see the usual prefixes.
+            let reason = match err.stage() {
+                Stage::Handler => error_chain(&err),
+                Stage::Validate => {
+                    format!("plugin validation failed with err: {}", error_chain(&err))
+                }
+                _ => format!("plugin registration failed with err: {}", error_chain(&err)),
+            };
             notify(&mut client, &cx, &socket, false, &reason).await;
-            return RegisterOutcome::Refused { record, reason };
+            match err.stage() {
+                Stage::Handler | Stage::Validate => RegisterOutcome::Failed {
+                    info: Some(record.info),
+                    reason,
+                },
+                _ => RegisterOutcome::Refused { record, reason },
+            }
         }
     };
-    record.csi = facts.csi.clone();
-    let facts_at = start.elapsed();
-    let registered = {
-        let handler = handler.clone();
-        let plugin = plugin.clone();
-        let call_cx = call_cx.clone();
-        let facts = facts.facts.clone();
-        run_in_place(move || handler.register(&call_cx, &plugin, &facts))
-    };
-    let why = match registered {
-        Ok(call) => call.value.err().map(|r| r.to_string()),
-        Err(e) => Some(error_chain(&e)),
-    };
-    if let Some(why) = why {
-        let (record, reason) = refused(record, why);
-        notify(&mut client, &cx, &socket, false, &reason).await;
-        return RegisterOutcome::Refused { record, reason };
-    }
-    if let Err(e) = cx.plugin_types.activate(&plugin_type, &plugin).await {
-        // Undo the register hook before refusing.
-        run_deregister_hook(&cx, &record).await;
-        let (record, reason) = refused(record, error_chain(&e));
-        notify(&mut client, &cx, &socket, false, &reason).await;
-        return RegisterOutcome::Refused { record, reason };
-    }
-
-    record.registered_at = Utc::now();
-    let registered_at = start.elapsed();
-    let notify_error = notify(&mut client, &cx, &socket, true, "").await;
     let us = |d: std::time::Duration| d.as_micros() as u64;
-    info!(
-        %socket,
-        plugin_type = %plugin_type,
-        name = %plugin.name,
-        version = record.version.as_deref().unwrap_or(""),
-        handler = handler.module(),
-        "plugin registered"
-    );
     debug!(
         %socket,
         dial_us = us(dialed),
         get_info_us = us(got_info - dialed),
-        validate_us = us(validated_at - got_info),
-        facts_us = us(facts_at - validated_at),
-        register_us = us(registered_at - facts_at),
-        notify_us = us(start.elapsed() - registered_at),
-        "registration steps"
+        pipeline_us = us(piped - got_info),
+        notify_us = us(start.elapsed() - piped),
+        "registration operation steps"
     );
-    RegisterOutcome::Registered {
-        record,
-        notify_error,
-    }
+    outcome
 }
 
-/// Runs one deregister operation: type-specific deactivation and the deregister hook for a plugin
-/// that was registered. No socket I/O (the socket is gone).
-pub async fn deregister(cx: OperationContext, record: PluginRecord, was_registered: bool) {
-    if !was_registered {
-        debug!(socket = %record.socket, "forgetting refused plugin");
-        return;
-    }
-    cx.plugin_types
-        .deactivate(&record.plugin_type, &record.info)
-        .await;
-    run_deregister_hook(&cx, &record).await;
-    info!(
-        socket = %record.socket,
-        plugin_type = %record.plugin_type,
-        name = %record.info.name,
-        "plugin deregistered"
-    );
-}
-
-async fn run_deregister_hook(cx: &OperationContext, record: &PluginRecord) {
-    let handler = record.handler.clone();
-    let plugin = record.info.clone();
-    let call_cx = CallContext {
-        node_name: cx.node_name.clone(),
-    };
-    if let Err(e) = run_in_place(move || handler.deregister(&call_cx, &plugin)) {
-        warn!(socket = %record.socket, error = %error_chain(&e), "deregister hook failed")
+/// Runs one deregister operation: ends the plugin's registration in the pipeline (its plugin
+/// type's deactivation, then the deregister hook). No socket I/O (the socket is gone).
+pub async fn deregister(cx: OperationContext, record: PluginRecord) {
+    match &record.registration {
+        Some(registration) => {
+            cx.pipeline
+                .deregister(registration, EndReason::SocketGone)
+                .await
+        }
+        None => debug!(socket = %record.socket, "forgetting refused plugin"),
     }
 }
 
@@ -339,20 +227,5 @@ async fn notify(
             warn!(%socket, error = %e, "failed to send registration status");
             Some(e)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("outer")]
-    struct Outer(#[source] std::io::Error);
-
-    #[test]
-    fn error_chain_joins_sources_once() {
-        let e = Outer(std::io::Error::other("inner"));
-        assert_eq!(error_chain(&e), "outer: inner");
     }
 }

@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 
 use super::actual_state::{ActualState, RegistrationState};
 use super::desired_state::{ChangedPaths, DesiredMap, DesiredStateReader};
-use super::executor::{BackoffPolicy, Executor, Finished, TryStart};
+use super::executor::{self, BackoffPolicy, Executor, Finished, TryStart};
 use super::operation::{self, Operation, OperationContext, RegisterOutcome};
 use super::plugin::{Generation, PluginRecord, SocketPath};
 
@@ -175,9 +175,12 @@ struct Failure {
     info: Option<pluglet_handler_runtime::PluginInfo>,
 }
 
-impl From<String> for Failure {
-    fn from(reason: String) -> Failure {
-        Failure { reason, info: None }
+impl From<executor::OperationPanicked> for Failure {
+    fn from(panicked: executor::OperationPanicked) -> Failure {
+        Failure {
+            reason: panicked.to_string(),
+            info: None,
+        }
     }
 }
 
@@ -330,8 +333,7 @@ impl Reconciler {
                     let cx = cx.clone();
                     async move {
                         if let Some(entry) = entry {
-                            let was_registered = entry.state == RegistrationState::Registered;
-                            operation::deregister(cx, entry.record, was_registered).await;
+                            operation::deregister(cx, entry.record).await;
                         }
                         Ok(Done::Deregistered)
                     }
@@ -559,16 +561,17 @@ mod tests {
 
     #[test]
     fn plan_socket_agrees_with_plan() {
-        let s = SocketPath::new("/a");
-        let g = |n| Some(Generation(n));
-        assert_eq!(plan_socket(&s, g(1), g(1)), vec![]);
-        assert_eq!(plan_socket(&s, g(1), None), vec![reg("/a", 1)]);
-        assert_eq!(plan_socket(&s, None, g(1)), vec![dereg("/a", 1)]);
-        assert_eq!(
-            plan_socket(&s, g(2), g(1)),
-            vec![dereg("/a", 1), reg("/a", 2)]
-        );
-        assert_eq!(plan_socket(&s, None, None), vec![]);
+        // Every combination of one socket's generations in the two states, planned both ways.
+        let generations = [None, Some(1), Some(2)];
+        for d in generations {
+            for a in generations {
+                let desired_pairs: Vec<(&str, u64)> = d.map(|g| ("/a", g)).into_iter().collect();
+                let actual_pairs: Vec<(&str, u64)> = a.map(|g| ("/a", g)).into_iter().collect();
+                let whole = plan(&desired(&desired_pairs), &actual(&actual_pairs));
+                let one = plan_socket(&SocketPath::new("/a"), d.map(Generation), a.map(Generation));
+                assert_eq!(one, whole, "desired {d:?}, actual {a:?}");
+            }
+        }
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! The plugin registration wire client: GetInfo and NotifyRegistrationStatus on a plugin's
-//! registration socket (facts §1). Wire only; what to do with the answers is in
-//! [`super::operation`].
+//! registration socket (see `docs/kubelet-compatibility.md`, "Plugin registration"). Wire
+//! only; what to do with the answers is in [`super::operation`].
 
 use std::time::Duration;
 
 use pluglet_proto::pluginregistration::registration_client::RegistrationClient as GrpcClient;
 use pluglet_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
-use pluglet_uds::Channel;
+use pluglet_uds::{Channel, RpcError};
 
 use super::plugin::SocketPath;
 
@@ -22,25 +22,16 @@ pub enum RegistrationError {
         #[source]
         source: pluglet_uds::UdsError,
     },
-    /// An RPC did not answer within its deadline.
-    #[error("{rpc} on socket {socket} did not answer within {deadline:?}")]
-    Deadline {
-        /// `GetInfo` or `NotifyRegistrationStatus`.
-        rpc: &'static str,
-        /// The socket.
-        socket: SocketPath,
-        /// The deadline.
-        deadline: Duration,
-    },
-    /// An RPC failed.
-    #[error("{rpc} on socket {socket} failed: {message}")]
+    /// An RPC failed or did not answer within its deadline.
+    #[error("{rpc} on socket {socket} failed")]
     Rpc {
         /// `GetInfo` or `NotifyRegistrationStatus`.
         rpc: &'static str,
         /// The socket.
         socket: SocketPath,
-        /// The gRPC status message (code included).
-        message: String,
+        /// The plugin's status, or the deadline.
+        #[source]
+        status: RpcError,
     },
 }
 
@@ -79,14 +70,11 @@ impl RegistrationClient {
 
     /// Asks the plugin who it is.
     pub async fn get_info(&mut self, deadline: Duration) -> Result<PluginInfo, RegistrationError> {
-        const RPC: &str = "GetInfo";
         let mut request = tonic::Request::new(InfoRequest {});
         request.set_timeout(deadline);
-        match tokio::time::timeout(deadline, self.client.get_info(request)).await {
-            Err(_) => Err(self.deadline(RPC, deadline)),
-            Ok(Err(status)) => Err(self.rpc_error(RPC, &status)),
-            Ok(Ok(response)) => Ok(response.into_inner()),
-        }
+        pluglet_uds::with_deadline(deadline, self.client.get_info(request))
+            .await
+            .map_err(|status| self.rpc_error("GetInfo", status))
     }
 
     /// Tells the plugin the outcome of its registration.
@@ -96,38 +84,22 @@ impl RegistrationClient {
         error: &str,
         deadline: Duration,
     ) -> Result<(), RegistrationError> {
-        const RPC: &str = "NotifyRegistrationStatus";
         let mut request = tonic::Request::new(RegistrationStatus {
             plugin_registered: registered,
             error: error.to_owned(),
         });
         request.set_timeout(deadline);
-        match tokio::time::timeout(deadline, self.client.notify_registration_status(request)).await
-        {
-            Err(_) => Err(self.deadline(RPC, deadline)),
-            Ok(Err(status)) => Err(self.rpc_error(RPC, &status)),
-            Ok(Ok(_)) => Ok(()),
-        }
+        pluglet_uds::with_deadline(deadline, self.client.notify_registration_status(request))
+            .await
+            .map(|_| ())
+            .map_err(|status| self.rpc_error("NotifyRegistrationStatus", status))
     }
 
-    fn deadline(&self, rpc: &'static str, deadline: Duration) -> RegistrationError {
-        RegistrationError::Deadline {
-            rpc,
-            socket: self.socket.clone(),
-            deadline,
-        }
-    }
-
-    fn rpc_error(&self, rpc: &'static str, status: &tonic::Status) -> RegistrationError {
-        let message = if status.message().is_empty() {
-            format!("{:?}", status.code())
-        } else {
-            format!("{:?}: {}", status.code(), status.message())
-        };
+    fn rpc_error(&self, rpc: &'static str, status: RpcError) -> RegistrationError {
         RegistrationError::Rpc {
             rpc,
             socket: self.socket.clone(),
-            message,
+            status,
         }
     }
 }

@@ -197,7 +197,7 @@ impl Watcher {
         let ft = meta.file_type();
         if ft.is_dir() {
             if let Err(e) = self.watch_dir(path) {
-                error!(error = %crate::plugin_manager::operation::error_chain(&e), "sub-directory not watched");
+                error!(error = %pluglet_core::error_chain(&e), "sub-directory not watched");
             }
             self.walk(path, found);
         } else if ft.is_socket() {

@@ -1,15 +1,73 @@
 //! CSI node plugins: at registration the host calls only `Node.NodeGetInfo` on the driver's
-//! endpoint (facts §3), natively over gRPC with `:authority` `localhost`. The node id must be
-//! non-empty; node id, max volumes and topology go to the register hook and into the plugin record.
+//! endpoint (see `docs/kubelet-compatibility.md`, "CSI drivers"), natively over gRPC with
+//! `:authority` `localhost`. The node id must be non-empty; node id, max volumes and topology
+//! go to the register hook, and the answer stays with the registration as [`CsiNodeInfo`].
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use pluglet_handler_runtime::RegistrationFacts;
 use pluglet_proto::csi::v1::NodeGetInfoRequest;
 use pluglet_proto::csi::v1::node_client::NodeClient;
-use pluglet_uds::Channel;
+use pluglet_registration::{Candidate, Door, Facts, KindError, PluginKind, Registration};
+use pluglet_uds::{Channel, RpcError};
 
-use crate::plugin_manager::plugin::CsiNodeInfo;
+/// What a CSI driver's NodeGetInfo said, kept with its registration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CsiNodeInfo {
+    /// Node id; never empty for a registered driver.
+    pub node_id: String,
+    /// Maximum volumes per node (0: not given).
+    pub max_volumes_per_node: i64,
+    /// Accessible topology segments.
+    pub topology: BTreeMap<String, String>,
+}
+
+/// The CSI plugin type's native steps: NodeGetInfo before the register hook; nothing to start
+/// or stop.
+#[derive(Clone, Copy, Debug)]
+pub struct CsiKind {
+    /// Time allowed to dial the driver's endpoint.
+    pub dial_timeout: Duration,
+    /// Time allowed for NodeGetInfo to answer.
+    pub node_get_info_timeout: Duration,
+}
+
+#[async_trait::async_trait]
+impl PluginKind for CsiKind {
+    async fn gather_facts(&self, candidate: &Candidate) -> Result<Facts, KindError> {
+        let endpoint = &candidate.info.endpoint;
+        // A driver serving its Node service on the registration socket itself is asked over
+        // the connection already open.
+        let same_socket = match &candidate.door {
+            Door::Registry { socket, .. } if endpoint_path(endpoint) == socket.as_path() => {
+                candidate.connection.clone()
+            }
+            _ => None,
+        };
+        let info = node_get_info(
+            endpoint,
+            same_socket,
+            self.dial_timeout,
+            self.node_get_info_timeout,
+        )
+        .await?;
+        let hook = RegistrationFacts {
+            node_id: Some(info.node_id.clone()),
+            max_volumes_per_node: Some(info.max_volumes_per_node),
+            topology: info.topology.clone(),
+        };
+        Ok(Facts::with_detail(hook, info))
+    }
+
+    async fn activate(&self, _registration: &Arc<Registration>) -> Result<(), KindError> {
+        Ok(())
+    }
+
+    async fn deactivate(&self, _registration: &Registration) {}
+}
 
 /// NodeGetInfo failed or answered something unacceptable.
 #[derive(Debug, thiserror::Error)]
@@ -23,21 +81,14 @@ pub enum CsiError {
         #[source]
         source: pluglet_uds::UdsError,
     },
-    /// NodeGetInfo did not answer in time.
-    #[error("NodeGetInfo on {endpoint} did not answer within {deadline:?}")]
-    Deadline {
-        /// The endpoint.
-        endpoint: PathBuf,
-        /// The deadline.
-        deadline: Duration,
-    },
-    /// NodeGetInfo failed.
-    #[error("NodeGetInfo on {endpoint} failed: {message}")]
+    /// NodeGetInfo failed or did not answer in time.
+    #[error("NodeGetInfo on {endpoint} failed")]
     Rpc {
         /// The endpoint.
         endpoint: PathBuf,
-        /// gRPC code and message.
-        message: String,
+        /// The driver's status, or the deadline.
+        #[source]
+        status: RpcError,
     },
     /// NodeGetInfo returned an empty node id.
     #[error("NodeGetInfo on {endpoint} returned an empty node id")]
@@ -78,21 +129,12 @@ pub async fn node_get_info(
     let mut client = NodeClient::new(channel);
     let mut request = tonic::Request::new(NodeGetInfoRequest {});
     request.set_timeout(deadline);
-    let response = match tokio::time::timeout(deadline, client.node_get_info(request)).await {
-        Err(_) => {
-            return Err(CsiError::Deadline {
-                endpoint: path,
-                deadline,
-            });
-        }
-        Ok(Err(status)) => {
-            return Err(CsiError::Rpc {
-                endpoint: path,
-                message: format!("{:?}: {}", status.code(), status.message()),
-            });
-        }
-        Ok(Ok(r)) => r.into_inner(),
-    };
+    let response = pluglet_uds::with_deadline(deadline, client.node_get_info(request))
+        .await
+        .map_err(|status| CsiError::Rpc {
+            endpoint: path.clone(),
+            status,
+        })?;
     if response.node_id.is_empty() {
         return Err(CsiError::EmptyNodeId { endpoint: path });
     }

@@ -341,3 +341,48 @@ pub fn incoming_any_authority(
 ) -> impl Stream<Item = io::Result<AuthorityRewrite<UnixStream>>> {
     incoming(listener).map(|accepted| accepted.map(AuthorityRewrite::new))
 }
+
+/// A plugin's gRPC error status, shown as `Code: message` (tonic's own `Display` adds details
+/// and metadata that people reading a log or a refusal do not need).
+#[derive(Clone, Debug)]
+pub struct RpcError(pub tonic::Status);
+
+impl RpcError {
+    /// The status code.
+    pub fn code(&self) -> tonic::Code {
+        self.0.code()
+    }
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.message().is_empty() {
+            write!(f, "{:?}", self.0.code())
+        } else {
+            write!(f, "{:?}: {}", self.0.code(), self.0.message())
+        }
+    }
+}
+
+impl std::error::Error for RpcError {}
+
+impl From<tonic::Status> for RpcError {
+    fn from(status: tonic::Status) -> RpcError {
+        RpcError(status)
+    }
+}
+
+/// Awaits one unary gRPC call for at most `deadline`: its answer, the plugin's error status,
+/// or a `DeadlineExceeded` status saying how long was waited. Every call Pluglet makes to a
+/// plugin goes through this, so no call can hang a registration or an allocation.
+pub async fn with_deadline<T>(
+    deadline: Duration,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, RpcError> {
+    match tokio::time::timeout(deadline, call).await {
+        Ok(answer) => answer.map(tonic::Response::into_inner).map_err(RpcError),
+        Err(_) => Err(RpcError(tonic::Status::deadline_exceeded(format!(
+            "no answer within {deadline:?}"
+        )))),
+    }
+}

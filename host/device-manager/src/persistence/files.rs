@@ -1,0 +1,269 @@
+//! What goes into each file: the kubelet checkpoint's content for a state, the side file's,
+//! a journal record's, and the write of the two checkpoint files.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use pluglet_checkpoint::{CheckpointData, CheckpointError, Durability, PodDevicesEntry};
+use pluglet_core::ResourceName;
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+
+use crate::devices::{Device, DeviceSet, Health};
+use crate::pod_devices::{EntryState, PodDevices, group_by_numa};
+
+/// The side file's content.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SideState {
+    /// Per resource: every device and the policy in force.
+    pub resources: BTreeMap<ResourceName, SideResource>,
+}
+
+/// One resource in the side file, compact so a 10,000-device resource stays small: each id is
+/// written once per NUMA node it sits on, and once more if unhealthy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SideResource {
+    /// Device ids by NUMA node (`-1`: no topology), in plugin order; every device is listed at
+    /// least once.
+    pub numa: BTreeMap<i64, Vec<String>>,
+    /// Ids of the devices that were unhealthy when written.
+    pub unhealthy: Vec<String>,
+    /// Module id of the allocation policy in force when written.
+    pub policy_module: String,
+    /// sha256 of that policy module.
+    pub policy_sha256: String,
+}
+
+impl SideResource {
+    /// The side file's record of `devices` under the policy `policy_module`.
+    pub fn of(devices: &DeviceSet, policy_module: &str, policy_sha256: &str) -> SideResource {
+        SideResource {
+            numa: group_by_numa(devices.iter().map(|d| (d.id.as_str(), d.numa.as_slice()))),
+            unhealthy: devices
+                .iter()
+                .filter(|d| d.health == Health::Unhealthy)
+                .map(|d| d.id.clone())
+                .collect(),
+            policy_module: policy_module.to_owned(),
+            policy_sha256: policy_sha256.to_owned(),
+        }
+    }
+
+    /// The devices it lists, in first-seen order, with their NUMA nodes and health.
+    pub fn devices(&self) -> Vec<Device> {
+        let mut out: Vec<Device> = Vec::new();
+        let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (node, ids) in &self.numa {
+            for id in ids {
+                let i = *at.entry(id.as_str()).or_insert_with(|| {
+                    out.push(Device {
+                        id: id.clone(),
+                        health: Health::Healthy,
+                        numa: Vec::new(),
+                    });
+                    out.len() - 1
+                });
+                if *node >= 0 {
+                    out[i].numa.push(*node);
+                }
+            }
+        }
+        for id in &self.unhealthy {
+            if let Some(&i) = at.get(id.as_str()) {
+                out[i].health = Health::Unhealthy;
+            }
+        }
+        out
+    }
+}
+
+/// The kubelet checkpoint for these resources and allocations (reservations are not written:
+/// a container that never got its Allocate answer holds nothing after a restart).
+pub fn kubelet_data<'a>(
+    resources: impl Iterator<Item = (&'a ResourceName, &'a DeviceSet)>,
+    pods: &PodDevices,
+) -> CheckpointData {
+    let entries: Vec<PodDevicesEntry> = pods
+        .iter()
+        .filter_map(|(key, entry)| match &entry.state {
+            EntryState::Allocated { response } => Some(PodDevicesEntry {
+                pod_uid: key.pod_uid.to_string(),
+                container_name: key.container.to_string(),
+                resource_name: key.resource.to_string(),
+                device_ids: Some(
+                    entry
+                        .numa
+                        .iter()
+                        .map(|(node, ids)| (*node, Some(ids.clone())))
+                        .collect(),
+                ),
+                alloc_resp: Some(response.encode_to_vec()),
+            }),
+            EntryState::Reserved { .. } => None,
+        })
+        .collect();
+    CheckpointData {
+        // The kubelet writes a nil slice (`null`) when no pod holds devices.
+        pod_device_entries: (!entries.is_empty()).then_some(entries),
+        registered_devices: resources
+            .map(|(name, devices)| (name.to_string(), Some(devices.healthy_ids())))
+            .collect(),
+    }
+}
+
+/// A journal record: the number of named checkpoint checksums (one byte), the checksums
+/// (little-endian u64 each), then the allocations as a kubelet checkpoint file whose
+/// `RegisteredDevices` is empty.
+pub fn encode_journal(on_disk: &[u64], pods: &PodDevices) -> Vec<u8> {
+    let file = kubelet_data(std::iter::empty(), pods).encode();
+    let mut out = Vec::with_capacity(1 + 8 * on_disk.len() + file.len());
+    out.push(u8::try_from(on_disk.len()).unwrap_or(u8::MAX));
+    for checksum in on_disk.iter().take(usize::from(u8::MAX)) {
+        out.extend_from_slice(&checksum.to_le_bytes());
+    }
+    out.extend_from_slice(&file);
+    out
+}
+
+/// Parses [`encode_journal`]'s record: the named checksums and the allocations.
+pub fn decode_journal(payload: &[u8]) -> Option<(Vec<u64>, CheckpointData)> {
+    let (&count, rest) = payload.split_first()?;
+    let (sums, file) = rest.split_at_checked(8 * usize::from(count))?;
+    let sums = sums
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
+        .collect();
+    Some((sums, CheckpointData::decode(file).ok()?))
+}
+
+/// Writes the kubelet checkpoint (`data`: an encoded file), and the side file when given, each
+/// as the kubelet writes its checkpoint (temporary file, fsync, rename); the directory fsyncs
+/// are batched by the writer.
+pub fn write_files(
+    checkpoint: &Path,
+    side: &Path,
+    data: &[u8],
+    side_state: Option<&SideState>,
+    durability: Durability,
+) -> Result<(), CheckpointError> {
+    let Some(side_state) = side_state else {
+        return pluglet_checkpoint::replace_file(checkpoint, data, durability);
+    };
+    let side_bytes =
+        pluglet_checkpoint::encode_side(side_state).map_err(|source| CheckpointError::Encode {
+            path: side.to_path_buf(),
+            source,
+        })?;
+    // Two files in two directories: their fsyncs overlap when written side by side.
+    std::thread::scope(|scope| {
+        let side_write =
+            scope.spawn(|| pluglet_checkpoint::replace_file(side, &side_bytes, durability));
+        let kubelet = pluglet_checkpoint::replace_file(checkpoint, data, durability);
+        let side = side_write.join().unwrap_or_else(|_| {
+            Err(CheckpointError::Write {
+                path: side.to_path_buf(),
+                step: "run the side file writer thread",
+                source: std::io::Error::other("the side file writer panicked"),
+            })
+        });
+        kubelet.and(side)
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use pluglet_proto::v1beta1::ContainerAllocateResponse;
+
+    use super::*;
+    use crate::pod_devices::{Entry, HolderKey};
+
+    pub(crate) fn gpu_set() -> DeviceSet {
+        DeviceSet::new(vec![
+            Device {
+                id: "d1".into(),
+                health: Health::Healthy,
+                numa: vec![1],
+            },
+            Device {
+                id: "d0".into(),
+                health: Health::Healthy,
+                numa: vec![0],
+            },
+            Device {
+                id: "d2".into(),
+                health: Health::Unhealthy,
+                numa: vec![],
+            },
+        ])
+    }
+
+    #[test]
+    fn side_resource_round_trips_devices() {
+        let side = SideResource::of(&gpu_set(), "m", "s");
+        assert_eq!(side.unhealthy, ["d2"]);
+        let mut devices = side.devices();
+        devices.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut expected: Vec<Device> = gpu_set().iter().cloned().collect();
+        expected.sort_by(|a, b| a.id.cmp(&b.id));
+        assert_eq!(devices, expected);
+    }
+
+    #[test]
+    fn empty_state_is_the_kubelet_empty_checkpoint() {
+        let data = kubelet_data(std::iter::empty(), &PodDevices::default());
+        assert_eq!(
+            String::from_utf8(data.encode()).unwrap(),
+            r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3467439661}"#
+        );
+    }
+
+    #[test]
+    fn reservations_are_not_checkpointed() {
+        let mut pods = PodDevices::default();
+        pods.insert(
+            HolderKey::new("pod-2", "ctr", "vendor.com/gpu"),
+            Entry {
+                devices: vec!["d2".into()],
+                numa: BTreeMap::new(),
+                state: EntryState::Reserved { token: 1 },
+            },
+        );
+        pods.insert(
+            HolderKey::new("pod-1", "ctr", "vendor.com/gpu"),
+            Entry {
+                devices: vec!["d0".into()],
+                numa: group_by_numa([("d0", &[0][..])]),
+                state: EntryState::Allocated {
+                    response: ContainerAllocateResponse::default(),
+                },
+            },
+        );
+        let resources = BTreeMap::from([(ResourceName::from("vendor.com/gpu"), gpu_set())]);
+        let text = String::from_utf8(kubelet_data(resources.iter(), &pods).encode()).unwrap();
+        assert!(
+            text.contains(r#""RegisteredDevices":{"vendor.com/gpu":["d0","d1"]}"#),
+            "{text}"
+        );
+        assert!(text.contains("pod-1") && !text.contains("pod-2"), "{text}");
+    }
+
+    #[test]
+    fn journal_records_round_trip() {
+        let mut pods = PodDevices::default();
+        pods.insert(
+            HolderKey::new("pod-1", "ctr", "vendor.com/gpu"),
+            Entry {
+                devices: vec!["d0".into()],
+                numa: group_by_numa([("d0", &[0][..])]),
+                state: EntryState::Allocated {
+                    response: ContainerAllocateResponse::default(),
+                },
+            },
+        );
+        let (named, data) = decode_journal(&encode_journal(&[1, u64::MAX], &pods)).unwrap();
+        assert_eq!(named, [1, u64::MAX]);
+        assert_eq!(data.pod_device_entries.unwrap().len(), 1);
+        assert!(data.registered_devices.is_empty());
+        assert!(decode_journal(&[3, 0, 0]).is_none(), "truncated");
+    }
+}

@@ -1,0 +1,512 @@
+//! [`Persistence`]: the device manager's state on disk, behind one type with one promise:
+//! [`Persistence::commit`] returns when the allocations it was given are durable.
+//!
+//! The files:
+//! - `kubelet_internal_checkpoint` in the device plugins directory, in the kubelet's exact
+//!   format (see `docs/kubelet-compatibility.md`, "Device manager checkpoint"), so a kubelet
+//!   and Pluglet each read the other's;
+//! - a side file in the state directory for what that format cannot hold (every device with
+//!   its health and NUMA nodes, the policy in force): [`files::SideState`];
+//! - an allocation journal in the state directory ([`pluglet_checkpoint::Journal`]: one
+//!   in-place write and an `fdatasync`).
+//!
+//! Two ways to disk:
+//! - the checkpoint and the side file are written by one writer task ([`Persistence::run_writer`]),
+//!   coalesced: a change asks for a write ([`WriteRequests`]); the writer takes one snapshot
+//!   per write, so a burst of changes costs one write;
+//! - allocations and releases must be durable before they are answered. Rather than wait for
+//!   the checkpoint (temporary file, fsync, rename, directory fsync), [`Persistence::commit`]
+//!   writes a journal record first, and the checkpoint follows.
+//!
+//! Which is newer after a crash: each journal record names the checkpoint files that were in
+//! place or being written when it was made (by their kubelet checksums, see [`Disk`]); the
+//! rules that follow from that are in [`restore`], a pure function of the files' contents.
+//! Only the newest files are named, so an older state that a kubelet happens to write again
+//! (an empty node, say) is not mistaken for Pluglet's. After a power cut the checkpoint's last
+//! renames may be undone, as with the kubelet (it never fsyncs the directory; Pluglet does
+//! every fourth write): the older checkpoint then wins and the allocations made since are lost,
+//! with the containers that used them.
+
+pub mod files;
+pub mod restore;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pluglet_checkpoint::{CheckpointData, CheckpointError, Durability, Journal, LoadOutcome};
+use pluglet_core::error_chain;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::pod_devices::PodDevices;
+use files::SideState;
+use restore::{Files, Found, Restored, SetAside};
+
+/// File name of the side file in the state directory.
+pub const SIDE_FILE_NAME: &str = "device-manager.json";
+
+/// File name of the allocation journal in the state directory.
+pub const JOURNAL_FILE_NAME: &str = "device-manager.journal";
+
+/// The checkpoint writer fsyncs the directory (making its renames survive a power cut) after
+/// this many renames.
+const DIR_SYNC_AFTER: usize = 4;
+
+/// How many checkpoint files a journal record names at most (more only while writes keep
+/// failing).
+const MAX_ON_DISK: usize = 16;
+
+/// Where the three files live.
+#[derive(Clone, Debug)]
+pub struct Paths {
+    /// `kubelet_internal_checkpoint`.
+    pub checkpoint: PathBuf,
+    /// The side file.
+    pub side: PathBuf,
+    /// The journal.
+    pub journal: PathBuf,
+}
+
+/// The durable side of the state, behind one async mutex so that a journal record and the
+/// checkpoint writer's snapshots are ordered: a record taken after a snapshot names that
+/// snapshot's file.
+#[derive(Debug)]
+pub(crate) struct Disk {
+    /// The allocation journal.
+    pub journal: Journal,
+    /// Kubelet checksums of the checkpoint files that may be in place if the process dies now:
+    /// the last one written and any being written (or that failed to be) since.
+    pub on_disk: Vec<u64>,
+    /// [`PodDevices::version`] of the newest journal record.
+    pub journaled: u64,
+    /// Renames since the last directory fsync.
+    pub unsynced: usize,
+}
+
+impl Disk {
+    /// A snapshot with this checksum is about to be written.
+    pub fn writing(&mut self, checksum: u64) {
+        self.on_disk.push(checksum);
+        if self.on_disk.len() > MAX_ON_DISK {
+            self.on_disk.remove(0);
+        }
+    }
+
+    /// The file with this checksum is in place: earlier ones are gone.
+    pub fn written(&mut self, checksum: u64) {
+        self.on_disk.clear();
+        self.on_disk.push(checksum);
+        self.unsynced += 1;
+    }
+
+    /// Whether the writer should fsync the directory now.
+    pub fn needs_dir_sync(&self) -> bool {
+        self.unsynced >= DIR_SYNC_AFTER
+    }
+}
+
+/// The outcome of the latest write.
+#[derive(Clone, Debug, Default)]
+struct Written {
+    /// Every change requested up to this number is on disk (or failed with `error`).
+    seq: u64,
+    /// The write's error, if it failed.
+    error: Option<Arc<CheckpointError>>,
+}
+
+/// Coalesces write requests for the writer task.
+#[derive(Debug)]
+struct Requests {
+    requested: AtomicU64,
+    /// Devices changed since the side file was last written (allocations alone leave it as is).
+    devices_changed: AtomicBool,
+    wake: Notify,
+    written: watch::Sender<Written>,
+}
+
+/// The narrow handle the parts that change the state hold: they ask for a checkpoint write
+/// after a change (with their own lock released), nothing more.
+#[derive(Clone, Debug)]
+pub(crate) struct WriteRequests(Arc<Requests>);
+
+impl WriteRequests {
+    fn new() -> WriteRequests {
+        WriteRequests(Arc::new(Requests {
+            requested: AtomicU64::new(0),
+            devices_changed: AtomicBool::new(false),
+            wake: Notify::new(),
+            written: watch::Sender::new(Written::default()),
+        }))
+    }
+
+    /// Asks for a write of the checkpoint (allocations changed); returns its number.
+    pub fn allocations_changed(&self) -> u64 {
+        let seq = self.0.requested.fetch_add(1, Ordering::SeqCst) + 1;
+        self.0.wake.notify_one();
+        seq
+    }
+
+    /// Asks for a write of both files (devices or resources changed); returns its number.
+    pub fn devices_changed(&self) -> u64 {
+        self.0.devices_changed.store(true, Ordering::SeqCst);
+        self.allocations_changed()
+    }
+
+    /// The number of the latest request.
+    pub fn requested(&self) -> u64 {
+        self.0.requested.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the write covering request `seq` is done.
+    pub async fn flush(&self, seq: u64) -> Result<(), Arc<CheckpointError>> {
+        let mut rx = self.0.written.subscribe();
+        let written = rx
+            .wait_for(|w| w.seq >= seq)
+            .await
+            .map(|w| w.clone())
+            .unwrap_or_default();
+        match written.error {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Writer side: waits for a request newer than the last write; returns its number.
+    async fn next_request(&self) -> u64 {
+        loop {
+            let target = self.0.requested.load(Ordering::SeqCst);
+            if target > self.0.written.borrow().seq {
+                return target;
+            }
+            self.0.wake.notified().await;
+        }
+    }
+
+    /// Writer side: whether requests are waiting.
+    fn pending(&self) -> bool {
+        self.0.requested.load(Ordering::SeqCst) > self.0.written.borrow().seq
+    }
+
+    /// Writer side: whether the side file must be written too; clears the flag.
+    fn take_devices_changed(&self) -> bool {
+        self.0.devices_changed.swap(false, Ordering::SeqCst)
+    }
+
+    /// Writer side: records the outcome of the write covering `seq`.
+    fn done(&self, seq: u64, error: Option<CheckpointError>) {
+        self.0.written.send_replace(Written {
+            seq,
+            error: error.map(Arc::new),
+        });
+    }
+}
+
+/// What the writer writes: the kubelet checkpoint, and the side file when asked for.
+pub(crate) type Snapshot = (CheckpointData, Option<SideState>);
+
+struct Inner {
+    paths: Paths,
+    durability: Durability,
+    disk: tokio::sync::Mutex<Disk>,
+    requests: WriteRequests,
+}
+
+/// The files, the journal and the writer's bookkeeping (see the module doc). Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Persistence {
+    inner: Arc<Inner>,
+}
+
+impl Persistence {
+    /// Reads the three files (renaming corrupt ones aside) and returns what they describe.
+    pub fn open(
+        paths: Paths,
+        durability: Durability,
+    ) -> Result<(Persistence, Restored), CheckpointError> {
+        let opened = Journal::open(&paths.journal, durability)?;
+        let journal = match opened.set_aside {
+            Some(moved_to) => Found::SetAside(SetAside {
+                path: paths.journal.clone(),
+                moved_to,
+                reason: "not a Pluglet journal, or both of its slots are damaged".into(),
+            }),
+            None => Found::Loaded(opened.record),
+        };
+        let checkpoint = found(
+            &paths.checkpoint,
+            pluglet_checkpoint::load_or_set_aside(&paths.checkpoint)?,
+        );
+        let side = found(
+            &paths.side,
+            pluglet_checkpoint::load_side_or_set_aside::<SideState>(&paths.side)?,
+        );
+        let restored = restore::restore(Files {
+            checkpoint,
+            side,
+            journal,
+        });
+        let persistence = Persistence {
+            inner: Arc::new(Inner {
+                paths,
+                durability,
+                disk: tokio::sync::Mutex::new(Disk {
+                    journal: opened.journal,
+                    on_disk: Vec::new(),
+                    journaled: 0,
+                    unsynced: 0,
+                }),
+                requests: WriteRequests::new(),
+            }),
+        };
+        Ok((persistence, restored))
+    }
+
+    /// The handle for asking for checkpoint writes.
+    pub fn requests(&self) -> WriteRequests {
+        self.inner.requests.clone()
+    }
+
+    /// Makes the allocations in `pods` as they are now durable (a journal record) before
+    /// returning, and asks for a checkpoint write to follow. Concurrent callers share records:
+    /// a record taken after a caller's change covers it.
+    pub async fn commit(&self, pods: &Mutex<PodDevices>) -> Result<(), Arc<CheckpointError>> {
+        let result = {
+            let mut disk = self.inner.disk.lock().await;
+            let (version, payload) = {
+                let pods = pods.lock().unwrap_or_else(|e| e.into_inner());
+                let version = pods.version();
+                if version <= disk.journaled {
+                    return Ok(());
+                }
+                (version, files::encode_journal(&disk.on_disk, &pods))
+            };
+            let result = pluglet_handler_runtime::run_in_place(|| disk.journal.append(&payload));
+            if result.is_ok() {
+                disk.journaled = version;
+            }
+            result
+        };
+        self.inner.requests.allocations_changed();
+        result.map_err(|err| {
+            tracing::error!(error = %error_chain(&err), "cannot write the allocation journal");
+            Arc::new(err)
+        })
+    }
+
+    /// Writes the current state at once and makes it survive a power cut (the first write of
+    /// a start); the writer task must be running.
+    pub async fn write_now(&self) -> Result<(), Arc<CheckpointError>> {
+        let seq = self.inner.requests.devices_changed();
+        self.inner.requests.flush(seq).await?;
+        self.sync_dirs().await.map_err(Arc::new)
+    }
+
+    /// The writer task: one write per batch of requests, and a last one when `cancel` fires.
+    /// `snapshot(with_side)` takes the state to write.
+    pub async fn run_writer(
+        self,
+        snapshot: impl Fn(bool) -> Snapshot + Send,
+        cancel: CancellationToken,
+    ) {
+        let requests = &self.inner.requests;
+        loop {
+            let target = tokio::select! {
+                target = requests.next_request() => target,
+                _ = cancel.cancelled() => {
+                    if !requests.pending() {
+                        break;
+                    }
+                    requests.next_request().await
+                }
+            };
+            let with_side = requests.take_devices_changed();
+            let (bytes, checksum, side) = {
+                // Under the disk lock, so a journal record made after this snapshot names it.
+                let mut disk = self.inner.disk.lock().await;
+                let (data, side) = snapshot(with_side);
+                let (bytes, checksum) = data.encode_with_checksum();
+                disk.writing(checksum);
+                (bytes, checksum, side)
+            };
+            let paths = &self.inner.paths;
+            let result = pluglet_handler_runtime::run_in_place(|| {
+                files::write_files(
+                    &paths.checkpoint,
+                    &paths.side,
+                    &bytes,
+                    side.as_ref(),
+                    self.inner.durability,
+                )
+            });
+            let result = match result {
+                Ok(()) => {
+                    let sync = {
+                        let mut disk = self.inner.disk.lock().await;
+                        disk.written(checksum);
+                        disk.needs_dir_sync()
+                    };
+                    if sync { self.sync_dirs().await } else { Ok(()) }
+                }
+                Err(err) => Err(err),
+            };
+            if let Err(err) = &result {
+                tracing::error!(error = %error_chain(err), "cannot write the device manager checkpoint");
+            }
+            requests.done(target, result.err());
+        }
+        if self.inner.disk.lock().await.unsynced > 0
+            && let Err(err) = self.sync_dirs().await
+        {
+            tracing::error!(error = %error_chain(&err), "cannot sync the device manager checkpoint");
+        }
+    }
+
+    /// Fsyncs the directories of the checkpoint and the side file, so that the renames so far
+    /// survive a power cut.
+    async fn sync_dirs(&self) -> Result<(), CheckpointError> {
+        let paths = &self.inner.paths;
+        if self.inner.durability == Durability::Fsync {
+            pluglet_handler_runtime::run_in_place(|| {
+                pluglet_checkpoint::sync_parent(&paths.checkpoint)?;
+                pluglet_checkpoint::sync_parent(&paths.side)
+            })?;
+        }
+        self.inner.disk.lock().await.unsynced = 0;
+        Ok(())
+    }
+}
+
+fn found<T>(path: &Path, outcome: LoadOutcome<T>) -> Found<T> {
+    match outcome {
+        LoadOutcome::Loaded(value) => Found::Loaded(value),
+        LoadOutcome::Missing => Found::Missing,
+        LoadOutcome::SetAside { reason, moved_to } => Found::SetAside(SetAside {
+            path: path.to_path_buf(),
+            moved_to,
+            reason: error_chain(&reason),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use pluglet_core::ResourceName;
+    use pluglet_proto::v1beta1::ContainerAllocateResponse;
+
+    use super::*;
+    use crate::pod_devices::{Entry, EntryState, HolderKey, group_by_numa};
+
+    fn paths(dir: &Path) -> Paths {
+        Paths {
+            checkpoint: dir.join("kubelet_internal_checkpoint"),
+            side: dir.join("state").join(SIDE_FILE_NAME),
+            journal: dir.join(JOURNAL_FILE_NAME),
+        }
+    }
+
+    fn allocate(pods: &Mutex<PodDevices>, pod: &str, device: &str) {
+        pods.lock().unwrap().insert(
+            HolderKey::new(pod, "ctr", "vendor.com/gpu"),
+            Entry {
+                devices: vec![device.into()],
+                numa: group_by_numa([(device, &[0][..])]),
+                state: EntryState::Allocated {
+                    response: ContainerAllocateResponse::default(),
+                },
+            },
+        );
+    }
+
+    #[test]
+    fn a_record_names_the_file_in_place_and_the_one_being_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut disk = Disk {
+            journal: Journal::open(&dir.path().join("j"), Durability::NoFsync)
+                .unwrap()
+                .journal,
+            on_disk: Vec::new(),
+            journaled: 0,
+            unsynced: 0,
+        };
+        disk.writing(1);
+        disk.written(1);
+        disk.writing(2);
+        assert_eq!(disk.on_disk, [1, 2], "a crash now leaves either in place");
+        disk.written(2);
+        assert_eq!(
+            disk.on_disk,
+            [2],
+            "file 1 is gone for good once 2 is in place"
+        );
+        disk.writing(3);
+        disk.writing(4);
+        assert_eq!(disk.on_disk, [2, 3, 4], "a failed write stays named");
+        assert!(!disk.needs_dir_sync());
+        disk.written(4);
+        disk.written(4);
+        disk.written(4);
+        assert!(disk.needs_dir_sync(), "every fourth rename");
+    }
+
+    #[tokio::test]
+    async fn flush_waits_for_the_covering_write() {
+        let requests = WriteRequests::new();
+        let seq = requests.allocations_changed();
+        let writer = {
+            let requests = requests.clone();
+            tokio::spawn(async move {
+                let target = requests.next_request().await;
+                requests.done(target, None);
+            })
+        };
+        requests.flush(seq).await.unwrap();
+        writer.await.unwrap();
+        assert!(!requests.pending());
+    }
+
+    /// Commits, a checkpoint, another commit, and a crash: each open sees what was durable.
+    #[tokio::test]
+    async fn what_commit_returned_for_survives_a_crash_before_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let pods = Arc::new(Mutex::new(PodDevices::default()));
+        let (persistence, restored) =
+            Persistence::open(paths(dir.path()), Durability::NoFsync).unwrap();
+        assert_eq!(restored.report.allocations, 0);
+        let cancel = CancellationToken::new();
+        let writer = tokio::spawn(persistence.clone().run_writer(
+            {
+                let pods = pods.clone();
+                move |with_side| {
+                    let pods = pods.lock().unwrap().clone();
+                    let resources: BTreeMap<ResourceName, crate::devices::DeviceSet> =
+                        BTreeMap::new();
+                    let side = with_side.then(SideState::default);
+                    (files::kubelet_data(resources.iter(), &pods), side)
+                }
+            },
+            cancel.clone(),
+        ));
+        persistence.write_now().await.unwrap();
+        allocate(&pods, "pod-1", "d0");
+        persistence.commit(&pods).await.unwrap();
+        // The writer may or may not have caught up; stop it before the second commit, as a
+        // crash would, so that only the journal holds pod-2.
+        cancel.cancel();
+        writer.await.unwrap();
+        allocate(&pods, "pod-2", "d1");
+        persistence.commit(&pods).await.unwrap();
+        drop(persistence);
+
+        let (_, restored) = Persistence::open(paths(dir.path()), Durability::NoFsync).unwrap();
+        assert!(restored.report.from_journal);
+        let held: Vec<String> = restored
+            .pods
+            .iter()
+            .map(|(k, _)| k.pod_uid.to_string())
+            .collect();
+        assert_eq!(held, ["pod-1", "pod-2"]);
+    }
+}

@@ -1,0 +1,460 @@
+//! [`Registry`]: the device plugin resources, each with its devices and the endpoint of the
+//! plugin serving it (the kubelet's endpoint map, `allDevices` and health tracking).
+//!
+//! Who changes what: registrations connect endpoints ([`Registry::connect`], the device
+//! plugin type's activation step); each endpoint's own task applies its ListAndWatch updates
+//! ([`Registry::apply_devices`]) and reports its stream's end ([`Registry::disconnect`]);
+//! grace timers remove resources whose plugin did not come back. Every change is made under
+//! one short `std` mutex that is never held across an `.await` nor together with another
+//! part's lock; after it, the registry asks for a checkpoint write and wakes the waiters on
+//! [`Registry::changes`].
+//!
+//! A resource whose grace period ends hands its registration to the device manager's loop
+//! (the `ended` channel), which ends it in the registration pipeline: that runs the deregister
+//! hook, once.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use pluglet_core::{Generation, ResourceName};
+use pluglet_handler_runtime::HandlerSet;
+use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
+use pluglet_registration::Registration;
+use pluglet_uds::Channel;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::devices::{Device, DeviceSet};
+use crate::endpoint::{self, Endpoint, Flow};
+use crate::error::{AllocateError, ConnectError};
+use crate::persistence::WriteRequests;
+
+/// The generation of resources restored from the checkpoint, before any plugin connected.
+const RESTORED: Generation = Generation(0);
+
+/// One resource.
+#[derive(Debug, Default)]
+struct Resource {
+    devices: DeviceSet,
+    /// The connected plugin; `None` while stopped.
+    endpoint: Option<Arc<Endpoint>>,
+    /// Set while no plugin is connected: the generation of the endpoint that stopped. The
+    /// grace timer removes the resource only if this is still the latest stop.
+    stopped: Option<Generation>,
+    /// The registration that connected the endpoint (kept while stopped, so that the end of
+    /// the grace period can end it).
+    registration: Option<Arc<Registration>>,
+}
+
+/// A resource as the admin API shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceInfo {
+    /// Extended resource name.
+    pub resource: ResourceName,
+    /// Every device.
+    pub capacity: usize,
+    /// Healthy devices.
+    pub allocatable: usize,
+    /// The devices in plugin order.
+    pub devices: Vec<Device>,
+    /// Module id of the allocation policy in force.
+    pub policy: String,
+    /// The plugin's endpoint while connected.
+    pub endpoint: Option<PathBuf>,
+    /// Whether a plugin's ListAndWatch stream is live.
+    pub connected: bool,
+}
+
+/// What happened to a resource, for whoever watches (tests, metrics).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistryEvent {
+    /// A plugin's endpoint became the resource's endpoint.
+    Connected {
+        /// The resource.
+        resource: ResourceName,
+    },
+    /// The resource's endpoint went away; its grace period started.
+    Disconnected {
+        /// The resource.
+        resource: ResourceName,
+        /// Why.
+        reason: String,
+    },
+    /// A grace period ended: the resource was removed, or kept because its plugin came back
+    /// (or stopped again later, starting a new grace period).
+    GraceEnded {
+        /// The resource.
+        resource: ResourceName,
+        /// Whether it was removed.
+        removed: bool,
+    },
+}
+
+/// What an allocation may choose from, and whom to ask.
+#[derive(Clone, Debug)]
+pub(crate) struct Offer {
+    /// The resource's devices now (shared, not copied).
+    pub devices: DeviceSet,
+    /// The plugin.
+    pub client: DevicePluginClient<Channel>,
+    /// Whether the plugin answers GetPreferredAllocation.
+    pub preferred_available: bool,
+    /// Whether the plugin wants PreStartContainer.
+    pub pre_start_required: bool,
+}
+
+/// Timings of the registry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timings {
+    /// How long a disconnected resource stays.
+    pub grace_period: Duration,
+    /// Time allowed to dial a plugin and for GetDevicePluginOptions.
+    pub dial_timeout: Duration,
+}
+
+struct Inner {
+    resources: Mutex<BTreeMap<ResourceName, Resource>>,
+    next_generation: AtomicU64,
+    changed: watch::Sender<u64>,
+    events: broadcast::Sender<RegistryEvent>,
+    writes: WriteRequests,
+    timings: Timings,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    ended: mpsc::UnboundedSender<Arc<Registration>>,
+}
+
+/// The resources and their endpoints: the narrow handle endpoint tasks, timers, the allocator
+/// and the device plugin type hold. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Registry {
+    inner: Arc<Inner>,
+}
+
+impl Registry {
+    /// A registry holding the `restored` resources (disconnected, their grace period running).
+    /// Endpoint tasks and timers run on `tasks` and stop when `cancel` fires; registrations
+    /// whose grace period ended are sent to `ended`.
+    pub fn new(
+        restored: BTreeMap<ResourceName, DeviceSet>,
+        timings: Timings,
+        writes: WriteRequests,
+        cancel: CancellationToken,
+        tasks: TaskTracker,
+        ended: mpsc::UnboundedSender<Arc<Registration>>,
+    ) -> Registry {
+        let names: Vec<ResourceName> = restored.keys().cloned().collect();
+        let resources = restored
+            .into_iter()
+            .map(|(name, devices)| {
+                let resource = Resource {
+                    devices,
+                    stopped: Some(RESTORED),
+                    ..Resource::default()
+                };
+                (name, resource)
+            })
+            .collect();
+        let registry = Registry {
+            inner: Arc::new(Inner {
+                resources: Mutex::new(resources),
+                next_generation: AtomicU64::new(RESTORED.0 + 1),
+                changed: watch::Sender::new(0),
+                events: broadcast::channel(256).0,
+                writes,
+                timings,
+                cancel,
+                tasks,
+                ended,
+            }),
+        };
+        for name in names {
+            registry.start_grace_timer(name, RESTORED);
+        }
+        registry
+    }
+
+    /// Dials the plugin at `path` and makes it the resource's endpoint, replacing any
+    /// connected one; its task applies the plugin's device lists from now on.
+    pub async fn connect(
+        &self,
+        resource: ResourceName,
+        path: PathBuf,
+        flow: Flow,
+        registration: Arc<Registration>,
+    ) -> Result<(), ConnectError> {
+        if self.inner.cancel.is_cancelled() {
+            return Err(ConnectError::Stopped { resource });
+        }
+        let generation = Generation(self.inner.next_generation.fetch_add(1, Ordering::SeqCst));
+        let cancel = self.inner.cancel.child_token();
+        let (endpoint, opened) = Endpoint::connect(
+            &resource,
+            path,
+            flow,
+            generation,
+            self.inner.timings.dial_timeout,
+            cancel.clone(),
+        )
+        .await?;
+        let options = endpoint.options;
+        let endpoint = Arc::new(endpoint);
+        {
+            let mut resources = self.lock();
+            let entry = resources.entry(resource.clone()).or_default();
+            if let Some(old) = entry.endpoint.replace(endpoint.clone()) {
+                tracing::info!(
+                    %resource,
+                    old = %old.path.display(),
+                    new = %endpoint.path.display(),
+                    "device plugin registered again: the new endpoint replaces the old one"
+                );
+                old.cancel.cancel();
+            }
+            entry.stopped = None;
+            entry.registration = Some(registration);
+        }
+        self.inner.tasks.spawn(endpoint::run(
+            self.clone(),
+            resource.clone(),
+            generation,
+            opened,
+            cancel,
+        ));
+        tracing::info!(
+            %resource,
+            endpoint = %endpoint.path.display(),
+            ?flow,
+            %generation,
+            pre_start_required = options.pre_start_required,
+            get_preferred_allocation_available = options.get_preferred_allocation_available,
+            "device plugin connected"
+        );
+        let _ = self
+            .inner
+            .events
+            .send(RegistryEvent::Connected { resource });
+        self.changed();
+        Ok(())
+    }
+
+    /// Applies one ListAndWatch update (the full new list) if `generation` is still the
+    /// resource's endpoint: visible at once, the checkpoint follows.
+    pub fn apply_devices(
+        &self,
+        resource: &ResourceName,
+        generation: Generation,
+        devices: Vec<Device>,
+    ) {
+        let changed = {
+            let mut resources = self.lock();
+            match resources.get_mut(resource) {
+                Some(entry)
+                    if entry
+                        .endpoint
+                        .as_ref()
+                        .is_some_and(|e| e.generation == generation) =>
+                {
+                    entry.devices.replace(devices)
+                }
+                _ => false,
+            }
+        };
+        if changed {
+            self.changed();
+            self.inner.writes.devices_changed();
+        }
+    }
+
+    /// Marks `resource` disconnected if `generation` is still its endpoint: its devices turn
+    /// unhealthy at once and its grace period starts.
+    pub fn disconnect(&self, resource: &ResourceName, generation: Generation, reason: &str) {
+        {
+            let mut resources = self.lock();
+            let Some(entry) = resources.get_mut(resource) else {
+                return;
+            };
+            match &entry.endpoint {
+                Some(endpoint) if endpoint.generation == generation => {
+                    endpoint.cancel.cancel();
+                }
+                _ => {
+                    tracing::debug!(
+                        %resource,
+                        %generation,
+                        reason,
+                        "ignoring the end of a replaced endpoint"
+                    );
+                    return;
+                }
+            }
+            entry.endpoint = None;
+            entry.devices.mark_all_unhealthy();
+            entry.stopped = Some(generation);
+        }
+        tracing::warn!(
+            %resource,
+            reason,
+            grace_period = ?self.inner.timings.grace_period,
+            "device plugin disconnected: its devices are unhealthy until it registers again"
+        );
+        self.start_grace_timer(resource.clone(), generation);
+        let _ = self.inner.events.send(RegistryEvent::Disconnected {
+            resource: resource.clone(),
+            reason: reason.to_owned(),
+        });
+        self.changed();
+        self.inner.writes.devices_changed();
+    }
+
+    /// Disconnects the endpoint that registration `id` connected, if it is still connected
+    /// (a newer registration's endpoint is left alone).
+    pub fn disconnect_registration(&self, id: u64, reason: &str) {
+        let found = self.find(|r| r.registration.as_ref().is_some_and(|reg| reg.id == id));
+        for (resource, generation) in found {
+            self.disconnect(&resource, generation, reason);
+        }
+    }
+
+    /// Disconnects every `kubelet.sock` endpoint whose socket was `path` (it was removed).
+    pub fn socket_removed(&self, path: &Path) {
+        let found = self.find(|r| {
+            r.endpoint
+                .as_ref()
+                .is_some_and(|e| e.flow == Flow::Classic && e.path == path)
+        });
+        for (resource, generation) in found {
+            self.disconnect(&resource, generation, "its socket was removed");
+        }
+    }
+
+    /// Connected resources matching `pred`, with their endpoints' generations.
+    fn find(&self, pred: impl Fn(&Resource) -> bool) -> Vec<(ResourceName, Generation)> {
+        self.lock()
+            .iter()
+            .filter(|(_, r)| pred(r))
+            .filter_map(|(name, r)| r.endpoint.as_ref().map(|e| (name.clone(), e.generation)))
+            .collect()
+    }
+
+    fn start_grace_timer(&self, resource: ResourceName, generation: Generation) {
+        let registry = self.clone();
+        let grace = self.inner.timings.grace_period;
+        let cancel = self.inner.cancel.clone();
+        self.inner.tasks.spawn(async move {
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = tokio::time::sleep(grace) => registry.expire(&resource, generation),
+            }
+        });
+    }
+
+    /// The grace period of the stop at `generation` is over: removes the resource unless its
+    /// plugin came back (or stopped again later), and hands its registration on to be ended.
+    fn expire(&self, resource: &ResourceName, generation: Generation) {
+        let removed = {
+            let mut resources = self.lock();
+            let expired = resources
+                .get(resource)
+                .is_some_and(|r| r.endpoint.is_none() && r.stopped == Some(generation));
+            if expired {
+                resources.remove(resource)
+            } else {
+                None
+            }
+        };
+        let _ = self.inner.events.send(RegistryEvent::GraceEnded {
+            resource: resource.clone(),
+            removed: removed.is_some(),
+        });
+        let Some(removed) = removed else {
+            return;
+        };
+        tracing::info!(
+            %resource,
+            "device plugin did not come back within the grace period: resource removed"
+        );
+        if let Some(registration) = removed.registration {
+            let _ = self.inner.ended.send(registration);
+        }
+        self.changed();
+        self.inner.writes.devices_changed();
+    }
+
+    /// What an allocation of `resource` may choose from now.
+    pub fn offer(&self, resource: &ResourceName) -> Result<Offer, AllocateError> {
+        let resources = self.lock();
+        let Some(entry) = resources.get(resource) else {
+            return Err(AllocateError::UnknownResource {
+                resource: resource.clone(),
+            });
+        };
+        let Some(endpoint) = &entry.endpoint else {
+            return Err(AllocateError::NotConnected {
+                resource: resource.clone(),
+            });
+        };
+        Ok(Offer {
+            devices: entry.devices.clone(),
+            client: endpoint.client.clone(),
+            preferred_available: endpoint.options.get_preferred_allocation_available,
+            pre_start_required: endpoint.options.pre_start_required,
+        })
+    }
+
+    /// Every resource's devices (shared, not copied), for the checkpoint.
+    pub fn device_sets(&self) -> Vec<(ResourceName, DeviceSet)> {
+        self.lock()
+            .iter()
+            .map(|(name, r)| (name.clone(), r.devices.clone()))
+            .collect()
+    }
+
+    /// Every resource as the admin API shows it, sorted by name.
+    pub fn views(&self, handlers: &HandlerSet) -> Vec<ResourceInfo> {
+        self.lock()
+            .iter()
+            .map(|(name, r)| ResourceInfo {
+                resource: name.clone(),
+                capacity: r.devices.capacity(),
+                allocatable: r.devices.allocatable(),
+                devices: r.devices.iter().cloned().collect(),
+                policy: handlers.for_resource(name.as_str()).module().to_owned(),
+                endpoint: r.endpoint.as_ref().map(|e| e.path.clone()),
+                connected: r.endpoint.is_some(),
+            })
+            .collect()
+    }
+
+    /// Capacity and allocatable of `resource`, if known.
+    pub fn counts(&self, resource: &str) -> Option<(usize, usize)> {
+        self.lock()
+            .get(resource)
+            .map(|r| (r.devices.capacity(), r.devices.allocatable()))
+    }
+
+    /// A receiver that changes after every change of devices or plugin connections.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changed.subscribe()
+    }
+
+    /// Events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<RegistryEvent> {
+        self.inner.events.subscribe()
+    }
+
+    fn changed(&self) {
+        self.inner.changed.send_modify(|n| *n += 1);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<ResourceName, Resource>> {
+        self.inner
+            .resources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,544 @@
+//! [`Pipeline`]: the steps, their order, the lock per type and name, and the end of every
+//! registration (see the crate doc for the picture).
+//!
+//! Promises:
+//! - registrations of one type and name run one at a time, from validate to activation, so
+//!   each validate hook sees the plugin the one before it registered (two arriving at once
+//!   cannot both pass on a stale view); deregistrations take the same lock;
+//! - a registration that activated ends exactly once, by [`Pipeline::deregister`] (its socket
+//!   is gone, its grace period is over) or by a newer registration of the same type and name
+//!   replacing it: its kind deactivates it, then its deregister hook runs with the handler that
+//!   registered it;
+//! - a registration refused at activation has its register hook undone by the deregister
+//!   hook before the refusal is returned.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Instant, SystemTime};
+
+use pluglet_core::{Generation, PluginKey, PluginType, SocketPath};
+use pluglet_handler_runtime::{
+    CallContext, GuestLog, Handler, HandlerError, HandlerSet, PluginInfo, Refusal,
+    RegisteredPlugin, run_in_place,
+};
+use pluglet_uds::Channel;
+use tokio::sync::broadcast;
+
+use crate::kind::{Facts, KindError, NoNativeSteps, PluginKind};
+
+/// How a plugin came in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Door {
+    /// A registration socket the plugin watcher found in the registry directory.
+    Registry {
+        /// The socket.
+        socket: SocketPath,
+        /// Its incarnation.
+        generation: Generation,
+    },
+    /// `Register` on `kubelet.sock` (device plugins).
+    KubeletSock,
+}
+
+impl fmt::Display for Door {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Door::Registry { socket, .. } => write!(f, "registry socket {socket}"),
+            Door::KubeletSock => f.write_str("kubelet.sock"),
+        }
+    }
+}
+
+/// A plugin asking to register.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    /// What it said about itself (GetInfo, or the device plugin's RegisterRequest).
+    pub info: PluginInfo,
+    /// How it came in.
+    pub door: Door,
+    /// The open registration connection, when it came through a registry socket (a CSI
+    /// driver serving its Node service on the same socket is asked over it).
+    pub connection: Option<Channel>,
+}
+
+/// A step of the pipeline, as errors and events name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// Finding the handler module for the plugin type.
+    Handler,
+    /// The validate hook.
+    Validate,
+    /// The plugin type's native facts (CSI `NodeGetInfo`).
+    Facts,
+    /// The register hook.
+    Register,
+    /// The plugin type's activation (a device plugin's endpoint dialed).
+    Activate,
+}
+
+impl Stage {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Handler => "handler",
+            Stage::Validate => "validate",
+            Stage::Facts => "facts",
+            Stage::Register => "register",
+            Stage::Activate => "activate",
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a registration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// No handler module is configured or built in for the plugin type (the kubelet's
+    /// wording; `handlers.toml` can map a module to any type).
+    #[error("no handler registered for plugin type {plugin_type}")]
+    NoHandler {
+        /// The type the plugin gave.
+        plugin_type: PluginType,
+    },
+    /// A hook refused the plugin.
+    #[error("{key} refused by {module} at {stage} ({}): {}", refusal.kind, refusal.message)]
+    Refused {
+        /// Validate or register.
+        stage: Stage,
+        /// The plugin.
+        key: PluginKey,
+        /// The handler module.
+        module: String,
+        /// Its refusal.
+        refusal: Refusal,
+    },
+    /// A hook failed (trap, deadline, memory cap).
+    #[error("{key}: the {stage} hook of {module} failed")]
+    Hook {
+        /// Validate or register.
+        stage: Stage,
+        /// The plugin.
+        key: PluginKey,
+        /// The handler module.
+        module: String,
+        /// What went wrong in the handler.
+        #[source]
+        source: Box<HandlerError>,
+    },
+    /// A native step of the plugin type failed.
+    #[error("{key}: {stage} failed")]
+    Native {
+        /// Facts or activate.
+        stage: Stage,
+        /// The plugin.
+        key: PluginKey,
+        /// The plugin type's error.
+        #[source]
+        source: KindError,
+    },
+}
+
+impl RegisterError {
+    /// The step that refused.
+    pub fn stage(&self) -> Stage {
+        match self {
+            RegisterError::NoHandler { .. } => Stage::Handler,
+            RegisterError::Refused { stage, .. }
+            | RegisterError::Hook { stage, .. }
+            | RegisterError::Native { stage, .. } => *stage,
+        }
+    }
+
+    /// The refusal, when a hook refused (not failed).
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            RegisterError::Refused { refusal, .. } => Some(refusal),
+            _ => None,
+        }
+    }
+
+    /// The native step's own error, when it is an `E`.
+    pub fn native<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            RegisterError::Native { source, .. } => source.downcast_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// Why a registration ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EndReason {
+    /// Its registration socket disappeared or was created again.
+    SocketGone,
+    /// Its endpoint went away and the grace period passed without a new registration.
+    GracePeriodOver,
+    /// A newer registration of the same type and name took its place.
+    Replaced,
+    /// Its activation failed (the register hook is undone).
+    ActivationFailed,
+}
+
+impl EndReason {
+    /// Lower-case words.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::SocketGone => "socket gone",
+            EndReason::GracePeriodOver => "grace period over",
+            EndReason::Replaced => "replaced",
+            EndReason::ActivationFailed => "activation failed",
+        }
+    }
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A registered plugin: what it said, which handler took it, what the host learned.
+#[derive(Debug)]
+pub struct Registration {
+    /// Unique per registration in this daemon.
+    pub id: u64,
+    /// Type and name.
+    pub key: PluginKey,
+    /// What it said about itself.
+    pub info: PluginInfo,
+    /// The version its validate hook chose.
+    pub version: Option<String>,
+    /// The handler that validated and registered it; its deregister hook runs on the same.
+    pub handler: Arc<Handler>,
+    /// How it came in.
+    pub door: Door,
+    /// What the plugin type learned natively.
+    pub facts: Facts,
+    /// When it registered.
+    pub registered_at: SystemTime,
+    ended: AtomicBool,
+}
+
+impl Registration {
+    /// The form a later validate hook is shown as `existing`.
+    pub fn as_existing(&self) -> RegisteredPlugin {
+        RegisteredPlugin {
+            info: self.info.clone(),
+            version: self.version.clone(),
+        }
+    }
+
+    /// Whether it has ended (deactivated and deregistered).
+    pub fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+}
+
+/// What the pipeline did, for whoever watches (tests, metrics).
+#[derive(Clone, Debug)]
+pub enum PipelineEvent {
+    /// A plugin registered.
+    Registered {
+        /// The plugin.
+        key: PluginKey,
+        /// Its registration.
+        id: u64,
+        /// How it came in.
+        door: Door,
+    },
+    /// A registration was refused.
+    Refused {
+        /// The plugin.
+        key: PluginKey,
+        /// Where.
+        stage: Stage,
+    },
+    /// A registration ended: deactivated, then its deregister hook ran.
+    Deregistered {
+        /// The plugin.
+        key: PluginKey,
+        /// Its registration.
+        id: u64,
+        /// Why.
+        reason: EndReason,
+        /// What the deregister hook logged.
+        logs: Vec<GuestLog>,
+        /// Why the deregister hook failed, if it did.
+        hook_error: Option<String>,
+    },
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<Registration>>>>;
+
+struct Inner {
+    handlers: Arc<HandlerSet>,
+    node_name: String,
+    kinds: RwLock<HashMap<PluginType, Arc<dyn PluginKind>>>,
+    /// Per type and name: the registration in force, behind the lock that serialises them.
+    slots: Mutex<HashMap<PluginKey, Slot>>,
+    next_id: AtomicU64,
+    events: broadcast::Sender<PipelineEvent>,
+}
+
+/// The registration pipeline: cheap to clone; every clone is the same pipeline.
+#[derive(Clone)]
+pub struct Pipeline {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("node_name", &self.inner.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pipeline {
+    /// A pipeline calling the hooks of `handlers` with `node_name`; every plugin type has no
+    /// native steps until [`Pipeline::set_kind`] gives it some.
+    pub fn new(handlers: Arc<HandlerSet>, node_name: impl Into<String>) -> Pipeline {
+        Pipeline {
+            inner: Arc::new(Inner {
+                handlers,
+                node_name: node_name.into(),
+                kinds: RwLock::new(HashMap::new()),
+                slots: Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(1),
+                events: broadcast::channel(1024).0,
+            }),
+        }
+    }
+
+    /// Gives `plugin_type` its native steps (replacing any before).
+    pub fn set_kind(&self, plugin_type: PluginType, kind: Arc<dyn PluginKind>) {
+        self.inner
+            .kinds
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(plugin_type, kind);
+    }
+
+    /// The handler modules in force.
+    pub fn handlers(&self) -> &Arc<HandlerSet> {
+        &self.inner.handlers
+    }
+
+    /// Events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<PipelineEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// The registration in force for `key`, if any (waits while one of that name is running).
+    pub async fn current(&self, key: &PluginKey) -> Option<Arc<Registration>> {
+        self.slot(key).lock().await.clone()
+    }
+
+    /// Runs the steps for `candidate` (see the module doc). On success the registration is
+    /// the one in force for its type and name; one it replaced has ended.
+    pub async fn register(&self, candidate: Candidate) -> Result<Arc<Registration>, RegisterError> {
+        let plugin_type = PluginType::parse(&candidate.info.plugin_type);
+        let key = PluginKey::new(plugin_type.clone(), candidate.info.name.clone());
+        let result = self.run_steps(plugin_type, key.clone(), candidate).await;
+        if let Err(err) = &result {
+            let _ = self.inner.events.send(PipelineEvent::Refused {
+                key,
+                stage: err.stage(),
+            });
+        }
+        result
+    }
+
+    async fn run_steps(
+        &self,
+        plugin_type: PluginType,
+        key: PluginKey,
+        candidate: Candidate,
+    ) -> Result<Arc<Registration>, RegisterError> {
+        let Some(handler) = self
+            .inner
+            .handlers
+            .for_plugin_type(&candidate.info.plugin_type)
+        else {
+            return Err(RegisterError::NoHandler { plugin_type });
+        };
+        let kind = self.kind(&plugin_type);
+        let slot = self.slot(&key);
+        let mut current = slot.lock().await;
+        let start = Instant::now();
+        let cx = self.call_context();
+        let module = handler.module().to_owned();
+
+        let existing = current.as_ref().map(|r| r.as_existing());
+        let validated = run_in_place(|| handler.validate(&cx, &candidate.info, existing.as_ref()));
+        let accepted = hook_outcome(validated, Stage::Validate, &key, &module)?;
+        let validated_at = start.elapsed();
+
+        let facts =
+            kind.gather_facts(&candidate)
+                .await
+                .map_err(|source| RegisterError::Native {
+                    stage: Stage::Facts,
+                    key: key.clone(),
+                    source,
+                })?;
+        let facts_at = start.elapsed();
+
+        let registered = run_in_place(|| handler.register(&cx, &candidate.info, &facts.hook));
+        hook_outcome(registered, Stage::Register, &key, &module)?;
+
+        let registration = Arc::new(Registration {
+            id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
+            key: key.clone(),
+            info: candidate.info,
+            version: accepted.version,
+            handler,
+            door: candidate.door,
+            facts,
+            registered_at: SystemTime::now(),
+            ended: AtomicBool::new(false),
+        });
+        let registered_at = start.elapsed();
+        if let Err(source) = kind.activate(&registration).await {
+            registration.ended.store(true, Ordering::SeqCst);
+            self.run_deregister_hook(&registration, EndReason::ActivationFailed);
+            return Err(RegisterError::Native {
+                stage: Stage::Activate,
+                key,
+                source,
+            });
+        }
+        let replaced = current.replace(registration.clone());
+        if let Some(old) = replaced.filter(|old| old.id != registration.id) {
+            self.end(kind.as_ref(), &old, EndReason::Replaced).await;
+        }
+        drop(current);
+
+        let us = |d: std::time::Duration| d.as_micros() as u64;
+        tracing::info!(
+            plugin = %key,
+            door = %registration.door,
+            version = registration.version.as_deref().unwrap_or(""),
+            handler = %module,
+            "plugin registered"
+        );
+        tracing::debug!(
+            plugin = %key,
+            validate_us = us(validated_at),
+            facts_us = us(facts_at - validated_at),
+            register_us = us(registered_at - facts_at),
+            activate_us = us(start.elapsed() - registered_at),
+            "registration steps"
+        );
+        let _ = self.inner.events.send(PipelineEvent::Registered {
+            key,
+            id: registration.id,
+            door: registration.door.clone(),
+        });
+        Ok(registration)
+    }
+
+    /// Ends `registration` for `reason`: its kind deactivates it, then its deregister hook
+    /// runs. Does nothing if it has ended already (replaced, or deregistered before).
+    pub async fn deregister(&self, registration: &Arc<Registration>, reason: EndReason) {
+        let kind = self.kind(&registration.key.plugin_type);
+        let slot = self.slot(&registration.key);
+        let mut current = slot.lock().await;
+        if current.as_ref().is_some_and(|c| c.id == registration.id) {
+            *current = None;
+        }
+        self.end(kind.as_ref(), registration, reason).await;
+    }
+
+    /// Deactivation and the deregister hook, once per registration; the caller holds the
+    /// registration's type-and-name lock.
+    async fn end(&self, kind: &dyn PluginKind, registration: &Registration, reason: EndReason) {
+        if registration.ended.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        kind.deactivate(registration).await;
+        self.run_deregister_hook(registration, reason);
+    }
+
+    fn run_deregister_hook(&self, registration: &Registration, reason: EndReason) {
+        let cx = self.call_context();
+        let call = run_in_place(|| registration.handler.deregister(&cx, &registration.info));
+        let (logs, hook_error) = match call {
+            Ok(call) => (call.logs, None),
+            Err(err) => {
+                let err = pluglet_core::error_chain(&err);
+                tracing::warn!(plugin = %registration.key, error = %err, "deregister hook failed");
+                (Vec::new(), Some(err))
+            }
+        };
+        tracing::info!(
+            plugin = %registration.key,
+            door = %registration.door,
+            %reason,
+            "plugin deregistered"
+        );
+        let _ = self.inner.events.send(PipelineEvent::Deregistered {
+            key: registration.key.clone(),
+            id: registration.id,
+            reason,
+            logs,
+            hook_error,
+        });
+    }
+
+    fn call_context(&self) -> CallContext {
+        CallContext {
+            node_name: self.inner.node_name.clone(),
+        }
+    }
+
+    fn kind(&self, plugin_type: &PluginType) -> Arc<dyn PluginKind> {
+        self.inner
+            .kinds
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(plugin_type)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(NoNativeSteps))
+    }
+
+    fn slot(&self, key: &PluginKey) -> Slot {
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone()
+    }
+}
+
+/// A hook's answer as the pipeline's result.
+fn hook_outcome<T>(
+    call: Result<pluglet_handler_runtime::Call<Result<T, Refusal>>, HandlerError>,
+    stage: Stage,
+    key: &PluginKey,
+    module: &str,
+) -> Result<T, RegisterError> {
+    match call {
+        Ok(call) => call.value.map_err(|refusal| RegisterError::Refused {
+            stage,
+            key: key.clone(),
+            module: module.to_owned(),
+            refusal,
+        }),
+        Err(source) => Err(RegisterError::Hook {
+            stage,
+            key: key.clone(),
+            module: module.to_owned(),
+            source: Box::new(source),
+        }),
+    }
+}
