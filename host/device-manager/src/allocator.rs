@@ -11,7 +11,7 @@
 //! - any failure leaves nothing held; success returns only once it is durable (journal
 //!   first, the kubelet checkpoint follows: see [`crate::checkpoint`]).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -19,8 +19,8 @@ use std::time::Duration;
 use pluglet_handler_runtime::{AllocationRequest, CallContext, Device as PolicyDevice};
 use pluglet_proto::v1beta1;
 
-use crate::error::AllocateError;
-use crate::manager::DeviceManager;
+use crate::error::{AllocateError, SyncPodsError};
+use crate::manager::{AllocationInfo, DeviceManager};
 use crate::pod_devices::{Entry, EntryState, HolderKey, group_by_numa};
 
 /// The kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
@@ -221,6 +221,52 @@ impl DeviceManager {
             tracing::error!(error = %crate::error::error_chain(&*err), "cannot record a release on disk");
         }
         released.len()
+    }
+
+    /// Frees, in one state change and one journal record, everything held by pods whose UID
+    /// is not in `keep` (the kubelet's `UpdateAllocatedDevices`), entries still being
+    /// allocated included: their allocation then fails as [`AllocateError::Released`].
+    /// Returns what was freed, once it is durable; with `dry_run`, what would be freed, and
+    /// nothing changes. An empty `keep` frees everything.
+    pub async fn sync_pods(
+        &self,
+        keep: &BTreeSet<String>,
+        dry_run: bool,
+    ) -> Result<Vec<AllocationInfo>, SyncPodsError> {
+        let freed: Vec<AllocationInfo> = {
+            let mut state = self.lock();
+            if dry_run {
+                state
+                    .pods
+                    .not_kept(keep)
+                    .map(|(key, entry)| AllocationInfo::of(key, entry))
+                    .collect()
+            } else {
+                state
+                    .pods
+                    .release_pods_except(keep)
+                    .iter()
+                    .map(|(key, entry)| AllocationInfo::of(key, entry))
+                    .collect()
+            }
+        };
+        if dry_run {
+            return Ok(freed);
+        }
+        if !freed.is_empty() {
+            let pods: BTreeSet<&str> = freed.iter().map(|a| a.pod_uid.as_str()).collect();
+            tracing::info!(
+                pods = ?pods,
+                entries = freed.len(),
+                kept = keep.len(),
+                "devices of pods no longer active released"
+            );
+        }
+        // Writes no record when nothing is pending; after a failed write, this one retries it.
+        match self.persist_allocations().await {
+            Ok(()) => Ok(freed),
+            Err(source) => Err(SyncPodsError::Journal { freed, source }),
+        }
     }
 
     /// Under the state lock: reuse, or the candidates.

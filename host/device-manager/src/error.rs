@@ -1,6 +1,7 @@
 //! Errors of the device manager, one enum per boundary: [`StartError`] (the daemon cannot start
 //! the device manager), [`RegisterError`] (a plugin's registration is refused),
-//! [`AllocateError`] (an allocation is refused; nothing is held afterwards).
+//! [`AllocateError`] (an allocation is refused; nothing is held afterwards), [`SyncPodsError`]
+//! (freeing the devices of pods no longer active could not be recorded).
 //!
 //! Causes sit in `#[source]`; print the chain ([`error_chain`]) to see them. Mapping to gRPC
 //! statuses happens in one place per service (`registration_server.rs`, the admin server).
@@ -298,6 +299,24 @@ pub enum AllocateError {
     /// The device manager is shutting down.
     #[error("the device manager is shutting down")]
     Stopped,
+}
+
+/// Why [`crate::DeviceManager::sync_pods`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncPodsError {
+    /// The devices were freed, but the allocation journal could not record it: a restart before
+    /// the next successful write restores the freed entries.
+    #[error(
+        "cannot record on disk that the devices of pods no longer kept are freed ({} entries freed now); a restart would hold them again: fix the state directory, then sync again",
+        freed.len()
+    )]
+    Journal {
+        /// What was freed.
+        freed: Vec<crate::AllocationInfo>,
+        /// The write error.
+        #[source]
+        source: std::sync::Arc<CheckpointError>,
+    },
 }
 
 /// An error and its causes on one line, `: `-separated (for logs and gRPC messages).

@@ -36,7 +36,7 @@ pub use allocator::{Allocation, check_answer};
 pub use checkpoint::{RestoreReport, SetAside};
 pub use devices::{Device, Health};
 pub use endpoint::Flow;
-pub use error::{AllocateError, RegisterError, StartError, error_chain};
+pub use error::{AllocateError, RegisterError, StartError, SyncPodsError, error_chain};
 pub use manager::{
     AllocationInfo, Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager, ResourceInfo,
 };

@@ -28,7 +28,7 @@ use crate::checkpoint::{
 use crate::devices::{Device, DeviceSet};
 use crate::endpoint::{self, Endpoint, Event, Flow};
 use crate::error::{RegisterError, StartError};
-use crate::pod_devices::PodDevices;
+use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices};
 
 /// How long a resource whose plugin disconnected stays (with its devices unhealthy) before it
 /// is removed, unless the plugin registers again: the kubelet's `endpointStopGracePeriod`.
@@ -149,6 +149,19 @@ pub struct AllocationInfo {
     pub device_ids: Vec<String>,
     /// False while the plugin's Allocate is still running.
     pub allocated: bool,
+}
+
+impl AllocationInfo {
+    /// The admin view of one pod devices entry.
+    pub(crate) fn of(key: &HolderKey, entry: &Entry) -> AllocationInfo {
+        AllocationInfo {
+            pod_uid: key.pod_uid.clone(),
+            container: key.container.clone(),
+            resource: key.resource.clone(),
+            device_ids: entry.devices.clone(),
+            allocated: matches!(entry.state, EntryState::Allocated { .. }),
+        }
+    }
 }
 
 pub(crate) struct Inner {
@@ -378,16 +391,7 @@ impl DeviceManager {
         state
             .pods
             .iter()
-            .map(|(key, entry)| AllocationInfo {
-                pod_uid: key.pod_uid.clone(),
-                container: key.container.clone(),
-                resource: key.resource.clone(),
-                device_ids: entry.devices.clone(),
-                allocated: matches!(
-                    entry.state,
-                    crate::pod_devices::EntryState::Allocated { .. }
-                ),
-            })
+            .map(|(key, entry)| AllocationInfo::of(key, entry))
             .collect()
     }
 

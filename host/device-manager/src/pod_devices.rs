@@ -6,7 +6,7 @@
 //! checkpointed. Written by the allocator, by releases and by the restore at start; read by the
 //! allocator (what is free) and the admin API.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
@@ -139,6 +139,36 @@ impl PodDevices {
         keys
     }
 
+    /// The entries of every pod whose UID is not in `keep`, reserved ones included, sorted by
+    /// pod, container and resource.
+    pub fn not_kept<'a>(
+        &'a self,
+        keep: &'a BTreeSet<String>,
+    ) -> impl Iterator<Item = (&'a HolderKey, &'a Entry)> {
+        self.entries
+            .iter()
+            .filter(move |(key, _)| !keep.contains(&key.pod_uid))
+    }
+
+    /// Removes, as one change, every entry of every pod whose UID is not in `keep`, reserved
+    /// ones included (their allocation then cannot commit); returns the removed entries sorted
+    /// by pod, container and resource.
+    pub fn release_pods_except(&mut self, keep: &BTreeSet<String>) -> Vec<(HolderKey, Entry)> {
+        let keys: Vec<HolderKey> = self.not_kept(keep).map(|(key, _)| key.clone()).collect();
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        self.version += 1;
+        let mut removed = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(entry) = self.entries.remove(&key) {
+                self.unhold(&key.resource, &entry.devices);
+                removed.push((key, entry));
+            }
+        }
+        removed
+    }
+
     /// Every entry, sorted by pod, container and resource.
     pub fn iter(&self) -> impl Iterator<Item = (&HolderKey, &Entry)> {
         self.entries.iter()
@@ -243,6 +273,64 @@ mod tests {
         assert_eq!(pods.len(), 2);
         assert!(pods.is_held("vendor.com/gpu", "d0"));
         assert!(!pods.is_held("vendor.com/gpu", "d1"));
+    }
+
+    fn allocated(ids: &[&str]) -> Entry {
+        Entry {
+            devices: ids.iter().map(|s| s.to_string()).collect(),
+            numa: BTreeMap::new(),
+            state: EntryState::Allocated {
+                response: Default::default(),
+            },
+        }
+    }
+
+    #[test]
+    fn release_pods_except_frees_every_other_pod_in_one_change() {
+        let mut pods = PodDevices::default();
+        pods.insert(key("keep", "a"), allocated(&["d0"]));
+        pods.insert(key("gone", "a"), allocated(&["d1"]));
+        pods.insert(key("gone", "b"), allocated(&["d2"]));
+        pods.insert(key("starting", "a"), reserved(&["d3"], 9));
+        let nic = HolderKey {
+            resource: "vendor.com/nic".into(),
+            ..key("gone", "a")
+        };
+        pods.insert(nic.clone(), allocated(&["n0"]));
+        let keep = BTreeSet::from(["keep".to_string(), "not-holding-anything".to_string()]);
+
+        let would: Vec<HolderKey> = pods.not_kept(&keep).map(|(k, _)| k.clone()).collect();
+        let before = pods.version();
+        let removed = pods.release_pods_except(&keep);
+        assert_eq!(pods.version(), before + 1, "one change");
+        let keys: Vec<HolderKey> = removed.iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(
+            keys,
+            [
+                key("gone", "a"),
+                nic,
+                key("gone", "b"),
+                key("starting", "a")
+            ]
+        );
+        assert_eq!(keys, would, "the dry run names the same entries");
+        assert_eq!(removed[3].1.state, EntryState::Reserved { token: 9 });
+        assert!(
+            !pods.commit(&key("starting", "a"), 9, Default::default()),
+            "a released reservation cannot commit"
+        );
+        for id in ["d1", "d2", "d3"] {
+            assert!(!pods.is_held("vendor.com/gpu", id), "{id} still held");
+        }
+        assert_eq!(pods.held_count("vendor.com/nic"), 0);
+        assert!(pods.is_held("vendor.com/gpu", "d0"));
+        assert_eq!(pods.len(), 1);
+
+        let version = pods.version();
+        assert!(pods.release_pods_except(&keep).is_empty());
+        assert_eq!(pods.version(), version, "nothing to free changes nothing");
+        assert_eq!(pods.release_pods_except(&BTreeSet::new()).len(), 1);
+        assert!(pods.is_empty());
     }
 
     #[test]
