@@ -165,7 +165,31 @@ pub enum CtlCommand {
     },
     /// Who holds which devices.
     Allocations,
+    /// Frees the devices of every pod not named to keep, as the kubelet does for pods that are
+    /// no longer active; prints what was freed. An empty keep list frees every pod's devices,
+    /// and only with --all.
+    SyncPods {
+        /// UID of an active pod: what it holds is kept (repeatable).
+        #[arg(long, value_name = "UID")]
+        keep: Vec<String>,
+        /// File of active pod UIDs, one a line (`-`: standard input); blank lines and lines
+        /// starting with # are ignored. Adds to --keep.
+        #[arg(long, value_name = "FILE")]
+        keep_file: Option<PathBuf>,
+        /// Show what would be freed; free nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Allow an empty keep list: free the devices of every pod.
+        #[arg(long)]
+        all: bool,
+    },
 }
+
+/// The command line asks for something that cannot be done as given (found after parsing);
+/// the binary exits 64 (EX_USAGE), like for a parse error.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
 
 #[cfg(test)]
 mod tests {

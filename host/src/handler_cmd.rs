@@ -9,23 +9,32 @@
 //!   outcome, the compile time and the call time separately, and the guest's log lines.
 //!
 //! `MODULE` is a `.wasm` path, or `builtin:csi` / `builtin:device-plugin` for the handlers
-//! embedded in this binary. Event JSON (the shape `pluglet ctl plugins -o json` prints):
-//! - validate/register/deregister: `{"name": .., "type": "CSIPlugin", "endpoint": .., "versions":
-//!   [..], "existing": {same shape + "version"}?, "node_id": ..?, "max_volumes_per_node": ..?,
-//!   "topology": {..}?}`
+//! embedded in this binary. Event JSON:
+//! - validate/register/deregister: a plugin as `pluglet ctl plugins -o json` prints it
+//!   ([`PluginView`]: `{"name": .., "type": "CSIPlugin", "endpoint": .., "versions": [..],
+//!   "node_id": ..?, "max_volumes_per_node": ..?, "topology": {..}?}`), plus `"existing": {same
+//!   shape + "version"}?`;
 //! - allocate: `{"resource": "vendor.com/gpu", "available": [{"id": "d0", "numa": [0]}],
-//!   "must_include": [], "count": 1, "preferred": ["d0"]?}`
+//!   "must_include": [], "count": 1, "preferred": ["d0"]?}` (devices as `pluglet ctl resources
+//!   -o json` prints them).
+//!
+//! A bad event file ([`EventError`]) and a failing handler ([`HandlerRunError`]: refused at load,
+//! trap, deadline, memory cap) are separate errors: the first names the file, the second the
+//! module and the hook.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, Device, GuestLog, Handler, Limits, ModuleSource, PluginInfo,
-    RegisteredPlugin, RegistrationFacts, Runtime, RuntimeConfig,
+    AllocationRequest, CallContext, Device, GuestLog, Handler, HandlerError, Limits, LoadError,
+    ModuleSource, PluginInfo, RegisteredPlugin, RegistrationFacts, Runtime, RuntimeConfig,
 };
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+use crate::admin::view::{DeviceView, PluginView};
 
 /// Arguments of `pluglet handler`.
 #[derive(Debug, Clone, clap::Args)]
@@ -189,63 +198,147 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A plugin record as `pluglet ctl plugins -o json` prints it.
-#[derive(Debug, Clone, Deserialize)]
-struct PluginRecord {
-    name: String,
-    #[serde(rename = "type")]
-    plugin_type: String,
-    #[serde(default)]
-    endpoint: String,
-    #[serde(default)]
-    versions: Vec<String>,
-    #[serde(default)]
-    version: Option<String>,
-}
-
-impl PluginRecord {
-    fn info(&self) -> PluginInfo {
-        PluginInfo {
-            plugin_type: self.plugin_type.clone(),
-            name: self.name.clone(),
-            endpoint: self.endpoint.clone(),
-            supported_versions: self.versions.clone(),
-        }
+fn plugin_info(p: &PluginView) -> PluginInfo {
+    PluginInfo {
+        plugin_type: p.plugin_type.clone(),
+        name: p.name.clone(),
+        endpoint: p.endpoint.clone(),
+        supported_versions: p.versions.clone(),
     }
 }
 
-/// The event of validate/register/deregister.
+/// The event of validate/register/deregister: the plugin as `pluglet ctl plugins -o json`
+/// prints it (its CSI keys are the facts of register), and the plugin already registered under
+/// its type and name.
 #[derive(Debug, Deserialize)]
 struct PluginEvent {
     #[serde(flatten)]
-    plugin: PluginRecord,
+    plugin: PluginView,
     #[serde(default)]
-    existing: Option<PluginRecord>,
-    #[serde(default)]
-    node_id: Option<String>,
-    #[serde(default)]
-    max_volumes_per_node: Option<i64>,
-    #[serde(default)]
-    topology: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct DeviceRecord {
-    id: String,
-    #[serde(default)]
-    numa: Vec<i64>,
+    existing: Option<PluginView>,
 }
 
 /// The event of allocate.
 #[derive(Debug, Deserialize)]
 struct AllocateEvent {
     resource: String,
-    available: Vec<DeviceRecord>,
+    available: Vec<DeviceView>,
     #[serde(default)]
     must_include: Vec<String>,
     count: u32,
     #[serde(default)]
     preferred: Option<Vec<String>>,
+}
+
+const PLUGIN_EVENT_SHAPE: &str = "a plugin record: {\"name\", \"type\", \"endpoint\", \"versions\", \
+     \"existing\"?, \"node_id\"?, \"max_volumes_per_node\"?, \"topology\"?}";
+
+const ALLOCATE_EVENT_SHAPE: &str = "an allocation request: {\"resource\", \"available\": [{\"id\", \"numa\"}], \
+     \"must_include\", \"count\", \"preferred\"?}";
+
+/// What is wrong with the event file of `pluglet handler test`.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    /// The file could not be read.
+    #[error("cannot read the event file {path}")]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not JSON.
+    #[error("event file {path} is not valid JSON")]
+    NotJson {
+        /// The file.
+        path: PathBuf,
+        /// Where the parser stopped.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The JSON is not the event the hook takes.
+    #[error("event file {path} is not what hook {hook} takes; expected {expected}")]
+    WrongShape {
+        /// The file.
+        path: PathBuf,
+        /// The hook.
+        hook: &'static str,
+        /// The shape the hook takes.
+        expected: &'static str,
+        /// The first mismatch.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Why the handler of `pluglet handler test` gave no outcome. The messages name the module
+/// (and the hook), never the event file.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerRunError {
+    /// The module was refused at load (unreadable, not a component, forbidden imports, ...).
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The hook call failed: trap, deadline, fuel, memory cap, or a family the module lacks.
+    #[error(transparent)]
+    Hook(#[from] HandlerError),
+}
+
+/// Reads the event file and parses it as the event `hook` takes.
+fn read_event<T: DeserializeOwned>(
+    path: &std::path::Path,
+    hook: &'static str,
+    expected: &'static str,
+) -> Result<T, EventError> {
+    let text = std::fs::read_to_string(path).map_err(|source| EventError::Unreadable {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| {
+        if source.is_data() {
+            EventError::WrongShape {
+                path: path.to_owned(),
+                hook,
+                expected,
+                source,
+            }
+        } else {
+            EventError::NotJson {
+                path: path.to_owned(),
+                source,
+            }
+        }
+    })
+}
+
+/// A parsed event.
+enum Event {
+    Plugin(Box<PluginEvent>),
+    Allocate(AllocationRequest),
+}
+
+impl Event {
+    fn read(path: &std::path::Path, hook: HookArg) -> Result<Event, EventError> {
+        if hook == HookArg::Allocate {
+            let event: AllocateEvent = read_event(path, "allocate", ALLOCATE_EVENT_SHAPE)?;
+            return Ok(Event::Allocate(AllocationRequest {
+                resource: event.resource,
+                available: event
+                    .available
+                    .into_iter()
+                    .map(|d| Device {
+                        id: d.id,
+                        numa_nodes: d.numa,
+                    })
+                    .collect(),
+                must_include: event.must_include,
+                count: event.count,
+                preferred: event.preferred,
+            }));
+        }
+        let event = read_event(path, hook.name(), PLUGIN_EVENT_SHAPE)?;
+        Ok(Event::Plugin(Box::new(event)))
+    }
 }
 
 /// What a hook answered.
@@ -283,6 +376,17 @@ struct TestReport<'a> {
     logs: Vec<GuestLog>,
 }
 
+impl HookArg {
+    fn name(self) -> &'static str {
+        match self {
+            HookArg::Validate => "validate",
+            HookArg::Register => "register",
+            HookArg::Deregister => "deregister",
+            HookArg::Allocate => "allocate",
+        }
+    }
+}
+
 fn test(args: TestArgs) -> anyhow::Result<()> {
     let mut limits = Limits::default();
     if let Some(ms) = args.deadline_ms {
@@ -294,16 +398,18 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
     if let Some(fuel) = args.fuel {
         limits.fuel = Some(fuel);
     }
-    let text = std::fs::read_to_string(&args.event)
-        .with_context(|| format!("cannot read the event file {}", args.event.display()))?;
+    let event = Event::read(&args.event, args.hook)?;
+    let source = module_source(&args.module)?;
     let runtime = runtime(limits)?;
     let settings: BTreeMap<String, String> = args.settings.iter().cloned().collect();
-    let handler = runtime.load(module_source(&args.module)?, settings, None)?;
+    let handler = runtime
+        .load(source, settings, None)
+        .map_err(HandlerRunError::from)?;
     let cx = CallContext {
         node_name: args.node_name.clone(),
     };
-    let (hook, outcome, elapsed, logs) = run_hook(&handler, &cx, args.hook, &text)
-        .with_context(|| format!("event file {}", args.event.display()))?;
+    let (hook, outcome, elapsed, logs) =
+        run_hook(&handler, &cx, args.hook, event).map_err(HandlerRunError::from)?;
     let report = TestReport {
         module: handler.module(),
         contract_version: handler.contract_version(),
@@ -345,47 +451,28 @@ fn run_hook(
     handler: &Handler,
     cx: &CallContext,
     hook: HookArg,
-    text: &str,
-) -> anyhow::Result<HookRun> {
+    event: Event,
+) -> Result<HookRun, HandlerError> {
     let refused = |r: pluglet_handler_runtime::Refusal| Outcome::Refused {
         kind: r.kind.to_string(),
         message: r.message,
     };
-    if hook == HookArg::Allocate {
-        let event: AllocateEvent = serde_json::from_str(text).context(
-            "not an allocation request: expected {\"resource\", \"available\": [{\"id\", \"numa\"}], \
-             \"must_include\", \"count\", \"preferred\"?}",
-        )?;
-        let request = AllocationRequest {
-            resource: event.resource,
-            available: event
-                .available
-                .into_iter()
-                .map(|d| Device {
-                    id: d.id,
-                    numa_nodes: d.numa,
-                })
-                .collect(),
-            must_include: event.must_include,
-            count: event.count,
-            preferred: event.preferred,
-        };
-        let call = handler.allocate(cx, &request)?;
-        let outcome = match call.value {
-            Ok(devices) => Outcome::Allocated { devices },
-            Err(r) => refused(r),
-        };
-        return Ok(("allocate", outcome, call.elapsed, call.logs));
-    }
-    let event: PluginEvent = serde_json::from_str(text).context(
-        "not a plugin record: expected {\"name\", \"type\", \"endpoint\", \"versions\", \
-         \"existing\"?, \"node_id\"?, \"max_volumes_per_node\"?, \"topology\"?}",
-    )?;
-    let plugin = event.plugin.info();
+    let event = match event {
+        Event::Allocate(request) => {
+            let call = handler.allocate(cx, &request)?;
+            let outcome = match call.value {
+                Ok(devices) => Outcome::Allocated { devices },
+                Err(r) => refused(r),
+            };
+            return Ok(("allocate", outcome, call.elapsed, call.logs));
+        }
+        Event::Plugin(event) => event,
+    };
+    let plugin = plugin_info(&event.plugin);
     Ok(match hook {
         HookArg::Validate => {
             let existing = event.existing.as_ref().map(|e| RegisteredPlugin {
-                info: e.info(),
+                info: plugin_info(e),
                 version: e.version.clone(),
             });
             let call = handler.validate(cx, &plugin, existing.as_ref())?;
@@ -397,9 +484,9 @@ fn run_hook(
         }
         HookArg::Register => {
             let facts = RegistrationFacts {
-                node_id: event.node_id,
-                max_volumes_per_node: event.max_volumes_per_node,
-                topology: event.topology,
+                node_id: event.plugin.node_id,
+                max_volumes_per_node: event.plugin.max_volumes_per_node,
+                topology: event.plugin.topology.unwrap_or_default(),
             };
             let call = handler.register(cx, &plugin, &facts)?;
             let outcome = match call.value {
@@ -412,7 +499,7 @@ fn run_hook(
             let call = handler.deregister(cx, &plugin)?;
             ("deregister", Outcome::Ok, call.elapsed, call.logs)
         }
-        HookArg::Allocate => unreachable!("handled above"),
+        HookArg::Allocate => unreachable!("an allocate event is read as Event::Allocate"),
     })
 }
 
@@ -438,10 +525,84 @@ mod tests {
                 "node_id":"n1","topology":{"zone":"a"}}"#,
         )
         .unwrap();
-        assert_eq!(event.plugin.info().supported_versions, vec!["1.0.0"]);
+        assert_eq!(plugin_info(&event.plugin).supported_versions, vec!["1.0.0"]);
         assert_eq!(event.existing.unwrap().version.as_deref(), Some("1.0.0"));
-        assert_eq!(event.node_id.as_deref(), Some("n1"));
-        assert_eq!(event.topology.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(event.plugin.node_id.as_deref(), Some("n1"));
+        assert_eq!(
+            event
+                .plugin
+                .topology
+                .as_ref()
+                .and_then(|t| t.get("zone"))
+                .map(String::as_str),
+            Some("a")
+        );
+    }
+
+    #[test]
+    fn every_example_event_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/events");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let hook = if path.file_name().unwrap() == "allocate.json" {
+                HookArg::Allocate
+            } else {
+                HookArg::Validate
+            };
+            if let Err(e) = Event::read(&path, hook) {
+                panic!("{}: {:#}", path.display(), anyhow::Error::from(e));
+            }
+            seen += 1;
+        }
+        assert!(seen >= 4, "{seen} example events");
+    }
+
+    #[test]
+    fn a_ctl_plugins_record_is_an_event() {
+        let view = PluginView {
+            name: "hostpath.csi.k8s.io".into(),
+            plugin_type: "CSIPlugin".into(),
+            endpoint: "/csi.sock".into(),
+            versions: vec!["1.5.0".into()],
+            version: Some("1.5.0".into()),
+            handler: "builtin:csi".into(),
+            registered_at: "2026-11-29T16:00:00.000Z".into(),
+            socket_path: "/reg.sock".into(),
+            node_id: Some("node-1".into()),
+            max_volumes_per_node: Some(3),
+            topology: Some([("zone".to_string(), "a".to_string())].into()),
+        };
+        let text = serde_json::to_string(&view).unwrap();
+        let event: PluginEvent = serde_json::from_str(&text).unwrap();
+        assert_eq!(event.plugin, view);
+        assert!(event.existing.is_none());
+    }
+
+    #[test]
+    fn event_errors_say_which_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad_json = dir.path().join("bad.json");
+        std::fs::write(&bad_json, "{\"name\": ").unwrap();
+        let err = Event::read(&bad_json, HookArg::Validate).err().unwrap();
+        assert!(matches!(err, EventError::NotJson { .. }), "{err}");
+        let shape = dir.path().join("shape.json");
+        std::fs::write(&shape, r#"{"resource": "vendor.com/gpu"}"#).unwrap();
+        let err = Event::read(&shape, HookArg::Validate).err().unwrap();
+        assert!(
+            matches!(
+                err,
+                EventError::WrongShape {
+                    hook: "validate",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = Event::read(&dir.path().join("missing.json"), HookArg::Allocate)
+            .err()
+            .unwrap();
+        assert!(matches!(err, EventError::Unreadable { .. }), "{err}");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use pluglet::cli::{Cli, Command};
+use pluglet::cli::{Cli, Command, UsageError};
 use pluglet::config::{Config, ConfigError, hostname};
 
 /// mimalloc: a ListAndWatch update of 10,000 devices is tens of thousands of small allocations,
@@ -50,7 +50,11 @@ fn finish(result: anyhow::Result<()>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            if e.is::<UsageError>() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

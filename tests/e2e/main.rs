@@ -14,3 +14,4 @@ mod device_property;
 mod device_restart;
 mod device_support;
 mod devices;
+mod sync_pods;

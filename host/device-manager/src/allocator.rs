@@ -291,18 +291,14 @@ impl Allocator {
     /// Removes the entries `gone` selects in one change, then makes that durable.
     async fn release_where(
         &self,
-        gone: impl Fn(&HolderKey) -> bool,
+        gone: impl FnMut(&HolderKey) -> bool,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
-        let released: Vec<AllocationInfo> = {
-            let mut pods = self.lock();
-            let infos: Vec<AllocationInfo> = pods
-                .iter()
-                .filter(|(key, _)| gone(key))
-                .map(|(key, entry)| AllocationInfo::of(key, entry))
-                .collect();
-            pods.release_where(|key| gone(key));
-            infos
-        };
+        let released: Vec<AllocationInfo> = self
+            .lock()
+            .release_where(gone)
+            .iter()
+            .map(|(key, entry)| AllocationInfo::of(key, entry))
+            .collect();
         if released.is_empty() {
             return Ok(released);
         }

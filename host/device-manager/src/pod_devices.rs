@@ -144,16 +144,31 @@ impl PodDevices {
     /// returns the keys removed.
     pub fn release(&mut self, pod_uid: &str, container: Option<&str>) -> Vec<HolderKey> {
         self.release_where(|k| k.pod_uid == pod_uid && container.is_none_or(|c| k.container == c))
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect()
     }
 
-    /// Removes every entry whose key `gone` says, reserved ones included; returns the entries
-    /// removed.
-    pub fn release_where(&mut self, mut gone: impl FnMut(&HolderKey) -> bool) -> Vec<HolderKey> {
+    /// Removes, as one change, every entry `gone` selects, reserved ones included (their
+    /// allocation then cannot commit); returns the removed entries sorted by pod, container
+    /// and resource.
+    pub fn release_where(
+        &mut self,
+        mut gone: impl FnMut(&HolderKey) -> bool,
+    ) -> Vec<(HolderKey, Entry)> {
         let keys: Vec<HolderKey> = self.entries.keys().filter(|k| gone(k)).cloned().collect();
-        for key in &keys {
-            self.release_key(key);
+        if keys.is_empty() {
+            return Vec::new();
         }
-        keys
+        self.version += 1;
+        let mut removed = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(entry) = self.entries.remove(&key) {
+                self.unhold(key.resource.as_str(), &entry.devices);
+                removed.push((key, entry));
+            }
+        }
+        removed
     }
 
     /// Every entry, sorted by pod, container and resource.
@@ -215,6 +230,8 @@ pub fn group_by_numa<'a>(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn key(pod: &str, container: &str) -> HolderKey {
@@ -260,6 +277,65 @@ mod tests {
         assert_eq!(pods.len(), 2);
         assert!(pods.is_held("vendor.com/gpu", "d0"));
         assert!(!pods.is_held("vendor.com/gpu", "d1"));
+    }
+
+    fn allocated(ids: &[&str]) -> Entry {
+        Entry {
+            devices: ids.iter().map(|s| s.to_string()).collect(),
+            numa: BTreeMap::new(),
+            state: EntryState::Allocated {
+                response: Default::default(),
+            },
+        }
+    }
+
+    #[test]
+    fn release_where_frees_every_pod_not_kept_in_one_change() {
+        let mut pods = PodDevices::default();
+        pods.insert(key("keep", "a"), allocated(&["d0"]));
+        pods.insert(key("gone", "a"), allocated(&["d1"]));
+        pods.insert(key("gone", "b"), allocated(&["d2"]));
+        pods.insert(key("starting", "a"), reserved(&["d3"], 9));
+        let nic = HolderKey {
+            resource: "vendor.com/nic".into(),
+            ..key("gone", "a")
+        };
+        pods.insert(nic.clone(), allocated(&["n0"]));
+        let keep = BTreeSet::from([PodUid::from("keep"), PodUid::from("not-holding-anything")]);
+
+        let before = pods.version();
+        let removed = pods.release_where(|k| !keep.contains(&k.pod_uid));
+        assert_eq!(pods.version(), before + 1, "one change");
+        let keys: Vec<HolderKey> = removed.iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(
+            keys,
+            [
+                key("gone", "a"),
+                nic,
+                key("gone", "b"),
+                key("starting", "a")
+            ]
+        );
+        assert_eq!(removed[3].1.state, EntryState::Reserved { token: 9 });
+        assert!(
+            !pods.commit(&key("starting", "a"), 9, Default::default()),
+            "a released reservation cannot commit"
+        );
+        for id in ["d1", "d2", "d3"] {
+            assert!(!pods.is_held("vendor.com/gpu", id), "{id} still held");
+        }
+        assert_eq!(pods.held_count("vendor.com/nic"), 0);
+        assert!(pods.is_held("vendor.com/gpu", "d0"));
+        assert_eq!(pods.len(), 1);
+
+        let version = pods.version();
+        assert!(
+            pods.release_where(|k| !keep.contains(&k.pod_uid))
+                .is_empty()
+        );
+        assert_eq!(pods.version(), version, "nothing to free changes nothing");
+        assert_eq!(pods.release_where(|_| true).len(), 1);
+        assert!(pods.is_empty());
     }
 
     #[test]

@@ -1,17 +1,22 @@
-//! `pluglet ctl`: asks a running daemon over its admin socket and prints a table or JSON (wire
-//! strings such as `CSIPlugin`, snake_case keys). Errors go to stderr with a non-zero exit (the
-//! caller, `main.rs`, prints them).
+//! `pluglet ctl`: asks a running daemon over its admin socket and prints what it answers as a
+//! table or JSON, both rendered from the same views ([`crate::admin::view`]). Errors go to
+//! stderr with a non-zero exit (the caller, `main.rs`, prints them; a [`UsageError`] exits 64).
 
-use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::collections::BTreeSet;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
 use pluglet_uds::Channel;
-use serde_json::{Value, json};
+use serde::Serialize;
 
-use crate::cli::{CtlArgs, CtlCommand, OutputFormat};
+use crate::admin::view::{
+    self, AllocateResultView, AllocationView, HandlerView, PluginView, ReleaseResultView,
+    ResourceView, SocketView, SyncPodsView,
+};
+use crate::cli::{CtlArgs, CtlCommand, OutputFormat, UsageError};
 use crate::config::{ADMIN_SOCKET_NAME, DEFAULT_ADMIN_SOCKET};
 
 /// The admin socket `ctl` talks to: `--admin-socket`, else `--root`/pluglet.sock, else the default.
@@ -23,8 +28,10 @@ pub fn admin_socket(args: &CtlArgs) -> PathBuf {
     }
 }
 
-/// Runs one `pluglet ctl` command, printing to stdout.
+/// Runs one `pluglet ctl` command, printing to stdout. The command line is checked (and any
+/// file it names read) before the daemon is asked anything.
 pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
+    let request = Request::from_command(&args.command)?;
     let socket = admin_socket(&args);
     if !socket.exists() {
         anyhow::bail!(
@@ -41,279 +48,241 @@ pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
             )
         })?;
     let mut client = AdminClient::new(channel);
-    let out = render(&mut client, &args.command, args.output).await?;
+    let out = request.send(&mut client, args.output).await?;
     print!("{out}");
     Ok(())
 }
 
-async fn render(
-    client: &mut AdminClient<Channel>,
-    command: &CtlCommand,
+/// One admin call, built from the command line.
+#[derive(Clone, Debug, PartialEq)]
+enum Request {
+    Plugins,
+    Sockets,
+    Handlers,
+    Resources,
+    Allocate(pb::AllocateRequest),
+    Release(pb::ReleaseRequest),
+    Allocations,
+    SyncPods(pb::SyncPodsRequest),
+}
+
+impl Request {
+    fn from_command(command: &CtlCommand) -> anyhow::Result<Request> {
+        Ok(match command {
+            CtlCommand::Plugins => Request::Plugins,
+            CtlCommand::Sockets => Request::Sockets,
+            CtlCommand::Handlers => Request::Handlers,
+            CtlCommand::Resources => Request::Resources,
+            CtlCommand::Allocate {
+                pod,
+                container,
+                resource,
+                count,
+            } => Request::Allocate(pb::AllocateRequest {
+                pod_uid: pod.clone(),
+                container: container.clone(),
+                resource: resource.clone(),
+                count: *count,
+            }),
+            CtlCommand::Release { pod, container } => Request::Release(pb::ReleaseRequest {
+                pod_uid: pod.clone(),
+                container: container.clone().unwrap_or_default(),
+            }),
+            CtlCommand::Allocations => Request::Allocations,
+            CtlCommand::SyncPods {
+                keep,
+                keep_file,
+                dry_run,
+                all,
+            } => {
+                let file = match keep_file {
+                    Some(path) => Some((path.as_path(), read_keep_file(path)?)),
+                    None => None,
+                };
+                let keep = keep_list(keep, file.as_ref().map(|(p, t)| (*p, t.as_str())), *all)?;
+                Request::SyncPods(pb::SyncPodsRequest {
+                    keep_pod_uids: keep.into_iter().collect(),
+                    dry_run: *dry_run,
+                    all: *all,
+                })
+            }
+        })
+    }
+
+    async fn send(
+        self,
+        client: &mut AdminClient<Channel>,
+        output: OutputFormat,
+    ) -> anyhow::Result<String> {
+        Ok(match self {
+            Request::Plugins => {
+                let answer = client
+                    .list_plugins(pb::ListPluginsRequest {})
+                    .await
+                    .context("ListPlugins failed")?
+                    .into_inner();
+                list(output, answer.plugins.iter().map(PluginView::from))
+            }
+            Request::Sockets => {
+                let answer = client
+                    .list_sockets(pb::ListSocketsRequest {})
+                    .await
+                    .context("ListSockets failed")?
+                    .into_inner();
+                list(output, answer.sockets.iter().map(SocketView::from))
+            }
+            Request::Handlers => {
+                let answer = client
+                    .list_handlers(pb::ListHandlersRequest {})
+                    .await
+                    .context("ListHandlers failed")?
+                    .into_inner();
+                list(output, answer.handlers.iter().map(HandlerView::from))
+            }
+            Request::Resources => {
+                let answer = client
+                    .list_resources(pb::ListResourcesRequest {})
+                    .await
+                    .context("ListResources failed")?
+                    .into_inner();
+                list(output, answer.resources.iter().map(ResourceView::from))
+            }
+            Request::Allocations => {
+                let answer = client
+                    .list_allocations(pb::ListAllocationsRequest {})
+                    .await
+                    .context("ListAllocations failed")?
+                    .into_inner();
+                list(output, answer.allocations.iter().map(AllocationView::from))
+            }
+            Request::Allocate(request) => {
+                let what = format!(
+                    "allocation of {} {} to pod {} container {}",
+                    request.count, request.resource, request.pod_uid, request.container
+                );
+                let answer = client
+                    .allocate(request)
+                    .await
+                    .map_err(|s| refused(&what, &s))?
+                    .into_inner();
+                let view = AllocateResultView::from(&answer);
+                one(output, &view, || view.table())
+            }
+            Request::Release(request) => {
+                let pod = request.pod_uid.clone();
+                let answer = client
+                    .release(request)
+                    .await
+                    .map_err(|s| failed(&format!("release of pod {pod}"), &s))?
+                    .into_inner();
+                let view = ReleaseResultView::from(&answer);
+                one(output, &view, || view.text(&pod))
+            }
+            Request::SyncPods(request) => {
+                let answer = client
+                    .sync_pods(request)
+                    .await
+                    .map_err(|s| failed("sync of pods", &s))?
+                    .into_inner();
+                let view = SyncPodsView::from(&answer);
+                one(output, &view, || view.table())
+            }
+        })
+    }
+}
+
+fn refused(what: &str, status: &tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{what} refused ({:?}): {}", status.code(), status.message())
+}
+
+fn failed(what: &str, status: &tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{what} failed ({:?}): {}", status.code(), status.message())
+}
+
+/// A list of views: a JSON array, or a table with one row per item.
+fn list<T: Serialize + view::Table>(
     output: OutputFormat,
-) -> anyhow::Result<String> {
-    Ok(match command {
-        CtlCommand::Plugins => {
-            let plugins = client
-                .list_plugins(pb::ListPluginsRequest {})
-                .await
-                .context("ListPlugins failed")?
-                .into_inner()
-                .plugins;
-            match output {
-                OutputFormat::Json => to_json(plugins.iter().map(plugin_json).collect()),
-                OutputFormat::Table => plugins_table(&plugins),
+    items: impl Iterator<Item = T>,
+) -> String {
+    let items: Vec<T> = items.collect();
+    match output {
+        OutputFormat::Json => view::json(&items),
+        OutputFormat::Table => view::table(&items),
+    }
+}
+
+/// One view: a JSON object, or the text `table` renders.
+fn one<T: Serialize>(output: OutputFormat, item: &T, table: impl FnOnce() -> String) -> String {
+    match output {
+        OutputFormat::Json => view::json(item),
+        OutputFormat::Table => table(),
+    }
+}
+
+/// The text of `--keep-file` (`-`: standard input).
+fn read_keep_file(path: &Path) -> anyhow::Result<String> {
+    if path == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read the pods to keep from standard input")?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the keep file {}", path.display()))
+}
+
+/// The pods whose devices `sync-pods` keeps: every `--keep` and every UID of the keep file
+/// (`(path, text)`: one UID a line, blank lines and `#` comments ignored). An empty list is a
+/// usage error unless `all` says that freeing every pod's devices is meant.
+pub fn keep_list(
+    keep: &[String],
+    file: Option<(&Path, &str)>,
+    all: bool,
+) -> Result<BTreeSet<String>, UsageError> {
+    let mut uids = BTreeSet::new();
+    for uid in keep {
+        let uid = uid.trim();
+        if uid.is_empty() || uid.contains(char::is_whitespace) {
+            return Err(UsageError(format!(
+                "--keep {uid:?} is not a pod UID; give one UID per --keep"
+            )));
+        }
+        uids.insert(uid.to_owned());
+    }
+    if let Some((path, text)) = file {
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
             }
-        }
-        CtlCommand::Sockets => {
-            let sockets = client
-                .list_sockets(pb::ListSocketsRequest {})
-                .await
-                .context("ListSockets failed")?
-                .into_inner()
-                .sockets;
-            match output {
-                OutputFormat::Json => to_json(sockets.iter().map(socket_json).collect()),
-                OutputFormat::Table => sockets_table(&sockets),
+            if line.contains(char::is_whitespace) {
+                return Err(UsageError(format!(
+                    "keep file {} line {}: {line:?} is not one pod UID; put one UID per line \
+                     (lines starting with # are comments)",
+                    path.display(),
+                    n + 1
+                )));
             }
-        }
-        CtlCommand::Handlers => {
-            let handlers = client
-                .list_handlers(pb::ListHandlersRequest {})
-                .await
-                .context("ListHandlers failed")?
-                .into_inner()
-                .handlers;
-            match output {
-                OutputFormat::Json => to_json(handlers.iter().map(handler_json).collect()),
-                OutputFormat::Table => handlers_table(&handlers),
-            }
-        }
-        CtlCommand::Resources
-        | CtlCommand::Allocate { .. }
-        | CtlCommand::Release { .. }
-        | CtlCommand::Allocations => crate::admin::devices::render(client, command, output).await?,
-    })
-}
-
-fn to_json(items: Vec<Value>) -> String {
-    let mut s =
-        serde_json::to_string_pretty(&Value::Array(items)).unwrap_or_else(|_| "[]".to_owned());
-    s.push('\n');
-    s
-}
-
-fn opt(s: &str) -> Value {
-    if s.is_empty() {
-        Value::Null
-    } else {
-        Value::String(s.to_owned())
-    }
-}
-
-/// JSON object of a registered plugin (`ctl plugins -o json`); CSI facts are flat keys.
-pub fn plugin_json(p: &pb::Plugin) -> Value {
-    let mut v = json!({
-        "name": p.name,
-        "type": p.r#type,
-        "endpoint": p.endpoint,
-        "versions": p.versions,
-        "version": opt(&p.version),
-        "handler": p.handler,
-        "registered_at": p.registered_at,
-        "socket_path": p.socket_path,
-    });
-    if let (Some(csi), Value::Object(map)) = (&p.csi, &mut v) {
-        let topology: serde_json::Map<String, Value> = csi
-            .topology
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect::<std::collections::BTreeMap<_, _>>()
-            .into_iter()
-            .collect();
-        map.insert("node_id".into(), json!(csi.node_id));
-        map.insert(
-            "max_volumes_per_node".into(),
-            json!(csi.max_volumes_per_node),
-        );
-        map.insert("topology".into(), Value::Object(topology));
-    }
-    v
-}
-
-/// JSON object of a socket status (`ctl sockets -o json`).
-pub fn socket_json(s: &pb::SocketStatus) -> Value {
-    json!({
-        "path": s.path,
-        "state": s.state,
-        "attempts": s.attempts,
-        "last_error": opt(&s.last_error),
-        "plugin_type": opt(&s.plugin_type),
-        "plugin_name": opt(&s.plugin_name),
-        "next_retry_ms": s.next_retry_ms,
-    })
-}
-
-/// JSON object of a handler entry (`ctl handlers -o json`).
-pub fn handler_json(h: &pb::HandlerInfo) -> Value {
-    json!({
-        "plugin_type": opt(&h.plugin_type),
-        "resource": opt(&h.resource),
-        "module": h.module,
-        "sha256": h.sha256,
-        "contract_version": h.contract_version,
-        "families": h.families,
-    })
-}
-
-/// Left-aligned columns separated by two spaces.
-fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+            uids.insert(line.to_owned());
         }
     }
-    let mut out = String::new();
-    let mut line = |cells: Vec<&str>| {
-        let last = cells.len() - 1;
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i == last {
-                let _ = write!(out, "{cell}");
-            } else {
-                let _ = write!(out, "{cell:<w$}  ");
-            }
-        }
-        out.push('\n');
-    };
-    line(header.to_vec());
-    for row in &rows {
-        line(row.iter().map(String::as_str).collect());
+    if uids.is_empty() && !all {
+        let named = match file {
+            Some((path, _)) => format!("the keep file {} names no pod", path.display()),
+            None => "no pod to keep was named".to_owned(),
+        };
+        return Err(UsageError(format!(
+            "{named}: sync-pods would free the devices of every pod; pass --all to do that, or \
+             name the pods still active with --keep UID or --keep-file FILE"
+        )));
     }
-    out
-}
-
-fn dash(s: &str) -> String {
-    if s.is_empty() {
-        "-".to_owned()
-    } else {
-        s.to_owned()
-    }
-}
-
-fn plugins_table(plugins: &[pb::Plugin]) -> String {
-    let rows = plugins
-        .iter()
-        .map(|p| {
-            let node = p.csi.as_ref().map_or("-".to_owned(), |c| dash(&c.node_id));
-            vec![
-                p.name.clone(),
-                p.r#type.clone(),
-                dash(&p.version),
-                node,
-                p.endpoint.clone(),
-                p.handler.clone(),
-                p.registered_at.clone(),
-            ]
-        })
-        .collect();
-    table(
-        &[
-            "NAME",
-            "TYPE",
-            "VERSION",
-            "NODE ID",
-            "ENDPOINT",
-            "HANDLER",
-            "REGISTERED AT",
-        ],
-        rows,
-    )
-}
-
-fn sockets_table(sockets: &[pb::SocketStatus]) -> String {
-    let rows = sockets
-        .iter()
-        .map(|s| {
-            vec![
-                s.path.clone(),
-                s.state.clone(),
-                s.attempts.to_string(),
-                dash(&s.plugin_type),
-                dash(&s.plugin_name),
-                dash(&s.last_error),
-            ]
-        })
-        .collect();
-    table(
-        &["PATH", "STATE", "ATTEMPTS", "TYPE", "NAME", "LAST ERROR"],
-        rows,
-    )
-}
-
-fn handlers_table(handlers: &[pb::HandlerInfo]) -> String {
-    let rows = handlers
-        .iter()
-        .map(|h| {
-            let key = match (h.plugin_type.as_str(), h.resource.as_str()) {
-                ("", "") => "(default policy)".to_owned(),
-                ("", r) => format!("resource {r}"),
-                (t, _) => t.to_owned(),
-            };
-            vec![
-                key,
-                h.module.clone(),
-                h.contract_version.clone(),
-                h.families.join(","),
-                h.sha256.chars().take(12).collect(),
-            ]
-        })
-        .collect();
-    table(&["FOR", "MODULE", "CONTRACT", "FAMILIES", "SHA256"], rows)
+    Ok(uids)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn csi_plugin() -> pb::Plugin {
-        pb::Plugin {
-            name: "hostpath.csi.k8s.io".into(),
-            r#type: "CSIPlugin".into(),
-            endpoint: "/r/csi.sock".into(),
-            versions: vec!["1.0.0".into()],
-            version: "1.0.0".into(),
-            handler: "builtin:csi".into(),
-            registered_at: "2026-11-29T16:00:00.000Z".into(),
-            socket_path: "/r/plugins_registry/reg.sock".into(),
-            csi: Some(pb::CsiNodeInfo {
-                node_id: "node-1".into(),
-                max_volumes_per_node: 16,
-                topology: [("topology.kubernetes.io/zone".to_owned(), "z1".to_owned())].into(),
-            }),
-        }
-    }
-
-    #[test]
-    fn plugin_json_has_flat_csi_keys_and_wire_strings() {
-        let v = plugin_json(&csi_plugin());
-        assert_eq!(v["type"], "CSIPlugin");
-        assert_eq!(v["node_id"], "node-1");
-        assert_eq!(v["max_volumes_per_node"], 16);
-        assert_eq!(v["topology"]["topology.kubernetes.io/zone"], "z1");
-        assert_eq!(v["versions"], json!(["1.0.0"]));
-        let mut dp = csi_plugin();
-        dp.csi = None;
-        dp.version = String::new();
-        let v = plugin_json(&dp);
-        assert!(v.get("node_id").is_none());
-        assert_eq!(v["version"], Value::Null);
-    }
-
-    #[test]
-    fn table_aligns_columns() {
-        let t = table(&["A", "LONG"], vec![vec!["xyz".into(), "1".into()]]);
-        assert_eq!(t, "A    LONG\nxyz  1\n");
-    }
 
     #[test]
     fn admin_socket_follows_root() {
@@ -324,5 +293,78 @@ mod tests {
             panic!("not ctl")
         };
         assert_eq!(admin_socket(&args), PathBuf::from("/r/pluglet.sock"));
+    }
+
+    fn uids(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn keep_list_combines_flags_and_file_and_skips_comments() {
+        let text = "# active pods\n\npod-b\n  pod-c  \n#pod-x\npod-a\n";
+        let got = keep_list(
+            &["pod-a".into(), "pod-z".into()],
+            Some((Path::new("keep.txt"), text)),
+            false,
+        )
+        .unwrap();
+        assert_eq!(got, uids(&["pod-a", "pod-b", "pod-c", "pod-z"]));
+    }
+
+    #[test]
+    fn an_empty_keep_list_needs_all() {
+        let err = keep_list(&[], None, false).unwrap_err().to_string();
+        assert!(err.contains("--all"), "{err}");
+        assert!(err.contains("every pod"), "{err}");
+        let err = keep_list(&[], Some((Path::new("k.txt"), "# none\n\n")), false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("k.txt names no pod"), "{err}");
+        assert_eq!(keep_list(&[], None, true).unwrap(), uids(&[]));
+        assert_eq!(
+            keep_list(&["p".into()], None, true).unwrap(),
+            uids(&["p"]),
+            "--all never drops a pod named to keep"
+        );
+    }
+
+    #[test]
+    fn bad_uids_are_usage_errors_naming_the_line() {
+        let err = keep_list(
+            &[],
+            Some((Path::new("k.txt"), "pod-a\npod-b pod-c\n")),
+            true,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("k.txt line 2"), "{err}");
+        assert!(keep_list(&[" ".into()], None, true).is_err());
+    }
+
+    #[test]
+    fn sync_pods_requests_carry_the_flags() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "pluglet",
+            "ctl",
+            "sync-pods",
+            "--keep",
+            "b",
+            "--keep",
+            "a",
+            "--dry-run",
+        ])
+        .unwrap();
+        let crate::cli::Command::Ctl(args) = cli.command else {
+            panic!("not ctl")
+        };
+        assert_eq!(
+            Request::from_command(&args.command).unwrap(),
+            Request::SyncPods(pb::SyncPodsRequest {
+                keep_pod_uids: vec!["a".into(), "b".into()],
+                dry_run: true,
+                all: false,
+            })
+        );
     }
 }

@@ -233,6 +233,16 @@ impl Admin for AdminService {
             devices,
         )))
     }
+
+    async fn sync_pods(
+        &self,
+        request: Request<pb::SyncPodsRequest>,
+    ) -> Result<Response<pb::SyncPodsResponse>, Status> {
+        let devices = self.devices("SyncPods")?;
+        crate::admin::devices::sync_pods(devices, request.into_inner())
+            .await
+            .map(Response::new)
+    }
 }
 
 /// The status of a device RPC while no device manager is wired in.

@@ -1,0 +1,932 @@
+//! What the admin API shows, as people and scripts see it: one serde type per kind of row,
+//! built from the admin API's protobuf messages. `pluglet ctl -o json` serialises these types,
+//! the tables are rendered from them ([`Table`]), and `pluglet handler test --event` reads
+//! [`PluginView`] back.
+//!
+//! JSON conventions: wire strings as the daemon reports them (`CSIPlugin`, `Healthy`),
+//! snake_case keys, `null` for a value the daemon leaves empty, maps sorted by key.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+
+use pluglet_proto::admin::v1 as pb;
+use serde::{Deserialize, Serialize};
+
+/// `None` for an empty string: the wire's "unset".
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+fn sorted(map: &HashMap<String, String>) -> BTreeMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// `-` for an empty cell.
+fn dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".to_owned()
+    } else {
+        s.to_owned()
+    }
+}
+
+/// A registered plugin (`ctl plugins`), and the plugin record of `handler test --event`. CSI
+/// facts are flat keys, present only for CSI drivers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginView {
+    /// Plugin name.
+    pub name: String,
+    /// Wire type string: `CSIPlugin`, `DevicePlugin`, ...
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    /// The plugin's endpoint.
+    #[serde(default)]
+    pub endpoint: String,
+    /// Supported versions as GetInfo reported them.
+    #[serde(default)]
+    pub versions: Vec<String>,
+    /// Version chosen by the handler.
+    #[serde(default)]
+    pub version: Option<String>,
+    /// Handler module in force (empty in an event file).
+    #[serde(default)]
+    pub handler: String,
+    /// RFC 3339, UTC (empty in an event file).
+    #[serde(default)]
+    pub registered_at: String,
+    /// Registration socket the plugin was found at (empty in an event file).
+    #[serde(default)]
+    pub socket_path: String,
+    /// CSI: NodeGetInfo's node id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// CSI: NodeGetInfo's max volumes per node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_volumes_per_node: Option<i64>,
+    /// CSI: NodeGetInfo's accessible topology.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<BTreeMap<String, String>>,
+}
+
+impl From<&pb::Plugin> for PluginView {
+    fn from(p: &pb::Plugin) -> PluginView {
+        PluginView {
+            name: p.name.clone(),
+            plugin_type: p.r#type.clone(),
+            endpoint: p.endpoint.clone(),
+            versions: p.versions.clone(),
+            version: non_empty(&p.version),
+            handler: p.handler.clone(),
+            registered_at: p.registered_at.clone(),
+            socket_path: p.socket_path.clone(),
+            node_id: p.csi.as_ref().map(|c| c.node_id.clone()),
+            max_volumes_per_node: p.csi.as_ref().map(|c| c.max_volumes_per_node),
+            topology: p.csi.as_ref().map(|c| sorted(&c.topology)),
+        }
+    }
+}
+
+/// A socket the watcher knows (`ctl sockets`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SocketView {
+    /// The socket's path.
+    pub path: String,
+    /// `registered`, `refused`, `retrying`, `in_progress` or `pending`.
+    pub state: String,
+    /// Registration attempts so far.
+    pub attempts: u32,
+    /// Why the last attempt failed.
+    pub last_error: Option<String>,
+    /// From GetInfo, once known.
+    pub plugin_type: Option<String>,
+    /// From GetInfo, once known.
+    pub plugin_name: Option<String>,
+    /// Milliseconds until the next attempt when retrying; 0 otherwise.
+    pub next_retry_ms: u64,
+}
+
+impl From<&pb::SocketStatus> for SocketView {
+    fn from(s: &pb::SocketStatus) -> SocketView {
+        SocketView {
+            path: s.path.clone(),
+            state: s.state.clone(),
+            attempts: s.attempts,
+            last_error: non_empty(&s.last_error),
+            plugin_type: non_empty(&s.plugin_type),
+            plugin_name: non_empty(&s.plugin_name),
+            next_retry_ms: s.next_retry_ms,
+        }
+    }
+}
+
+/// A handler module in force (`ctl handlers`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandlerView {
+    /// Plugin type it serves; `None` for an allocation policy.
+    pub plugin_type: Option<String>,
+    /// Resource it governs as an allocation policy; `None` for the default policy and for
+    /// plugin types.
+    pub resource: Option<String>,
+    /// `builtin:<name>` or the module's path.
+    pub module: String,
+    /// The module's sha256, hex.
+    pub sha256: String,
+    /// Contract version it implements.
+    pub contract_version: String,
+    /// Hook families it exports.
+    pub families: Vec<String>,
+}
+
+impl From<&pb::HandlerInfo> for HandlerView {
+    fn from(h: &pb::HandlerInfo) -> HandlerView {
+        HandlerView {
+            plugin_type: non_empty(&h.plugin_type),
+            resource: non_empty(&h.resource),
+            module: h.module.clone(),
+            sha256: h.sha256.clone(),
+            contract_version: h.contract_version.clone(),
+            families: h.families.clone(),
+        }
+    }
+}
+
+/// One device of a resource (in `ctl resources`), and an available device of an allocate
+/// event of `handler test`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceView {
+    /// Device id.
+    pub id: String,
+    /// `Healthy` or `Unhealthy` (`Healthy` when an event file leaves it out).
+    #[serde(default = "healthy")]
+    pub health: String,
+    /// NUMA nodes; empty without topology.
+    #[serde(default)]
+    pub numa: Vec<i64>,
+}
+
+fn healthy() -> String {
+    pluglet_proto::constants::HEALTHY.to_owned()
+}
+
+impl From<&pb::DeviceInfo> for DeviceView {
+    fn from(d: &pb::DeviceInfo) -> DeviceView {
+        DeviceView {
+            id: d.id.clone(),
+            health: d.health.clone(),
+            numa: d.numa.clone(),
+        }
+    }
+}
+
+/// A device plugin resource (`ctl resources`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceView {
+    /// Extended resource name.
+    pub resource: String,
+    /// Every device.
+    pub capacity: i64,
+    /// Healthy devices.
+    pub allocatable: i64,
+    /// The devices in plugin order.
+    pub devices: Vec<DeviceView>,
+    /// Allocation policy module in force.
+    pub policy: String,
+    /// Plugin endpoint; `None` while no plugin is connected.
+    pub endpoint: Option<String>,
+    /// Whether a plugin's ListAndWatch stream is live.
+    pub connected: bool,
+}
+
+impl From<&pb::Resource> for ResourceView {
+    fn from(r: &pb::Resource) -> ResourceView {
+        ResourceView {
+            resource: r.resource.clone(),
+            capacity: r.capacity,
+            allocatable: r.allocatable,
+            devices: r.devices.iter().map(DeviceView::from).collect(),
+            policy: r.policy.clone(),
+            endpoint: non_empty(&r.endpoint),
+            connected: r.connected,
+        }
+    }
+}
+
+/// Devices one container holds of one resource (`ctl allocations`, and each entry `ctl
+/// sync-pods` frees).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationView {
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// The container.
+    pub container: String,
+    /// The resource.
+    pub resource: String,
+    /// The devices.
+    pub device_ids: Vec<String>,
+}
+
+impl From<&pb::Allocation> for AllocationView {
+    fn from(a: &pb::Allocation) -> AllocationView {
+        AllocationView {
+            pod_uid: a.pod_uid.clone(),
+            container: a.container.clone(),
+            resource: a.resource.clone(),
+            device_ids: a.device_ids.clone(),
+        }
+    }
+}
+
+/// A mount the plugin asked for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountView {
+    /// Path in the container.
+    pub container_path: String,
+    /// Path on the host.
+    pub host_path: String,
+    /// Read-only mount.
+    pub read_only: bool,
+}
+
+/// A device node the plugin asked for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceSpecView {
+    /// Path in the container.
+    pub container_path: String,
+    /// Path on the host.
+    pub host_path: String,
+    /// cgroup permissions (`r`, `w`, `m`).
+    pub permissions: String,
+}
+
+/// What an allocation gave one container (`ctl allocate`): the devices and the plugin's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocateResultView {
+    /// The devices chosen.
+    pub device_ids: Vec<String>,
+    /// Environment variables.
+    pub envs: BTreeMap<String, String>,
+    /// Mounts.
+    pub mounts: Vec<MountView>,
+    /// Device nodes.
+    pub device_specs: Vec<DeviceSpecView>,
+    /// Annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// Fully qualified CDI device names.
+    pub cdi_devices: Vec<String>,
+}
+
+impl From<&pb::AllocateResponse> for AllocateResultView {
+    fn from(a: &pb::AllocateResponse) -> AllocateResultView {
+        let r = a.response.clone().unwrap_or_default();
+        AllocateResultView {
+            device_ids: a.device_ids.clone(),
+            envs: sorted(&r.envs),
+            mounts: r
+                .mounts
+                .iter()
+                .map(|m| MountView {
+                    container_path: m.container_path.clone(),
+                    host_path: m.host_path.clone(),
+                    read_only: m.read_only,
+                })
+                .collect(),
+            device_specs: r
+                .devices
+                .iter()
+                .map(|d| DeviceSpecView {
+                    container_path: d.container_path.clone(),
+                    host_path: d.host_path.clone(),
+                    permissions: d.permissions.clone(),
+                })
+                .collect(),
+            annotations: sorted(&r.annotations),
+            cdi_devices: r.cdi_devices.iter().map(|c| c.name.clone()).collect(),
+        }
+    }
+}
+
+impl AllocateResultView {
+    /// One `WHAT  VALUE` row per device list, env, mount, device node, annotation and CDI
+    /// device.
+    pub fn table(&self) -> String {
+        let mut rows = vec![vec!["devices".to_owned(), self.device_ids.join(",")]];
+        rows.extend(
+            self.envs
+                .iter()
+                .map(|(k, v)| vec!["env".to_owned(), format!("{k}={v}")]),
+        );
+        rows.extend(self.mounts.iter().map(|m| {
+            let ro = if m.read_only { " (ro)" } else { "" };
+            vec![
+                "mount".to_owned(),
+                format!("{} -> {}{ro}", m.host_path, m.container_path),
+            ]
+        }));
+        rows.extend(self.device_specs.iter().map(|d| {
+            vec![
+                "device".to_owned(),
+                format!(
+                    "{} -> {} ({})",
+                    d.host_path, d.container_path, d.permissions
+                ),
+            ]
+        }));
+        rows.extend(
+            self.annotations
+                .iter()
+                .map(|(k, v)| vec!["annotation".to_owned(), format!("{k}={v}")]),
+        );
+        rows.extend(
+            self.cdi_devices
+                .iter()
+                .map(|c| vec!["cdi".to_owned(), c.clone()]),
+        );
+        columns(&["WHAT", "VALUE"], rows)
+    }
+}
+
+/// What a release freed (`ctl release`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseResultView {
+    /// Number of (container, resource) entries released.
+    pub released: u32,
+}
+
+impl From<&pb::ReleaseResponse> for ReleaseResultView {
+    fn from(r: &pb::ReleaseResponse) -> ReleaseResultView {
+        ReleaseResultView {
+            released: r.released,
+        }
+    }
+}
+
+impl ReleaseResultView {
+    /// One line naming the pod released.
+    pub fn text(&self, pod_uid: &str) -> String {
+        format!("released {} entries of pod {pod_uid}\n", self.released)
+    }
+}
+
+/// What `ctl sync-pods` freed, or would free with `--dry-run`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncPodsView {
+    /// True when nothing was freed: `freed` is what would have been.
+    pub dry_run: bool,
+    /// One entry per (pod, container, resource), sorted.
+    pub freed: Vec<AllocationView>,
+}
+
+impl From<&pb::SyncPodsResponse> for SyncPodsView {
+    fn from(r: &pb::SyncPodsResponse) -> SyncPodsView {
+        SyncPodsView {
+            dry_run: r.dry_run,
+            freed: r.freed.iter().map(AllocationView::from).collect(),
+        }
+    }
+}
+
+impl SyncPodsView {
+    /// The entries as the `ctl allocations` table, then one line saying what happened.
+    pub fn table(&self) -> String {
+        let mut out = table(&self.freed);
+        let entries = self.freed.len();
+        let pods = self
+            .freed
+            .iter()
+            .map(|a| a.pod_uid.as_str())
+            .collect::<BTreeSet<_>>()
+            .len();
+        let what = format!(
+            "{entries} {} of {pods} {}",
+            if entries == 1 { "entry" } else { "entries" },
+            if pods == 1 { "pod" } else { "pods" }
+        );
+        let _ = match (self.dry_run, entries) {
+            (true, 0) => writeln!(out, "dry run: nothing would be freed"),
+            (true, _) => writeln!(out, "dry run: would free {what}; nothing was freed"),
+            (false, 0) => writeln!(out, "nothing to free"),
+            (false, _) => writeln!(out, "freed {what}"),
+        };
+        out
+    }
+}
+
+/// A view listed one per row by `pluglet ctl`.
+pub trait Table {
+    /// Column titles.
+    const HEADER: &'static [&'static str];
+    /// The cells of this row, one per column.
+    fn row(&self) -> Vec<String>;
+}
+
+impl Table for PluginView {
+    const HEADER: &'static [&'static str] = &[
+        "NAME",
+        "TYPE",
+        "VERSION",
+        "NODE ID",
+        "ENDPOINT",
+        "HANDLER",
+        "REGISTERED AT",
+    ];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.name.clone(),
+            self.plugin_type.clone(),
+            dash(self.version.as_deref().unwrap_or_default()),
+            dash(self.node_id.as_deref().unwrap_or_default()),
+            self.endpoint.clone(),
+            self.handler.clone(),
+            self.registered_at.clone(),
+        ]
+    }
+}
+
+impl Table for SocketView {
+    const HEADER: &'static [&'static str] =
+        &["PATH", "STATE", "ATTEMPTS", "TYPE", "NAME", "LAST ERROR"];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.path.clone(),
+            self.state.clone(),
+            self.attempts.to_string(),
+            dash(self.plugin_type.as_deref().unwrap_or_default()),
+            dash(self.plugin_name.as_deref().unwrap_or_default()),
+            dash(self.last_error.as_deref().unwrap_or_default()),
+        ]
+    }
+}
+
+impl Table for HandlerView {
+    const HEADER: &'static [&'static str] = &["FOR", "MODULE", "CONTRACT", "FAMILIES", "SHA256"];
+    fn row(&self) -> Vec<String> {
+        let key = match (self.plugin_type.as_deref(), self.resource.as_deref()) {
+            (Some(t), _) => t.to_owned(),
+            (None, Some(r)) => format!("resource {r}"),
+            (None, None) => "(default policy)".to_owned(),
+        };
+        vec![
+            key,
+            self.module.clone(),
+            self.contract_version.clone(),
+            self.families.join(","),
+            self.sha256.chars().take(12).collect(),
+        ]
+    }
+}
+
+impl Table for ResourceView {
+    const HEADER: &'static [&'static str] =
+        &["RESOURCE", "CAPACITY", "ALLOCATABLE", "CONNECTED", "POLICY"];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.resource.clone(),
+            self.capacity.to_string(),
+            self.allocatable.to_string(),
+            self.connected.to_string(),
+            self.policy.clone(),
+        ]
+    }
+}
+
+impl Table for AllocationView {
+    const HEADER: &'static [&'static str] = &["POD", "CONTAINER", "RESOURCE", "DEVICES"];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.pod_uid.clone(),
+            self.container.clone(),
+            self.resource.clone(),
+            self.device_ids.join(","),
+        ]
+    }
+}
+
+/// `items` as aligned columns under `T::HEADER`.
+pub fn table<T: Table>(items: &[T]) -> String {
+    columns(T::HEADER, items.iter().map(Table::row).collect())
+}
+
+/// Left-aligned columns separated by two spaces; the last column is not padded.
+pub fn columns(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(&rows) {
+        let last = row.len().saturating_sub(1);
+        for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+            if i == last {
+                out.push_str(cell);
+            } else {
+                let _ = write!(out, "{cell:<w$}  ");
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `value` as pretty JSON with a final newline.
+pub fn json<T: Serialize + ?Sized>(value: &T) -> String {
+    let mut s = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".to_owned());
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pluglet_proto::v1beta1;
+    use serde::de::DeserializeOwned;
+    use serde_json::{Value, json};
+
+    fn csi_plugin() -> pb::Plugin {
+        pb::Plugin {
+            name: "hostpath.csi.k8s.io".into(),
+            r#type: "CSIPlugin".into(),
+            endpoint: "/r/csi.sock".into(),
+            versions: vec!["1.0.0".into()],
+            version: "1.0.0".into(),
+            handler: "builtin:csi".into(),
+            registered_at: "2026-11-29T16:00:00.000Z".into(),
+            socket_path: "/r/plugins_registry/reg.sock".into(),
+            csi: Some(pb::CsiNodeInfo {
+                node_id: "node-1".into(),
+                max_volumes_per_node: 16,
+                topology: [("topology.kubernetes.io/zone".to_owned(), "z1".to_owned())].into(),
+            }),
+        }
+    }
+
+    fn plugins() -> Vec<PluginView> {
+        let mut dp = csi_plugin();
+        dp.name = "vendor.com/gpu".into();
+        dp.r#type = "DevicePlugin".into();
+        dp.csi = None;
+        dp.version = String::new();
+        vec![(&csi_plugin()).into(), (&dp).into()]
+    }
+
+    fn sockets() -> Vec<SocketView> {
+        let registered = pb::SocketStatus {
+            path: "/r/plugins_registry/a.sock".into(),
+            state: "registered".into(),
+            attempts: 1,
+            last_error: String::new(),
+            plugin_type: "CSIPlugin".into(),
+            plugin_name: "a".into(),
+            next_retry_ms: 0,
+        };
+        let retrying = pb::SocketStatus {
+            path: "/r/plugins_registry/b.sock".into(),
+            state: "retrying".into(),
+            attempts: 3,
+            last_error: "GetInfo failed: connection refused".into(),
+            next_retry_ms: 400,
+            ..Default::default()
+        };
+        vec![(&registered).into(), (&retrying).into()]
+    }
+
+    fn handlers() -> Vec<HandlerView> {
+        let csi = pb::HandlerInfo {
+            plugin_type: "CSIPlugin".into(),
+            resource: String::new(),
+            module: "builtin:csi".into(),
+            sha256: "ab".repeat(32),
+            contract_version: "1.2.0".into(),
+            families: vec!["registration".into()],
+        };
+        let policy = pb::HandlerInfo {
+            plugin_type: String::new(),
+            resource: "vendor.com/gpu".into(),
+            module: "/h/spread.wasm".into(),
+            sha256: "cd".repeat(32),
+            contract_version: "1.1.0".into(),
+            families: vec!["allocation-policy".into()],
+        };
+        let default = pb::HandlerInfo {
+            resource: String::new(),
+            module: "builtin:device-plugin".into(),
+            ..policy.clone()
+        };
+        vec![(&csi).into(), (&policy).into(), (&default).into()]
+    }
+
+    fn resources() -> Vec<ResourceView> {
+        let connected = pb::Resource {
+            resource: "vendor.com/gpu".into(),
+            capacity: 2,
+            allocatable: 1,
+            devices: vec![
+                pb::DeviceInfo {
+                    id: "d0".into(),
+                    health: "Healthy".into(),
+                    numa: vec![0],
+                },
+                pb::DeviceInfo {
+                    id: "d1".into(),
+                    health: "Unhealthy".into(),
+                    numa: vec![],
+                },
+            ],
+            policy: "builtin:device-plugin".into(),
+            endpoint: "/r/device-plugins/gpu.sock".into(),
+            connected: true,
+        };
+        let gone = pb::Resource {
+            resource: "vendor.com/nic".into(),
+            endpoint: String::new(),
+            connected: false,
+            ..connected.clone()
+        };
+        vec![(&connected).into(), (&gone).into()]
+    }
+
+    fn allocations() -> Vec<AllocationView> {
+        [
+            ("pod-1", "a", &["d0", "d2"][..]),
+            ("pod-2", "b", &["d1"][..]),
+        ]
+        .into_iter()
+        .map(|(pod, container, ids)| {
+            (&pb::Allocation {
+                pod_uid: pod.into(),
+                container: container.into(),
+                resource: "vendor.com/gpu".into(),
+                device_ids: ids.iter().map(|s| s.to_string()).collect(),
+            })
+                .into()
+        })
+        .collect()
+    }
+
+    fn allocate_answer() -> pb::AllocateResponse {
+        pb::AllocateResponse {
+            device_ids: vec!["d0".into()],
+            response: Some(v1beta1::ContainerAllocateResponse {
+                envs: [("A".to_string(), "1".to_string())].into(),
+                mounts: vec![v1beta1::Mount {
+                    container_path: "/c".into(),
+                    host_path: "/h".into(),
+                    read_only: true,
+                }],
+                devices: vec![v1beta1::DeviceSpec {
+                    container_path: "/dev/x".into(),
+                    host_path: "/dev/null".into(),
+                    permissions: "rw".into(),
+                }],
+                annotations: [("k".to_string(), "v".to_string())].into(),
+                cdi_devices: vec![v1beta1::CdiDevice {
+                    name: "vendor.com/gpu=d0".into(),
+                }],
+            }),
+        }
+    }
+
+    fn sync_pods(dry_run: bool) -> SyncPodsView {
+        let freed = allocations()
+            .iter()
+            .map(|a| pb::Allocation {
+                pod_uid: a.pod_uid.clone(),
+                container: a.container.clone(),
+                resource: a.resource.clone(),
+                device_ids: a.device_ids.clone(),
+            })
+            .collect();
+        (&pb::SyncPodsResponse { freed, dry_run }).into()
+    }
+
+    /// What a reader of the writer's JSON gets back.
+    fn round_trip<T: Serialize + DeserializeOwned>(value: &T) -> T {
+        let text = json(value);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+
+    /// Every list view: JSON parses back to the same views, and the table rendered from what
+    /// the JSON says is the table rendered from the views, one row per item.
+    fn check_list<T>(items: Vec<T>)
+    where
+        T: Serialize + DeserializeOwned + Table + PartialEq + std::fmt::Debug,
+    {
+        let back: Vec<T> = round_trip(&items);
+        assert_eq!(back, items);
+        let text = table(&items);
+        assert_eq!(table(&back), text);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), items.len() + 1, "{text}");
+        assert!(lines[0].starts_with(T::HEADER[0]), "{text}");
+        for (line, item) in lines[1..].iter().zip(&items) {
+            let row = item.row();
+            let cells: Vec<&str> = line.split("  ").filter(|c| !c.is_empty()).collect();
+            let cells: Vec<&str> = cells.iter().map(|c| c.trim()).collect();
+            assert_eq!(cells, row, "{text}");
+        }
+    }
+
+    #[test]
+    fn list_views_round_trip_and_tables_show_the_json_rows() {
+        check_list(plugins());
+        check_list(sockets());
+        check_list(handlers());
+        check_list(resources());
+        check_list(allocations());
+        let devices = resources().remove(0).devices;
+        assert_eq!(round_trip(&devices), devices);
+    }
+
+    #[test]
+    fn result_views_round_trip_and_tables_show_the_json_rows() {
+        let allocated = AllocateResultView::from(&allocate_answer());
+        let back = round_trip(&allocated);
+        assert_eq!(back, allocated);
+        assert_eq!(back.table(), allocated.table());
+        assert_eq!(
+            allocated.table(),
+            "WHAT        VALUE\n\
+             devices     d0\n\
+             env         A=1\n\
+             mount       /h -> /c (ro)\n\
+             device      /dev/null -> /dev/x (rw)\n\
+             annotation  k=v\n\
+             cdi         vendor.com/gpu=d0\n"
+        );
+
+        let released = ReleaseResultView { released: 2 };
+        assert_eq!(round_trip(&released), released);
+        assert_eq!(released.text("p"), "released 2 entries of pod p\n");
+
+        for dry_run in [false, true] {
+            let synced = sync_pods(dry_run);
+            let back = round_trip(&synced);
+            assert_eq!(back, synced);
+            assert_eq!(back.table(), synced.table());
+            let text = synced.table();
+            let rows: Vec<&str> = text.lines().collect();
+            assert_eq!(rows.len(), synced.freed.len() + 2, "{text}");
+            assert_eq!(&text[..table(&synced.freed).len()], table(&synced.freed));
+        }
+    }
+
+    #[test]
+    fn sync_pods_table_says_what_happened() {
+        let freed = sync_pods(false).table();
+        assert!(freed.ends_with("\nfreed 2 entries of 2 pods\n"), "{freed}");
+        assert!(
+            freed.contains("pod-1  a          vendor.com/gpu  d0,d2\n"),
+            "{freed}"
+        );
+        let dry = sync_pods(true).table();
+        assert!(
+            dry.ends_with("\ndry run: would free 2 entries of 2 pods; nothing was freed\n"),
+            "{dry}"
+        );
+        let nothing = SyncPodsView {
+            dry_run: false,
+            freed: Vec::new(),
+        };
+        assert_eq!(
+            nothing.table(),
+            "POD  CONTAINER  RESOURCE  DEVICES\nnothing to free\n"
+        );
+        assert_eq!(
+            serde_json::to_value(&nothing).unwrap(),
+            json!({"dry_run": false, "freed": []})
+        );
+    }
+
+    #[test]
+    fn plugin_json_has_flat_csi_keys_and_wire_strings() {
+        let v = serde_json::to_value(PluginView::from(&csi_plugin())).unwrap();
+        assert_eq!(v["type"], "CSIPlugin");
+        assert_eq!(v["node_id"], "node-1");
+        assert_eq!(v["max_volumes_per_node"], 16);
+        assert_eq!(v["topology"]["topology.kubernetes.io/zone"], "z1");
+        assert_eq!(v["versions"], json!(["1.0.0"]));
+        let mut dp = csi_plugin();
+        dp.csi = None;
+        dp.version = String::new();
+        let v = serde_json::to_value(PluginView::from(&dp)).unwrap();
+        assert!(v.get("node_id").is_none());
+        assert_eq!(v["version"], Value::Null);
+    }
+
+    #[test]
+    fn allocate_json_has_the_documented_keys() {
+        assert_eq!(
+            serde_json::to_value(AllocateResultView::from(&allocate_answer())).unwrap(),
+            json!({
+                "device_ids": ["d0"],
+                "envs": {"A": "1"},
+                "mounts": [{"container_path": "/c", "host_path": "/h", "read_only": true}],
+                "device_specs": [{"container_path": "/dev/x", "host_path": "/dev/null", "permissions": "rw"}],
+                "annotations": {"k": "v"},
+                "cdi_devices": ["vendor.com/gpu=d0"],
+            })
+        );
+    }
+
+    /// The keys scripts read: exactly the ones `pluglet ctl -o json` has always printed.
+    #[test]
+    fn json_keys_are_the_ones_scripts_read() {
+        fn keys<T: Serialize>(value: &T) -> Vec<String> {
+            match serde_json::to_value(value).unwrap() {
+                Value::Object(map) => {
+                    let mut keys: Vec<String> = map.keys().cloned().collect();
+                    keys.sort();
+                    keys
+                }
+                other => panic!("not an object: {other}"),
+            }
+        }
+        assert_eq!(
+            keys(&plugins()[0]),
+            [
+                "endpoint",
+                "handler",
+                "max_volumes_per_node",
+                "name",
+                "node_id",
+                "registered_at",
+                "socket_path",
+                "topology",
+                "type",
+                "version",
+                "versions"
+            ]
+        );
+        assert_eq!(
+            keys(&sockets()[1]),
+            [
+                "attempts",
+                "last_error",
+                "next_retry_ms",
+                "path",
+                "plugin_name",
+                "plugin_type",
+                "state"
+            ]
+        );
+        assert_eq!(
+            serde_json::to_value(&sockets()[1]).unwrap()["plugin_type"],
+            Value::Null
+        );
+        assert_eq!(
+            keys(&handlers()[0]),
+            [
+                "contract_version",
+                "families",
+                "module",
+                "plugin_type",
+                "resource",
+                "sha256"
+            ]
+        );
+        assert_eq!(
+            keys(&resources()[1]),
+            [
+                "allocatable",
+                "capacity",
+                "connected",
+                "devices",
+                "endpoint",
+                "policy",
+                "resource"
+            ]
+        );
+        assert_eq!(
+            serde_json::to_value(&resources()[1]).unwrap()["endpoint"],
+            Value::Null
+        );
+        assert_eq!(keys(&resources()[0].devices[0]), ["health", "id", "numa"]);
+        assert_eq!(
+            keys(&allocations()[0]),
+            ["container", "device_ids", "pod_uid", "resource"]
+        );
+        assert_eq!(keys(&ReleaseResultView { released: 1 }), ["released"]);
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = columns(&["A", "LONG"], vec![vec!["xyz".into(), "1".into()]]);
+        assert_eq!(t, "A    LONG\nxyz  1\n");
+    }
+
+    #[test]
+    fn handler_table_names_what_each_module_is_for() {
+        let text = table(&handlers());
+        let first: Vec<&str> = text
+            .lines()
+            .skip(1)
+            .map(|l| l.split("  ").next().unwrap())
+            .collect();
+        assert_eq!(
+            first,
+            ["CSIPlugin", "resource vendor.com/gpu", "(default policy)"]
+        );
+    }
+}
