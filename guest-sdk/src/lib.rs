@@ -7,6 +7,10 @@
 //! - [`AllocationPolicy`]: `allocate` (the default takes the must-include ids, then the first
 //!   available ones).
 //!
+//! Helpers for the rules themselves: [`names`] (Kubernetes name rules: DNS-1123 subdomains,
+//! label values, qualified names) and [`must_include_first`] (the opening every allocation
+//! answer shares).
+//!
 //! ```
 //! use pluglet_guest::{Accepted, PluginInfo, Refusal, RefusalKind, RegisteredPlugin, Registration};
 //!
@@ -52,6 +56,8 @@
 //! unit tests working). On targets other than `wasm32` the macro only type-checks the impl, and
 //! the host helpers ([`log`], [`node_name`], [`setting`]) fall back to stderr and empty answers,
 //! so handler logic runs in native unit tests.
+
+pub mod names;
 
 #[doc(hidden)]
 pub mod __private {
@@ -240,14 +246,13 @@ pub fn unpack(request: PackedRequest) -> AllocationRequest {
     RequestView::of_packed(&request).to_request()
 }
 
-/// The simplest valid allocation: the must-include ids, then available ids in order. Refuses
-/// (`unsatisfiable`) when a must-include id is not available or too few devices are.
-pub fn first_fit(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
-    let count = request.count as usize;
-    let available = |id: &str| request.available.iter().any(|d| d.id == id);
-    let mut chosen: Vec<String> = Vec::with_capacity(count);
+/// The opening every valid allocation answer shares: the must-include ids of `request`, each
+/// once, in order. Refuses (`unsatisfiable`) when one of them is not available or when there are
+/// more of them than `request.count`. A policy appends its own choices to what this returns.
+pub fn must_include_first(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
+    let mut chosen: Vec<String> = Vec::with_capacity(request.count as usize);
     for id in &request.must_include {
-        if !available(id) {
+        if !request.available.iter().any(|d| &d.id == id) {
             return Err(Refusal::new(
                 RefusalKind::Unsatisfiable,
                 format!("must-include device {id} is not available"),
@@ -257,15 +262,24 @@ pub fn first_fit(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
             chosen.push(id.clone());
         }
     }
-    if chosen.len() > count {
+    if chosen.len() > request.count as usize {
         return Err(Refusal::new(
             RefusalKind::Unsatisfiable,
             format!(
-                "{} must-include devices but only {count} requested",
-                chosen.len()
+                "{} must-include devices but only {} requested",
+                chosen.len(),
+                request.count
             ),
         ));
     }
+    Ok(chosen)
+}
+
+/// The simplest valid allocation: the must-include ids, then available ids in order. Refuses
+/// (`unsatisfiable`) when a must-include id is not available or too few devices are.
+pub fn first_fit(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
+    let count = request.count as usize;
+    let mut chosen = must_include_first(request)?;
     for device in &request.available {
         if chosen.len() == count {
             break;
@@ -526,6 +540,34 @@ mod tests {
         let refusal = first_fit(&request(&["a"], &[], 2)).unwrap_err();
         assert_eq!(refusal.kind, RefusalKind::Unsatisfiable);
         assert!(refusal.message.contains("only 1 are available"));
+    }
+
+    #[test]
+    fn must_include_first_keeps_order_and_drops_repeats() {
+        assert_eq!(
+            must_include_first(&request(&["a", "b", "c"], &["c", "a", "c"], 3)).unwrap(),
+            ["c", "a"]
+        );
+        assert!(
+            must_include_first(&request(&["a"], &[], 1))
+                .unwrap()
+                .is_empty()
+        );
+        let refusal = must_include_first(&request(&["a", "b"], &["a", "b"], 1)).unwrap_err();
+        assert_eq!(refusal.kind, RefusalKind::Unsatisfiable);
+        assert!(
+            refusal
+                .message
+                .contains("2 must-include devices but only 1 requested"),
+            "{}",
+            refusal.message
+        );
+        let refusal = must_include_first(&request(&["a"], &["z"], 1)).unwrap_err();
+        assert!(
+            refusal.message.contains("z is not available"),
+            "{}",
+            refusal.message
+        );
     }
 
     #[test]

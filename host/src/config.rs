@@ -3,7 +3,8 @@
 //! Defaults are the kubelet's paths (`/var/lib/kubelet/plugins_registry`,
 //! `/var/lib/kubelet/device-plugins`) and Pluglet's own (`/var/lib/pluglet/{handlers,state}`, admin
 //! socket `/run/pluglet/pluglet.sock`); `--root DIR` moves all of them under one directory. Timings
-//! default to the kubelet's values (facts §5, §6).
+//! default to the kubelet's values (docs/kubelet-compatibility.md, "Registration timeouts" and
+//! "Retries and backoff").
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

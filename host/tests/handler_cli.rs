@@ -32,6 +32,12 @@ fn guest(name: &str) -> String {
     pluglet_wasm_guests::guest_path(name).display().to_string()
 }
 
+/// The command failed and its stderr says `expected`.
+fn assert_fails_with(out: &Output, expected: &str) {
+    assert!(!out.status.success(), "succeeded: {}", stdout(out));
+    assert!(stderr(out).contains(expected), "{}", stderr(out));
+}
+
 fn json(o: &Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", stdout(o), stderr(o)))
@@ -62,31 +68,16 @@ fn check_reports_contract_families_and_digest() {
 #[test]
 fn check_refuses_forbidden_imports_non_components_and_missing_files() {
     let out = pluglet(&["handler", "check", &guest("uses-fs")]);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("`wasi:filesystem/"),
-        "{}",
-        stderr(&out)
-    );
+    assert_fails_with(&out, "`wasi:filesystem/");
 
     let dir = tempfile::tempdir().unwrap();
     let text_file: PathBuf = dir.path().join("readme.wasm");
     std::fs::write(&text_file, "not wasm").unwrap();
     let out = pluglet(&["handler", "check", &text_file.display().to_string()]);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("is not a WebAssembly component"),
-        "{}",
-        stderr(&out)
-    );
+    assert_fails_with(&out, "is not a WebAssembly component");
 
     let out = pluglet(&["handler", "check", "/nonexistent/x.wasm"]);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("/nonexistent/x.wasm"),
-        "{}",
-        stderr(&out)
-    );
+    assert_fails_with(&out, "/nonexistent/x.wasm");
 }
 
 #[test]
@@ -222,12 +213,7 @@ fn test_reports_a_trap_as_an_error() {
         "--fuel",
         "100000000000",
     ]);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("hook validate: deadline of 30 ms exceeded"),
-        "{}",
-        stderr(&out)
-    );
+    assert_fails_with(&out, "hook validate: deadline of 30 ms exceeded");
 }
 
 #[test]
@@ -241,10 +227,5 @@ fn test_allocate_on_a_registration_only_module_says_so() {
         "--event",
         &event("allocate.json"),
     ]);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("does not export the allocation-policy family"),
-        "{}",
-        stderr(&out)
-    );
+    assert_fails_with(&out, "does not export the allocation-policy family");
 }

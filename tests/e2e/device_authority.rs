@@ -1,5 +1,6 @@
 //! Go device plugins dial `kubelet.sock` by its bare path, so their HTTP/2 `:authority` is a
-//! path (facts §0.1), which Rust HTTP/2 clients refuse to send. This story writes the frames by
+//! path (docs/kubelet-compatibility.md, "HTTP/2 authority from Go plugins"), which Rust HTTP/2
+//! clients refuse to send. This story writes the frames by
 //! hand, as grpc-go does, and checks the daemon accepts the Register.
 
 use std::io::{Read as _, Write as _};

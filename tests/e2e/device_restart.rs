@@ -4,7 +4,7 @@
 
 use crate::device_support::{
     DevicePluginProcess, FLOWS, allocate, allocations, checkpoint, device_plugins_dir, ids,
-    kill_daemon, resource, wait_allocatable, wait_resource,
+    resource, wait_allocatable, wait_resource,
 };
 use crate::support::{Daemon, TestRoot, wait_for};
 
@@ -35,7 +35,7 @@ fn allocations_survive_a_restart_and_a_sigkill() {
         assert_eq!(again, first, "the same answer after a restart");
 
         // Real SIGKILL: nothing runs on the way down.
-        kill_daemon(daemon);
+        daemon.kill();
         let daemon = Daemon::start(&root.path(), &[]);
         let listed = allocations(&daemon);
         assert_eq!(listed.len(), 1, "{flow:?}: {listed:?}");
@@ -76,7 +76,7 @@ fn allocations_answered_before_the_checkpoint_caught_up_come_back_from_the_journ
     checkpoint_when(&root, "pod-1 in the checkpoint", |text| {
         text.contains("pod-1")
     });
-    kill_daemon(daemon);
+    daemon.kill();
     std::fs::write(checkpoint(&root), &before).unwrap();
 
     let daemon = Daemon::start(&root.path(), &[]);
@@ -90,7 +90,7 @@ fn allocations_answered_before_the_checkpoint_caught_up_come_back_from_the_journ
     });
 
     // A checkpoint the journal does not name (one a kubelet wrote, say) is newer: it wins.
-    kill_daemon(daemon);
+    daemon.kill();
     std::fs::write(
         checkpoint(&root),
         r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3467439661}"#,

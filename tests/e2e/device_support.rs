@@ -4,14 +4,14 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::daemon::{unique, wait_exit};
+use crate::support::daemon::unique;
+use crate::support::plugins::STOP_GRACE;
+use crate::support::process::ChildGuard;
 use crate::support::{DEADLINE, Daemon, TestRoot, bin, wait_for};
 
 /// How a device plugin registers.
@@ -28,7 +28,7 @@ pub const FLOWS: [Flow; 2] = [Flow::Classic, Flow::Watcher];
 
 /// A running `example-device-plugin`; SIGTERMed (then killed) on drop.
 pub struct DevicePluginProcess {
-    child: Option<Child>,
+    child: ChildGuard,
     /// The flow it registered through.
     pub flow: Flow,
     /// Its DevicePlugin socket.
@@ -96,16 +96,15 @@ impl DevicePluginProcess {
             args.extend(["--numa-nodes".into(), "2".into()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(bin("example-device-plugin"))
-            .args(&args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("create plugin log"))
-            .spawn()
-            .expect("spawn example-device-plugin");
+        let child = ChildGuard::spawn(
+            Command::new(bin("example-device-plugin"))
+                .args(&args)
+                .env("RUST_LOG", "info"),
+            &log,
+            STOP_GRACE,
+        );
         DevicePluginProcess {
-            child: Some(child),
+            child,
             flow,
             socket,
             reg_socket,
@@ -117,7 +116,7 @@ impl DevicePluginProcess {
 
     /// The plugin's pid.
     pub fn pid(&self) -> i32 {
-        self.child.as_ref().map_or(0, |c| c.id() as i32)
+        self.child.pid() as i32
     }
 
     /// Writes the health control file (`dev-1 Unhealthy` lines).
@@ -129,15 +128,12 @@ impl DevicePluginProcess {
 
     /// Sends `signal` to the plugin.
     pub fn signal(&self, signal: Signal) {
-        kill(Pid::from_raw(self.pid()), signal).expect("signal the plugin");
+        self.child.signal(signal);
     }
 
     /// SIGKILLs the plugin (its sockets stay, its streams end).
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.child.kill();
     }
 
     /// Every RPC it recorded.
@@ -166,18 +162,6 @@ impl DevicePluginProcess {
     /// the DevicePlugin socket in the classic flow.
     pub fn removable_socket(&self) -> &Path {
         self.reg_socket.as_deref().unwrap_or(&self.socket)
-    }
-}
-
-impl Drop for DevicePluginProcess {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            if wait_exit(&mut child, Duration::from_secs(5)).is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
     }
 }
 
@@ -273,12 +257,4 @@ pub fn ids(value: &Value) -> Vec<String> {
 /// `<root>/device-plugins/kubelet_internal_checkpoint`.
 pub fn checkpoint(root: &TestRoot) -> PathBuf {
     device_plugins_dir(root).join("kubelet_internal_checkpoint")
-}
-
-/// Sends SIGKILL to the daemon (no clean-up runs).
-pub fn kill_daemon(daemon: Daemon) {
-    let pid = Pid::from_raw(daemon.pid() as i32);
-    kill(pid, Signal::SIGKILL).expect("SIGKILL the daemon");
-    // Drop's SIGTERM then finds the process gone and reaps it.
-    drop(daemon);
 }

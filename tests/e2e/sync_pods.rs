@@ -8,8 +8,7 @@ use std::process::Output;
 use serde_json::Value;
 
 use crate::device_support::{
-    DevicePluginProcess, FLOWS, allocate, allocations, checkpoint, ids, kill_daemon,
-    wait_allocatable,
+    DevicePluginProcess, FLOWS, allocate, allocations, checkpoint, ids, wait_allocatable,
 };
 use crate::support::{Daemon, TestRoot, wait_for};
 
@@ -120,7 +119,7 @@ fn sync_pods_frees_the_pods_not_kept_and_they_stay_freed_after_a_restart() {
     );
 
     // SIGKILL and start again: the freed pods stay freed.
-    kill_daemon(daemon);
+    daemon.kill();
     let daemon = Daemon::start(&root.path(), &[]);
     assert_eq!(
         holders(&allocations(&daemon)),

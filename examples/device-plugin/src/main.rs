@@ -154,6 +154,28 @@ impl Plugin {
         }
     }
 
+    /// Records a call of `method` with the device ids it got, and fails it when `fail` (the
+    /// command-line `flag` that asked for it) is set.
+    fn record_or_fail(
+        &self,
+        method: &str,
+        devices: serde_json::Value,
+        fail: bool,
+        flag: &str,
+    ) -> Result<(), Status> {
+        self.record(serde_json::json!({
+            "method": method,
+            "devices": devices,
+            "failed": fail,
+        }));
+        if fail {
+            return Err(Status::internal(format!(
+                "example-device-plugin: {method} fails on purpose ({flag})"
+            )));
+        }
+        Ok(())
+    }
+
     fn publish(&self) {
         let list = self
             .state
@@ -315,16 +337,9 @@ impl DevicePlugin for DevicePluginService {
     ) -> Result<Response<v1beta1::AllocateResponse>, Status> {
         let requests = request.into_inner().container_requests;
         let ids: Vec<&Vec<String>> = requests.iter().map(|r| &r.devices_ids).collect();
-        self.0.record(serde_json::json!({
-            "method": "Allocate",
-            "devices": ids,
-            "failed": self.0.args.fail_allocate,
-        }));
-        if self.0.args.fail_allocate {
-            return Err(Status::internal(
-                "example-device-plugin: Allocate fails on purpose (--fail-allocate)",
-            ));
-        }
+        let fail = self.0.args.fail_allocate;
+        self.0
+            .record_or_fail("Allocate", serde_json::json!(ids), fail, "--fail-allocate")?;
         let container_responses = requests
             .iter()
             .map(|r| self.0.allocate_response(&r.devices_ids))
@@ -339,16 +354,13 @@ impl DevicePlugin for DevicePluginService {
         request: Request<v1beta1::PreStartContainerRequest>,
     ) -> Result<Response<v1beta1::PreStartContainerResponse>, Status> {
         let ids = request.into_inner().devices_ids;
-        self.0.record(serde_json::json!({
-            "method": "PreStartContainer",
-            "devices": ids,
-            "failed": self.0.args.fail_pre_start,
-        }));
-        if self.0.args.fail_pre_start {
-            return Err(Status::internal(
-                "example-device-plugin: PreStartContainer fails on purpose (--fail-pre-start)",
-            ));
-        }
+        let fail = self.0.args.fail_pre_start;
+        self.0.record_or_fail(
+            "PreStartContainer",
+            serde_json::json!(ids),
+            fail,
+            "--fail-pre-start",
+        )?;
         Ok(Response::new(v1beta1::PreStartContainerResponse {}))
     }
 }

@@ -56,31 +56,15 @@ pub fn spread(request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
     let preferred = request.preferred.as_deref().unwrap_or_default();
     let rank = |id: &str| preferred.iter().position(|p| p == id).unwrap_or(usize::MAX);
 
-    let mut chosen: Vec<String> = Vec::with_capacity(count);
+    // The must-include ids open the answer (the SDK checks them) and count towards their nodes.
+    let mut chosen = pluglet_guest::must_include_first(request)?;
     // Devices chosen per NUMA node; a device on several nodes counts on each.
     let mut load: BTreeMap<i64, usize> = BTreeMap::new();
-    for id in &request.must_include {
-        let Some(device) = request.available.iter().find(|d| &d.id == id) else {
-            return Err(Refusal::new(
-                RefusalKind::Unsatisfiable,
-                format!("must-include device {id} is not available"),
-            ));
-        };
-        if !chosen.contains(id) {
-            chosen.push(id.clone());
-            for node in &device.numa_nodes {
-                *load.entry(*node).or_default() += 1;
-            }
+    for id in &chosen {
+        let nodes = request.available.iter().find(|d| &d.id == id);
+        for node in nodes.map(|d| d.numa_nodes.as_slice()).unwrap_or_default() {
+            *load.entry(*node).or_default() += 1;
         }
-    }
-    if chosen.len() > count {
-        return Err(Refusal::new(
-            RefusalKind::Unsatisfiable,
-            format!(
-                "{} must-include devices but only {count} requested",
-                chosen.len()
-            ),
-        ));
     }
 
     // Free devices per node (first listed node), in preference order, then plugin order.

@@ -14,6 +14,7 @@
 
 use std::cmp::Ordering;
 
+use pluglet_guest::names::{is_dns1123_subdomain, is_label_value, is_qualified_name};
 use pluglet_guest::{
     Accepted, PluginInfo, Refusal, RefusalKind, RegisteredPlugin, Registration, RegistrationFacts,
 };
@@ -186,47 +187,6 @@ pub enum VersionError {
     },
     /// The highest usable version is 0.x.
     MajorZero(GenericVersion),
-}
-
-/// Whether `name` is a DNS-1123 subdomain: at most 253 characters of lowercase letters, digits,
-/// `-` and `.`, each dot-separated label starting and ending with a letter or digit.
-pub fn is_dns1123_subdomain(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            let bytes = label.as_bytes();
-            !bytes.is_empty()
-                && bytes
-                    .iter()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-                && bytes[0] != b'-'
-                && bytes[bytes.len() - 1] != b'-'
-        })
-}
-
-/// Whether `value` is a valid label value: empty, or at most 63 characters of `[A-Za-z0-9_.-]`
-/// starting and ending with an alphanumeric.
-pub fn is_label_value(value: &str) -> bool {
-    if value.is_empty() {
-        return true;
-    }
-    let bytes = value.as_bytes();
-    value.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-}
-
-/// Whether `key` is a qualified name (`[prefix/]name`, prefix a DNS-1123 subdomain, name a
-/// non-empty label value), as label keys must be.
-pub fn is_qualified_name(key: &str) -> bool {
-    let (prefix, name) = match key.split_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    prefix.is_none_or(is_dns1123_subdomain) && !name.is_empty() && is_label_value(name)
 }
 
 /// The `validate` rules (see the crate doc).
@@ -412,9 +372,6 @@ mod tests {
             assert_eq!(refusal.kind, RefusalKind::InvalidName, "{bad:?}");
             assert!(refusal.message.contains("API server would refuse"));
         }
-        let long = "a".repeat(254);
-        assert!(!is_dns1123_subdomain(&long));
-        assert!(is_dns1123_subdomain("hostpath.csi.k8s.io"));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use pluglet_guest::names::check_qualified_name;
 use pluglet_guest::{
     Accepted, AllocationPolicy, AllocationRequest, PackedRequest, PluginInfo, Refusal, RefusalKind,
     RegisteredPlugin, Registration, RequestView,
@@ -111,63 +112,6 @@ pub fn check_extended_resource_name(name: &str) -> Result<(), String> {
     let quota_name = format!("requests.{name}");
     check_qualified_name(&quota_name)
         .map_err(|e| format!("\"requests.\" + the name must be a qualified name: {e}"))
-}
-
-/// Kubernetes `IsQualifiedName`: `[prefix/]name`, the prefix a DNS-1123 subdomain, the name 1–63
-/// characters of `[A-Za-z0-9_.-]` starting and ending with an alphanumeric.
-pub fn check_qualified_name(value: &str) -> Result<(), String> {
-    let parts: Vec<&str> = value.split('/').collect();
-    let name = match parts.as_slice() {
-        [name] => *name,
-        [prefix, name] => {
-            if prefix.is_empty() {
-                return Err("prefix part must not be empty".into());
-            }
-            if !is_dns1123_subdomain(prefix) {
-                return Err(format!(
-                    "prefix {prefix:?} must be a lowercase DNS-1123 subdomain of at most 253 \
-                     characters"
-                ));
-            }
-            name
-        }
-        _ => return Err("a qualified name has at most one '/'".into()),
-    };
-    if name.is_empty() {
-        return Err("name part must not be empty".into());
-    }
-    if name.len() > 63 {
-        return Err(format!("name part {name:?} is longer than 63 characters"));
-    }
-    let bytes = name.as_bytes();
-    let valid_chars = bytes
-        .iter()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if !valid_chars
-        || !bytes[0].is_ascii_alphanumeric()
-        || !bytes[bytes.len() - 1].is_ascii_alphanumeric()
-    {
-        return Err(format!(
-            "name part {name:?} must consist of alphanumerics, '-', '_' or '.', starting and \
-             ending with an alphanumeric"
-        ));
-    }
-    Ok(())
-}
-
-/// Whether `name` is a DNS-1123 subdomain.
-pub fn is_dns1123_subdomain(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            let bytes = label.as_bytes();
-            !bytes.is_empty()
-                && bytes
-                    .iter()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-                && bytes[0] != b'-'
-                && bytes[bytes.len() - 1] != b'-'
-        })
 }
 
 /// The allocation policy (see the crate doc).

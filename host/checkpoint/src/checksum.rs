@@ -1,5 +1,6 @@
 //! The kubelet's checkpoint checksum: `uint64(FNV-1a-32(S))`, where `S` is go-spew's `%#v`
-//! rendering of the `checkpointData` struct (facts §7.7, §7.9).
+//! rendering of the `checkpointData` struct (docs/kubelet-compatibility.md, "Checkpoint
+//! checksum" and "Checkpoint test vectors").
 //!
 //! The kubelet computes it with `hashutil.DeepHashObject`, i.e. a `spew.ConfigState` with
 //! `Indent: " "`, `SortKeys`, `DisableMethods`, `SpewKeys`, `DisablePointerAddresses` and

@@ -1,4 +1,5 @@
-//! The data of `kubelet_internal_checkpoint` and its exact Go `encoding/json` form (facts §7.7).
+//! The data of `kubelet_internal_checkpoint` and its exact Go `encoding/json` form
+//! (docs/kubelet-compatibility.md, "Checkpoint format").
 //!
 //! The kubelet's types (`pkg/kubelet/cm/devicemanager/checkpoint/checkpoint.go`):
 //!
@@ -389,7 +390,7 @@ mod tests {
         Some(ids.iter().map(|s| (*s).to_owned()).collect())
     }
 
-    /// facts §7.9, vector 1: the empty state the kubelet writes when nothing is allocated.
+    /// Test vector 1 (docs/kubelet-compatibility.md, "Checkpoint test vectors"): the empty state the kubelet writes when nothing is allocated.
     #[test]
     fn vector_empty_state() {
         let data = CheckpointData::default();
@@ -402,7 +403,7 @@ mod tests {
         assert_eq!(CheckpointData::decode(file.as_bytes()).unwrap(), data);
     }
 
-    /// facts §7.9, vector 2: the same with an empty, non-nil entry list.
+    /// Test vector 2: the same with an empty, non-nil entry list.
     #[test]
     fn vector_empty_entry_list() {
         let data = CheckpointData {
@@ -437,7 +438,7 @@ mod tests {
         }
     }
 
-    /// facts §7.9, vector 3: one allocation with two NUMA nodes and an AllocResp.
+    /// Test vector 3: one allocation with two NUMA nodes and an AllocResp.
     #[test]
     fn vector_sample() {
         let data = sample();
@@ -471,7 +472,7 @@ mod tests {
         }
     }
 
-    /// facts §7.9, vector 4: nil map, nil map value, nil and empty bytes, a space in a name.
+    /// Test vector 4: nil map, nil map value, nil and empty bytes, a space in a name.
     #[test]
     fn vector_edge_cases() {
         let data = edge();

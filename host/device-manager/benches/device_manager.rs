@@ -1,5 +1,5 @@
-//! Device manager latencies, side by side with the kubelet's figures (issue 4), each with and
-//! without the checkpoint fsync. Every measured operation ends when its change is durable, as in
+//! Device manager latencies, side by side with the kubelet's figures, each with and without the
+//! checkpoint fsync. Every measured operation ends when its change is durable, as in
 //! the kubelet's figures: an allocation when its journal record is on disk, a device change when
 //! the checkpoint and side file are (the moment the change is visible is printed too).
 //!

@@ -1,8 +1,9 @@
-//! The devices of one resource: health, NUMA nodes, capacity and allocatable (facts §7.2, §7.3).
+//! The devices of one resource: health, NUMA nodes, capacity and allocatable (see
+//! `docs/kubelet-compatibility.md`, "Endpoints, health and the grace period" and "Capacity and
+//! allocatable").
 //!
-//! Owned by the manager's state; written by the manager loop from [`crate::endpoint`] messages
-//! (every ListAndWatch update is the full new list) and by disconnects; read by the allocator
-//! and the admin API.
+//! Owned by the [`crate::registry`]; written by each endpoint's task (every ListAndWatch update
+//! is the full new list) and by disconnects; read by the allocator and the admin API.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 //! an update only while that generation is the resource's current one, so when a plugin
 //! registers again, the old stream ending later cannot disconnect the new registration (the
 //! kubelet looks its client up by name there and does disconnect it; see
-//! `docs/kubelet-compatibility.md`, "Device plugin registration").
+//! `docs/kubelet-compatibility.md`, "Register on the kubelet socket").
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -131,7 +131,7 @@ impl std::fmt::Debug for DeviceManager {
 
 impl DeviceManager {
     /// Starts the device manager, as the kubelet's device manager starts (see
-    /// `docs/kubelet-compatibility.md`, "Device manager start"):
+    /// `docs/kubelet-compatibility.md`, "Device plugins directory at start-up"):
     ///
     /// 1. if `kubelet.sock` answers a connect, another kubelet-like process owns the directory:
     ///    fail with [`StartError::DirectoryInUse`] having touched nothing;

@@ -10,7 +10,7 @@
 //!
 //! The socket is served through `pluglet_uds::incoming_any_authority`: Go plugins dial the
 //! socket by its bare path, so their HTTP/2 `:authority` looks like a path, which tonic would
-//! refuse (see `docs/kubelet-compatibility.md`, "HTTP/2 authority of Go plugins").
+//! refuse (see `docs/kubelet-compatibility.md`, "HTTP/2 authority from Go plugins").
 
 use std::io;
 use std::os::unix::fs::FileTypeExt as _;

@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 
+use semver::{BuildMetadata, Version};
+
 use crate::bindings::{CONTRACT_MAJOR, CONTRACT_PACKAGE};
 use crate::types::Family;
 
@@ -65,37 +67,16 @@ impl<'a> InterfaceName<'a> {
     }
 }
 
-/// A `major.minor.patch` version (build metadata and pre-release suffixes are kept out).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Semver {
-    pub major: u64,
-    pub minor: u64,
-    pub patch: u64,
-}
-
-impl Semver {
-    /// Parses `x.y.z` (no pre-release); `None` otherwise.
-    pub(crate) fn parse(text: &str) -> Option<Semver> {
-        let text = text.split('+').next()?;
-        let mut parts = text.split('.');
-        let major = parts.next()?.parse().ok()?;
-        let minor = parts.next()?.parse().ok()?;
-        let patch = parts.next()?.parse().ok()?;
-        if parts.next().is_some() {
-            return None;
-        }
-        Some(Semver {
-            major,
-            minor,
-            patch,
-        })
+/// Parses a release version `major.minor.patch` as WIT package versions are written: build
+/// metadata is dropped (it does not order versions), a pre-release or anything that is not a
+/// semantic version gives `None`.
+pub(crate) fn parse_release(text: &str) -> Option<Version> {
+    let mut version = Version::parse(text).ok()?;
+    if !version.pre.is_empty() {
+        return None;
     }
-}
-
-impl std::fmt::Display for Semver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
-    }
+    version.build = BuildMetadata::EMPTY;
+    Some(version)
 }
 
 /// Whether a component may import `name`.
@@ -106,7 +87,7 @@ pub(crate) fn import_allowed(name: &str) -> bool {
     if parsed.package == CONTRACT_PACKAGE {
         let major_ok = parsed
             .version
-            .and_then(Semver::parse)
+            .and_then(parse_release)
             .is_some_and(|v| v.major == CONTRACT_MAJOR);
         return major_ok && ALLOWED_CONTRACT_IMPORTS.contains(&parsed.interface);
     }
@@ -115,7 +96,7 @@ pub(crate) fn import_allowed(name: &str) -> bool {
     };
     let version_ok = parsed
         .version
-        .and_then(Semver::parse)
+        .and_then(parse_release)
         .is_some_and(|v| v.major == 0 && v.minor == 2);
     version_ok
         && ALLOWED_WASI
@@ -155,7 +136,7 @@ pub(crate) fn read_exports<'a>(
 ) -> Result<ContractExports, ExportProblem> {
     let mut all = Vec::new();
     let mut families = BTreeMap::new();
-    let mut version: Option<Semver> = None;
+    let mut version: Option<Version> = None;
     let mut incompatible = Vec::new();
     for name in exports {
         all.push(name.to_string());
@@ -168,9 +149,12 @@ pub(crate) fn read_exports<'a>(
         let Some(family) = Family::from_interface(parsed.interface) else {
             continue;
         };
-        match parsed.version.and_then(Semver::parse) {
+        match parsed.version.and_then(parse_release) {
             Some(v) if v.major == CONTRACT_MAJOR => {
-                version = Some(version.map_or(v, |old| old.max(v)));
+                version = Some(match version.take() {
+                    Some(old) if old >= v => old,
+                    _ => v,
+                });
                 families.insert(family, name.to_string());
             }
             _ => incompatible.push(name.to_string()),
@@ -224,6 +208,17 @@ pub(crate) fn describe_non_component(bytes: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn release_versions_parse_without_build_metadata() {
+        assert_eq!(parse_release("1.2.0"), Some(Version::new(1, 2, 0)));
+        assert_eq!(parse_release("1.2.0+build.5"), Some(Version::new(1, 2, 0)));
+        assert_eq!(parse_release("1.2.0+build.5").unwrap().to_string(), "1.2.0");
+        for bad in ["1.2.0-rc.1", "1.2", "1.2.3.4", "v1.2.3", "", "x.y.z"] {
+            assert_eq!(parse_release(bad), None, "{bad:?}");
+        }
+        assert!(parse_release("1.10.0") > parse_release("1.9.9"));
+    }
 
     #[test]
     fn plain_rust_guest_imports_are_allowed() {

@@ -195,17 +195,23 @@ impl Runtime {
     /// Creates the engine (pooling allocator sized by `pool_size`, epoch interruption, fuel,
     /// no component-model concurrency), links WASI and the host imports, and starts the ticker.
     pub fn new(config: RuntimeConfig) -> Result<Runtime, LoadError> {
-        let engine_err = |e: wasmtime::Error| LoadError::Engine {
-            message: format!("{e:#}"),
+        let engine_err = |reason: &str| {
+            let reason = reason.to_owned();
+            move |e: wasmtime::Error| LoadError::Engine {
+                reason,
+                source: Some(e.into()),
+            }
         };
         if config.pool_size == 0 {
             return Err(LoadError::Engine {
-                message: "pool_size must be at least 1".into(),
+                reason: "pool_size must be at least 1".into(),
+                source: None,
             });
         }
         if config.epoch_tick.is_zero() {
             return Err(LoadError::Engine {
-                message: "epoch_tick must be longer than zero".into(),
+                reason: "epoch_tick must be longer than zero".into(),
+                source: None,
             });
         }
         check_limits("default", &config.default_limits)?;
@@ -228,15 +234,16 @@ impl Runtime {
             .consume_fuel(true)
             .concurrency_support(false)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&cfg).map_err(engine_err)?;
+        let engine = Engine::new(&cfg).map_err(engine_err("wasmtime refused the configuration"))?;
 
         let mut linker = Linker::<CallState>::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(engine_err)?;
-        cap_guest_sleeps(&mut linker).map_err(engine_err)?;
+        let link_err = || engine_err("the host imports could not be linked");
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(link_err())?;
+        cap_guest_sleeps(&mut linker).map_err(link_err())?;
         bindings::pluglet::handler::types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
-            .map_err(engine_err)?;
+            .map_err(link_err())?;
         bindings::pluglet::handler::host::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
-            .map_err(engine_err)?;
+            .map_err(link_err())?;
 
         spawn_ticker(&engine, config.epoch_tick)?;
         Ok(Runtime {
@@ -286,7 +293,7 @@ impl Runtime {
         let component =
             Component::new(&self.inner.engine, bytes).map_err(|e| LoadError::Compile {
                 module: module.clone(),
-                message: format!("{e:#}"),
+                source: e.into(),
             })?;
         let compile_time = started.elapsed();
 
@@ -323,7 +330,7 @@ impl Runtime {
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link {
                 module: module.clone(),
-                message: format!("{e:#}"),
+                source: e.into(),
             })?;
         let indices = ExportIndices::new(&component, &contract.families).map_err(|message| {
             LoadError::OtherContract {
@@ -397,7 +404,8 @@ fn spawn_ticker(engine: &Engine, tick: Duration) -> Result<(), LoadError> {
             }
         })
         .map_err(|e| LoadError::Engine {
-            message: format!("cannot start the epoch ticker thread: {e}"),
+            reason: "the epoch ticker thread did not start".into(),
+            source: Some(Box::new(e)),
         })?;
     Ok(())
 }

@@ -2,11 +2,17 @@
 //! ([`HandlerError`]) and reading `handlers.toml` ([`ConfigError`]).
 //!
 //! A guest's refusal is not an error: it is the `Err` inside a successful [`crate::Call`].
+//!
+//! Errors from wasmtime are kept whole as the `source` of the variant that reports them, so a
+//! formatter that walks [`std::error::Error::source`] shows their whole chain of causes.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::types::{Family, Hook};
+
+/// An underlying error kept with its chain of causes (a wasmtime error becomes one with `into()`).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a module could not be loaded (compiled and admitted).
 #[derive(Debug, thiserror::Error)]
@@ -72,20 +78,22 @@ pub enum LoadError {
         imports: Vec<String>,
     },
     /// wasmtime could not compile the component.
-    #[error("handler {module} does not compile: {message}")]
+    #[error("handler {module} does not compile")]
     Compile {
         /// Module id.
         module: String,
-        /// wasmtime's message.
-        message: String,
+        /// wasmtime's error.
+        #[source]
+        source: BoxError,
     },
     /// The component's imports do not type-check against what the host links.
-    #[error("handler {module} does not link against the host: {message}")]
+    #[error("handler {module} does not link against the host")]
     Link {
         /// Module id.
         module: String,
-        /// wasmtime's message.
-        message: String,
+        /// wasmtime's error.
+        #[source]
+        source: BoxError,
     },
     /// The limits asked for are out of range.
     #[error("invalid limits for handler {module}: {message}")]
@@ -96,15 +104,18 @@ pub enum LoadError {
         message: String,
     },
     /// The wasmtime engine could not be set up.
-    #[error("cannot set up the WebAssembly engine: {message}")]
+    #[error("cannot set up the WebAssembly engine: {reason}")]
     Engine {
-        /// wasmtime's message.
-        message: String,
+        /// What went wrong.
+        reason: String,
+        /// The error behind it, if any (wasmtime's, or the ticker thread's).
+        #[source]
+        source: Option<BoxError>,
     },
 }
 
 /// The cause of a failed hook call (a fault, not a refusal).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum HandlerFault {
     /// The call ran past its CPU deadline (epoch interruption).
     #[error("deadline of {} ms exceeded; make the hook faster or raise deadline_ms in handlers.toml", .deadline.as_millis())]
@@ -139,17 +150,39 @@ pub enum HandlerFault {
         /// The family.
         family: Family,
     },
-    /// Instantiation failed (for example the instance pool is misconfigured).
-    #[error("cannot instantiate: {message}")]
+    /// The call's store could not be set up.
+    #[error("cannot instantiate")]
     Instantiate {
-        /// wasmtime's message.
-        message: String,
+        /// wasmtime's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The call failed in wasmtime without a trap: instantiation (for example an exhausted
+    /// instance pool), a host call, or the guest exiting.
+    #[error("failed{}", guest_output(.output))]
+    Failed {
+        /// What the guest printed to stderr, if anything.
+        output: String,
+        /// wasmtime's error.
+        #[source]
+        source: BoxError,
     },
 }
 
+/// `": <output>"`, or nothing when the guest printed nothing.
+fn guest_output(output: &str) -> String {
+    if output.is_empty() {
+        String::new()
+    } else {
+        format!(": {output}")
+    }
+}
+
 /// A hook call that failed: names the handler, the hook and the cause.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("handler {module} hook {hook}: {fault}")]
+///
+/// The message includes the [`HandlerFault`]; [`std::error::Error::source`] is the fault's own
+/// source (wasmtime's error, when there is one), so a chain prints each part once.
+#[derive(Debug)]
 pub struct HandlerError {
     /// Module id (`builtin:csi` or the file path).
     pub module: String,
@@ -163,6 +196,22 @@ impl HandlerError {
     /// What went wrong.
     pub fn fault(&self) -> &HandlerFault {
         &self.fault
+    }
+}
+
+impl std::fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "handler {} hook {}: {}",
+            self.module, self.hook, self.fault
+        )
+    }
+}
+
+impl std::error::Error for HandlerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.fault)
     }
 }
 

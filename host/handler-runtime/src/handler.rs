@@ -332,11 +332,7 @@ impl Handler {
         store.limiter(|s| &mut s.limiter);
         store
             .set_fuel(self.limits.fuel.unwrap_or(u64::MAX))
-            .map_err(|e| {
-                fail(HandlerFault::Instantiate {
-                    message: format!("{e:#}"),
-                })
-            })?;
+            .map_err(|e| fail(HandlerFault::Instantiate { source: e.into() }))?;
         self.arm_deadline(&mut store);
 
         let outcome = self
@@ -364,7 +360,7 @@ impl Handler {
                     elapsed,
                 })
             }
-            Err(error) => Err(fail(self.classify(&error, store.data()))),
+            Err(error) => Err(fail(self.classify(error, store.data()))),
         }
     }
 
@@ -401,13 +397,13 @@ impl Handler {
     }
 
     /// Names the cause of a failed call.
-    fn classify(&self, error: &wasmtime::Error, state: &CallState) -> HandlerFault {
+    fn classify(&self, error: wasmtime::Error, state: &CallState) -> HandlerFault {
         if state.limiter.refused {
             return HandlerFault::MemoryCap {
                 mib: self.limits.memory_mib,
             };
         }
-        match error.downcast_ref::<Trap>() {
+        match error.downcast_ref::<Trap>().copied() {
             Some(Trap::Interrupt) => HandlerFault::Deadline {
                 deadline: self.limits.deadline,
             },
@@ -423,17 +419,10 @@ impl Handler {
                 };
                 HandlerFault::Trapped { message }
             }
-            None => {
-                let output = state.output_text();
-                let first = format!("{error:#}");
-                let first = first.lines().next().unwrap_or_default().to_string();
-                let message = if output.is_empty() {
-                    first
-                } else {
-                    format!("{output} ({first})")
-                };
-                HandlerFault::Trapped { message }
-            }
+            None => HandlerFault::Failed {
+                output: state.output_text(),
+                source: error.into(),
+            },
         }
     }
 }

@@ -45,7 +45,7 @@ mod types;
 
 pub use bindings::CONTRACT_VERSION;
 pub use engine::{Limits, MAX_MEMORY_MIB, ModuleSource, Runtime, RuntimeConfig};
-pub use error::{ConfigError, HandlerError, HandlerFault, LoadError};
+pub use error::{BoxError, ConfigError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;
 pub use handler::run_in_place;
 pub use handler_set::{HANDLERS_FILE, HandlerEntry, HandlerSet};

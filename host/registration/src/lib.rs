@@ -21,7 +21,7 @@
 //! every registration exactly once.
 //!
 //! The kubelet behaviour this follows is written down in `docs/kubelet-compatibility.md`
-//! ("Plugin registration" and "Device plugin registration").
+//! ("Registration order" and "Register on the kubelet socket").
 
 pub mod kind;
 pub mod pipeline;

@@ -1,5 +1,5 @@
 //! The plugin registration wire client: GetInfo and NotifyRegistrationStatus on a plugin's
-//! registration socket (see `docs/kubelet-compatibility.md`, "Plugin registration"). Wire
+//! registration socket (see `docs/kubelet-compatibility.md`, "Registration order"). Wire
 //! only; what to do with the answers is in [`super::operation`].
 
 use std::time::Duration;

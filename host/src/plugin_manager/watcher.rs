@@ -1,7 +1,8 @@
 //! Plugin watcher: inotify on the registry directory → the desired state (the kubelet's
 //! `pluginwatcher/`).
 //!
-//! Order at start (kubelet PR #93622): create the inotify instance, watch the root, *then* walk the
+//! Order at start (as the kubelet's watcher does it; see `docs/kubelet-compatibility.md`, "Plugin
+//! watcher"): create the inotify instance, watch the root, *then* walk the
 //! tree, so a socket created in between is seen by the walk or by an event (the same file seen twice
 //! keeps its generation, see [`super::desired_state::FileId`]). Every directory gets its own watch;
 //! a directory created later is watched first and walked second, so sockets created in it right

@@ -1,5 +1,5 @@
 //! CSI node plugins: at registration the host calls only `Node.NodeGetInfo` on the driver's
-//! endpoint (see `docs/kubelet-compatibility.md`, "CSI drivers"), natively over gRPC with
+//! endpoint (see `docs/kubelet-compatibility.md`, "CSI node plugins"), natively over gRPC with
 //! `:authority` `localhost`. The node id must be non-empty; node id, max volumes and topology
 //! go to the register hook, and the answer stays with the registration as [`CsiNodeInfo`].
 

@@ -1,4 +1,5 @@
-//! The HTTP/2 `:authority` rewriting layer for servers (kubelet-facts.md §0.1).
+//! The HTTP/2 `:authority` rewriting layer for servers (docs/kubelet-compatibility.md, "HTTP/2
+//! authority from Go plugins" and "HPACK details").
 //!
 //! grpc-go clients that dial a unix socket by path send the path (`/var/lib/kubelet/...`) as
 //! `:authority`; grpc-python sends it percent-encoded. The `h2` crate under tonic refuses both

@@ -3,15 +3,17 @@
 //! Start here:
 //! - [`connect`] dials a plugin's socket and returns a [`Channel`] (one HTTP/2 connection,
 //!   usable by any tonic-generated client) whose requests carry `:authority: localhost` (what
-//!   the upstream kubelet sends since PR #112597). It retries the short window in which a
-//!   socket file exists but its owner does not accept yet.
+//!   the upstream kubelet sends to device plugins and CSI drivers since about Kubernetes 1.26).
+//!   It retries the short window in which a socket file exists but its owner does not accept
+//!   yet.
 //! - [`bind`] creates a listening socket (parent directory, stale socket removal, file mode).
 //! - [`incoming`] turns the listener into the stream that
 //!   [`tonic::transport::Server::serve_with_incoming`] wants.
 //! - [`incoming_any_authority`] does the same, but wraps every connection in an
 //!   [`AuthorityRewrite`] layer so that clients sending a socket path as `:authority` (every Go
-//!   device plugin built with grpc-go; see `kubelet-facts.md` §0.1) are served instead of being
-//!   refused by the `h2` crate with `RST_STREAM(PROTOCOL_ERROR)`. Use it for `kubelet.sock`.
+//!   device plugin built with grpc-go; see docs/kubelet-compatibility.md, "HTTP/2 authority
+//!   from Go plugins") are served instead of being refused by the `h2` crate with
+//!   `RST_STREAM(PROTOCOL_ERROR)`. Use it for `kubelet.sock`.
 //!
 //! Socket paths here are filesystem paths; no abstract sockets.
 

@@ -1,14 +1,12 @@
 //! The real `pluglet run` binary on a temporary root, and `pluglet ctl` against it.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus, Output};
+use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::Value;
 
+use super::process::ChildGuard;
 use super::{DEADLINE, wait_for};
 
 /// Short timings so tests never wait for the kubelet's minutes.
@@ -30,9 +28,12 @@ pub const FAST_TIMINGS: &[&str] = &[
 /// A running `pluglet run --root <root>`; SIGTERMed (then killed) on drop.
 pub struct Daemon {
     root: PathBuf,
-    child: Option<Child>,
+    child: ChildGuard,
     log: PathBuf,
 }
+
+/// How long dropping a [`Daemon`] waits after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// The `pluglet` binary.
 pub fn pluglet() -> PathBuf {
@@ -58,21 +59,20 @@ impl Daemon {
             .flatten()
             .copied()
             .collect();
-        let child = Command::new(pluglet())
-            .arg("run")
-            .arg("--root")
-            .arg(root)
-            .args(timings)
-            .args(extra)
-            .env("RUST_LOG", "info,pluglet=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("create daemon log"))
-            .spawn()
-            .expect("spawn pluglet run");
+        let child = ChildGuard::spawn(
+            Command::new(pluglet())
+                .arg("run")
+                .arg("--root")
+                .arg(root)
+                .args(timings)
+                .args(extra)
+                .env("RUST_LOG", "info,pluglet=debug"),
+            &log,
+            STOP_GRACE,
+        );
         Daemon {
             root: root.to_owned(),
-            child: Some(child),
+            child,
             log,
         }
     }
@@ -80,7 +80,7 @@ impl Daemon {
     /// Waits until `ctl plugins` succeeds (fails early if the daemon exits).
     pub fn wait_ready(&mut self) {
         wait_for("the daemon's admin API", Duration::from_secs(120), || {
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+            if let Some(status) = self.child.exited() {
                 panic!(
                     "pluglet exited during start-up with {status}; log:\n{}",
                     self.log_text()
@@ -97,7 +97,7 @@ impl Daemon {
 
     /// The daemon's pid.
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, |c| c.id())
+        self.child.pid()
     }
 
     /// Runs `pluglet ctl --root <root> <args>`.
@@ -159,42 +159,23 @@ impl Daemon {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("daemon running");
-        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-        wait_exit(&mut child, DEADLINE).expect("pluglet did not exit after SIGTERM")
+        self.child
+            .terminate(DEADLINE)
+            .expect("pluglet did not exit after SIGTERM")
+    }
+
+    /// SIGKILLs the daemon (none of its clean-up runs) and reaps it.
+    pub fn kill(mut self) {
+        self.child.kill();
     }
 
     /// Waits for the daemon to exit on its own (e.g. refused at start-up).
     pub fn wait_exit(mut self) -> (ExitStatus, String) {
-        let mut child = self.child.take().expect("daemon running");
-        let status = wait_exit(&mut child, DEADLINE).expect("pluglet did not exit");
+        let status = self
+            .child
+            .wait_exit(DEADLINE)
+            .expect("pluglet did not exit");
         (status, self.log_text())
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            if wait_exit(&mut child, Duration::from_secs(10)).is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-}
-
-/// Waits up to `timeout` for `child` to exit.
-pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
-    let start = Instant::now();
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if start.elapsed() > timeout {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -1,10 +1,12 @@
 //! Shared harness for the end-to-end stories: a temporary root, the real `pluglet` daemon, the
-//! example plugins as separate processes, `pluglet ctl`, and condition waits with deadlines.
+//! example plugins as separate processes (each under a [`process::ChildGuard`]), `pluglet ctl`,
+//! and condition waits with deadlines.
 
 #![allow(dead_code)]
 
 pub mod daemon;
 pub mod plugins;
+pub mod process;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

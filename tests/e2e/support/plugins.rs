@@ -1,35 +1,34 @@
 //! The example plugins as separate processes, and what they recorded.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::Value;
 
-use super::daemon::{unique, wait_exit};
+use super::daemon::unique;
+use super::process::ChildGuard;
 use super::{DEADLINE, bin, wait_for};
+
+/// How long dropping a plugin waits after SIGTERM before SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// A plugin process; SIGTERMed (then killed) on drop.
 pub struct PluginProcess {
-    child: Option<Child>,
+    child: ChildGuard,
     status_file: PathBuf,
     log: PathBuf,
 }
 
 impl PluginProcess {
     fn spawn(binary: &str, args: &[String], status_file: PathBuf, log: PathBuf) -> PluginProcess {
-        let child = Command::new(bin(binary))
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("create plugin log"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {binary}: {e}"));
+        let child = ChildGuard::spawn(
+            Command::new(bin(binary)).args(args).env("RUST_LOG", "info"),
+            &log,
+            STOP_GRACE,
+        );
         PluginProcess {
-            child: Some(child),
+            child,
             status_file,
             log,
         }
@@ -79,29 +78,14 @@ impl PluginProcess {
 
     /// Sends SIGTERM and waits for the exit status (the plugin removes its sockets).
     pub fn terminate(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("plugin running");
-        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-        wait_exit(&mut child, DEADLINE).expect("plugin did not exit after SIGTERM")
+        self.child
+            .terminate(DEADLINE)
+            .expect("plugin did not exit after SIGTERM")
     }
 
     /// Waits for the plugin to exit on its own.
     pub fn wait_exit(&mut self) -> ExitStatus {
-        let child = self.child.as_mut().expect("plugin running");
-        let status = wait_exit(child, DEADLINE).expect("plugin did not exit");
-        self.child = None;
-        status
-    }
-}
-
-impl Drop for PluginProcess {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            if wait_exit(&mut child, Duration::from_secs(5)).is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
+        self.child.wait_exit(DEADLINE).expect("plugin did not exit")
     }
 }
 

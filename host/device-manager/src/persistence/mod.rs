@@ -3,7 +3,7 @@
 //!
 //! The files:
 //! - `kubelet_internal_checkpoint` in the device plugins directory, in the kubelet's exact
-//!   format (see `docs/kubelet-compatibility.md`, "Device manager checkpoint"), so a kubelet
+//!   format (see `docs/kubelet-compatibility.md`, "Checkpoint format"), so a kubelet
 //!   and Pluglet each read the other's;
 //! - a side file in the state directory for what that format cannot hold (every device with
 //!   its health and NUMA nodes, the policy in force): [`files::SideState`];
