@@ -222,25 +222,13 @@ pub(crate) fn load_or_set_aside_with<T>(
             tracing::warn!(
                 path = %path.display(),
                 moved_to = %moved_to.display(),
-                error = %error_chain(&reason),
+                error = %pluglet_core::error_chain(&reason),
                 "corrupt checkpoint set aside; starting with an empty state"
             );
             Ok(LoadOutcome::SetAside { reason, moved_to })
         }
         Err(e) => Err(e),
     }
-}
-
-/// `error: cause: cause` on one line, for logs.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// The directory holding `path` (`.` for a bare file name).
@@ -523,7 +511,7 @@ mod tests {
                 computed: "2".into(),
             },
         };
-        let text = error_chain(&err);
+        let text = pluglet_core::error_chain(&err);
         assert!(text.starts_with("checkpoint /x/cp is corrupt"), "{text}");
         assert!(
             text.ends_with(": checksum mismatch: the file says 1, its data hashes to 2"),

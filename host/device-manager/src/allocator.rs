@@ -575,3 +575,115 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod alone {
+    use std::collections::BTreeMap;
+
+    use pluglet_checkpoint::Durability;
+    use pluglet_proto::v1beta1::DevicePluginOptions;
+    use tokio::sync::mpsc;
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+    use crate::persistence::{JOURNAL_FILE_NAME, Paths, SIDE_FILE_NAME};
+    use crate::registry::Timings;
+    use crate::stub::{Stub, devices};
+    use crate::test_support::{handlers, registration};
+
+    const GPU: &str = "vendor.com/gpu";
+
+    #[tokio::test]
+    async fn alone_it_allocates_reuses_syncs_and_releases_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let stub = Stub::start(
+            &dir.path().join("gpu.sock"),
+            devices(4, 2),
+            DevicePluginOptions::default(),
+        );
+        let (persistence, _) = Persistence::open(
+            Paths {
+                checkpoint: dir.path().join("kubelet_internal_checkpoint"),
+                side: dir.path().join(SIDE_FILE_NAME),
+                journal: dir.path().join(JOURNAL_FILE_NAME),
+            },
+            Durability::NoFsync,
+        )
+        .unwrap();
+        let cancel = CancellationToken::new();
+        let registry = Registry::new(
+            BTreeMap::new(),
+            Timings {
+                grace_period: Duration::from_secs(300),
+                dial_timeout: Duration::from_secs(5),
+            },
+            persistence.requests(),
+            cancel.clone(),
+            TaskTracker::new(),
+            mpsc::unbounded_channel().0,
+        );
+        let mut changes = registry.changes();
+        registry
+            .connect(
+                ResourceName::from(GPU),
+                stub.socket.clone(),
+                crate::endpoint::Flow::Classic,
+                registration(GPU).await,
+            )
+            .await
+            .unwrap();
+        while registry.counts(GPU) != Some((4, 4)) {
+            changes.changed().await.unwrap();
+        }
+        let allocator = Allocator::new(
+            PodDevices::default(),
+            registry,
+            persistence.clone(),
+            handlers(),
+            "node-1".into(),
+            cancel,
+        );
+        let journaled = || std::fs::metadata(dir.path().join(JOURNAL_FILE_NAME)).unwrap();
+        let before = journaled().modified().unwrap();
+
+        let a = allocator
+            .allocate(HolderKey::new("pod-a", "ctr", GPU), 2)
+            .await
+            .unwrap();
+        assert!(!a.reused);
+        let again = allocator
+            .allocate(HolderKey::new("pod-a", "ctr", GPU), 2)
+            .await
+            .unwrap();
+        assert!(again.reused && again.device_ids == a.device_ids);
+        let b = allocator
+            .allocate(HolderKey::new("pod-b", "ctr", GPU), 2)
+            .await
+            .unwrap();
+        assert!(b.device_ids.iter().all(|id| !a.device_ids.contains(id)));
+        let err = allocator
+            .allocate(HolderKey::new("pod-c", "ctr", GPU), 1)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, AllocateError::Unavailable { available: 0, .. }),
+            "{err}"
+        );
+        assert!(journaled().modified().unwrap() >= before);
+
+        let keep = BTreeSet::from([PodUid::from("pod-b")]);
+        let would = allocator.sync_pods(&keep, true).await.unwrap();
+        assert_eq!(would.len(), 1);
+        assert_eq!(allocator.allocations().len(), 2, "a dry run frees nothing");
+        let freed = allocator.sync_pods(&keep, false).await.unwrap();
+        assert_eq!(freed, would);
+        let pods: Vec<String> = allocator
+            .allocations()
+            .iter()
+            .map(|a| a.pod_uid.to_string())
+            .collect();
+        assert_eq!(pods, ["pod-b"]);
+        assert_eq!(allocator.release("pod-b", None).await.unwrap().len(), 1);
+        assert!(allocator.allocations().is_empty());
+    }
+}

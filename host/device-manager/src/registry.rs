@@ -458,3 +458,136 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use pluglet_proto::v1beta1::DevicePluginOptions;
+
+    use super::*;
+    use crate::stub::{Stub, devices};
+    use crate::test_support::{next_event, registration};
+
+    const GPU: &str = "vendor.com/gpu";
+
+    fn registry(grace_period: Duration) -> (Registry, mpsc::UnboundedReceiver<Arc<Registration>>) {
+        let (ended_tx, ended_rx) = mpsc::unbounded_channel();
+        let registry = Registry::new(
+            BTreeMap::new(),
+            Timings {
+                grace_period,
+                dial_timeout: Duration::from_secs(5),
+            },
+            WriteRequests::new(),
+            CancellationToken::new(),
+            TaskTracker::new(),
+            ended_tx,
+        );
+        (registry, ended_rx)
+    }
+
+    #[tokio::test]
+    async fn alone_it_connects_applies_updates_and_hands_on_what_its_grace_period_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let stub = Stub::start(
+            &dir.path().join("gpu.sock"),
+            devices(3, 1),
+            DevicePluginOptions::default(),
+        );
+        let (registry, mut ended) = registry(Duration::from_millis(50));
+        let mut events = registry.subscribe();
+        let mut changes = registry.changes();
+        let gpu = ResourceName::from(GPU);
+        let registration = registration(GPU).await;
+        registry
+            .connect(
+                gpu.clone(),
+                stub.socket.clone(),
+                Flow::Classic,
+                registration.clone(),
+            )
+            .await
+            .unwrap();
+        while registry.counts(GPU) != Some((3, 3)) {
+            changes.changed().await.unwrap();
+        }
+
+        // News from an endpoint that is not (or no longer) the resource's is ignored.
+        registry.apply_devices(&gpu, Generation(999), Vec::new());
+        registry.disconnect(&gpu, Generation(999), "an old stream ended");
+        assert_eq!(registry.counts(GPU), Some((3, 3)));
+        let offer = registry.offer(&gpu).unwrap();
+        assert_eq!(offer.devices.capacity(), 3);
+
+        stub.stop();
+        let reason = next_event(&mut events, "the disconnection", |e| match e {
+            RegistryEvent::Disconnected { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .await;
+        assert!(reason.contains("ListAndWatch"), "{reason}");
+        assert_eq!(
+            registry.counts(GPU),
+            Some((3, 0)),
+            "unhealthy, still listed"
+        );
+        assert!(matches!(
+            registry.offer(&gpu),
+            Err(AllocateError::NotConnected { .. })
+        ));
+
+        let removed = next_event(&mut events, "the end of the grace period", |e| match e {
+            RegistryEvent::GraceEnded { removed, .. } => Some(removed),
+            _ => None,
+        })
+        .await;
+        assert!(removed);
+        assert_eq!(registry.counts(GPU), None);
+        let handed_on = ended.recv().await.unwrap();
+        assert_eq!(
+            handed_on.id, registration.id,
+            "its registration is ended by the pipeline"
+        );
+    }
+
+    #[tokio::test]
+    async fn disconnecting_a_registration_leaves_a_newer_one_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = Stub::start(
+            &dir.path().join("old.sock"),
+            devices(1, 1),
+            DevicePluginOptions::default(),
+        );
+        let new = Stub::start(
+            &dir.path().join("new.sock"),
+            devices(2, 1),
+            DevicePluginOptions::default(),
+        );
+        let (registry, _ended) = registry(Duration::from_secs(300));
+        let mut changes = registry.changes();
+        let gpu = ResourceName::from(GPU);
+        let (first, second) = (registration(GPU).await, registration(GPU).await);
+        registry
+            .connect(
+                gpu.clone(),
+                old.socket.clone(),
+                Flow::Watcher,
+                first.clone(),
+            )
+            .await
+            .unwrap();
+        registry
+            .connect(gpu.clone(), new.socket.clone(), Flow::Watcher, second)
+            .await
+            .unwrap();
+        while registry.counts(GPU) != Some((2, 2)) {
+            changes.changed().await.unwrap();
+        }
+        registry.disconnect_registration(first.id, "its socket was removed");
+        registry.socket_removed(&new.socket);
+        assert_eq!(
+            registry.counts(GPU),
+            Some((2, 2)),
+            "neither an older registration nor a kubelet.sock rule touches it"
+        );
+    }
+}

@@ -207,7 +207,7 @@ impl fmt::Display for EndReason {
 /// A registered plugin: what it said, which handler took it, what the host learned.
 #[derive(Debug)]
 pub struct Registration {
-    /// Unique per registration in this daemon.
+    /// Unique per registration in this process (across pipelines too).
     pub id: u64,
     /// Type and name.
     pub key: PluginKey,
@@ -277,13 +277,16 @@ pub enum PipelineEvent {
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Registration>>>>;
 
+/// Registration ids, unique in the process, so that a registration is never mistaken for
+/// another even where two pipelines meet (tests, a reloaded handler set).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 struct Inner {
     handlers: Arc<HandlerSet>,
     node_name: String,
     kinds: RwLock<HashMap<PluginType, Arc<dyn PluginKind>>>,
     /// Per type and name: the registration in force, behind the lock that serialises them.
     slots: Mutex<HashMap<PluginKey, Slot>>,
-    next_id: AtomicU64,
     events: broadcast::Sender<PipelineEvent>,
 }
 
@@ -311,7 +314,6 @@ impl Pipeline {
                 node_name: node_name.into(),
                 kinds: RwLock::new(HashMap::new()),
                 slots: Mutex::new(HashMap::new()),
-                next_id: AtomicU64::new(1),
                 events: broadcast::channel(1024).0,
             }),
         }
@@ -395,7 +397,7 @@ impl Pipeline {
         hook_outcome(registered, Stage::Register, &key, &module)?;
 
         let registration = Arc::new(Registration {
-            id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             key: key.clone(),
             info: candidate.info,
             version: accepted.version,

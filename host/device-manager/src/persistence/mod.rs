@@ -131,7 +131,8 @@ struct Requests {
 pub(crate) struct WriteRequests(Arc<Requests>);
 
 impl WriteRequests {
-    fn new() -> WriteRequests {
+    /// Requests with no write done yet.
+    pub(crate) fn new() -> WriteRequests {
         WriteRequests(Arc::new(Requests {
             requested: AtomicU64::new(0),
             devices_changed: AtomicBool::new(false),
