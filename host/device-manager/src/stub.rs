@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
-use tokio::sync::watch;
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +32,11 @@ pub struct StubState {
     pub pre_start_calls: AtomicUsize,
     /// GetPreferredAllocation calls seen.
     pub preferred_calls: AtomicUsize,
+    /// When set, Allocate waits for a permit of this semaphore before answering (the call is
+    /// counted and announced on [`StubState::allocating`] first).
+    pub allocate_gate: Mutex<Option<Arc<Semaphore>>>,
+    /// Notified when an Allocate call arrives.
+    pub allocating: Notify,
 }
 
 /// A running stub plugin; stops (and ends its streams) when dropped or [`Stub::stop`]ped.
@@ -217,6 +222,19 @@ impl DevicePlugin for StubService {
         request: tonic::Request<v1beta1::AllocateRequest>,
     ) -> Result<tonic::Response<v1beta1::AllocateResponse>, tonic::Status> {
         self.state.allocate_calls.fetch_add(1, Ordering::SeqCst);
+        self.state.allocating.notify_one();
+        let gate = self
+            .state
+            .allocate_gate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(gate) = gate {
+            gate.acquire()
+                .await
+                .map_err(|_| tonic::Status::unavailable("stub: stopped"))?
+                .forget();
+        }
         if self.state.fail_allocate.load(Ordering::SeqCst) {
             return Err(tonic::Status::internal("stub: Allocate fails on purpose"));
         }

@@ -1,16 +1,17 @@
 //! The device manager over real unix sockets, with in-process stub plugins and the real
 //! built-in WASM handler (`handlers/device-plugin`).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use pluglet_core::{Generation, PluginKey, PluginType, SocketPath};
+use pluglet_core::{Generation, PluginKey, PluginType, PodUid, SocketPath};
 use pluglet_device_manager::stub::{Stub, devices};
 use pluglet_device_manager::{
-    AllocateError, Config, DeviceManager, Durability, Health, RegistryEvent, ResourceInfo,
-    StartError,
+    AllocateError, AllocationInfo, Config, DeviceManager, Durability, Health, RegistryEvent,
+    ResourceInfo, StartError,
 };
 use pluglet_handler_runtime::{HandlerSet, ModuleSource, PluginInfo, Runtime, RuntimeConfig};
 use pluglet_proto::v1beta1;
@@ -134,6 +135,28 @@ impl Node {
                 );
             }
         }
+    }
+
+    /// The sequence number of the newest allocation journal record.
+    fn journal_seq(&self) -> u64 {
+        let opened = pluglet_checkpoint::Journal::open(
+            &self.manager.config().journal_path(),
+            Durability::NoFsync,
+        )
+        .unwrap();
+        opened.record.map_or(0, |r| r.seq)
+    }
+
+    /// Pods holding devices, in order.
+    fn pods(&self) -> Vec<String> {
+        let mut pods: Vec<String> = self
+            .manager
+            .allocations()
+            .into_iter()
+            .map(|a| a.pod_uid.into_string())
+            .collect();
+        pods.dedup();
+        pods
     }
 
     async fn wait_allocatable(&self, name: &str, n: usize) {
@@ -729,4 +752,125 @@ async fn a_live_kubelet_socket_refuses_the_start_and_touches_nothing() {
         std::fs::read_to_string(dp.join("kubelet_internal_checkpoint")).unwrap(),
         "{not json"
     );
+}
+
+fn keep(uids: &[&str]) -> BTreeSet<PodUid> {
+    uids.iter().map(|s| PodUid::from(*s)).collect()
+}
+
+fn entries(freed: &[AllocationInfo]) -> Vec<(&str, &str, usize)> {
+    freed
+        .iter()
+        .map(|a| (a.pod_uid.as_str(), a.container.as_str(), a.device_ids.len()))
+        .collect()
+}
+
+#[tokio::test]
+async fn sync_pods_frees_every_pod_not_kept_in_one_journal_record() {
+    let node = Node::start().await;
+    let plugin = node.plugin("gpu.sock", 6, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 6).await;
+    let kept = node.manager.allocate("pod-a", "ctr", GPU, 2).await.unwrap();
+    node.manager.allocate("pod-b", "one", GPU, 1).await.unwrap();
+    node.manager.allocate("pod-b", "two", GPU, 1).await.unwrap();
+    node.manager.allocate("pod-c", "ctr", GPU, 2).await.unwrap();
+    let held = node.manager.allocations();
+
+    let seq = node.journal_seq();
+    let would = node
+        .manager
+        .sync_pods(&keep(&["pod-a"]), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        entries(&would),
+        [
+            ("pod-b", "one", 1),
+            ("pod-b", "two", 1),
+            ("pod-c", "ctr", 2)
+        ]
+    );
+    assert_eq!(node.manager.allocations(), held, "a dry run frees nothing");
+    assert_eq!(node.journal_seq(), seq, "a dry run writes nothing");
+    let err = node
+        .manager
+        .allocate("pod-d", "ctr", GPU, 4)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AllocateError::Unavailable { available: 0, .. }),
+        "{err}"
+    );
+
+    let freed = node
+        .manager
+        .sync_pods(&keep(&["pod-a", "pod-not-on-this-node"]), false)
+        .await
+        .unwrap();
+    assert_eq!(freed, would, "what the dry run said");
+    assert_eq!(node.journal_seq(), seq + 1, "one journal record");
+    assert_eq!(node.pods(), ["pod-a"]);
+    assert_eq!(node.manager.allocations()[0].device_ids, kept.device_ids);
+    node.manager.wait_checkpoint().await.unwrap();
+    let text = std::fs::read_to_string(node.manager.config().checkpoint_path()).unwrap();
+    assert!(text.contains(r#""PodUID":"pod-a""#), "{text}");
+    assert!(!text.contains("pod-b") && !text.contains("pod-c"), "{text}");
+
+    // The freed devices are free again; the kept ones are not.
+    let got = node.manager.allocate("pod-d", "ctr", GPU, 4).await.unwrap();
+    for id in &got.device_ids {
+        assert!(!kept.device_ids.contains(id), "{id} given twice");
+    }
+
+    // Nothing left to free: no record.
+    let seq = node.journal_seq();
+    assert!(
+        node.manager
+            .sync_pods(&keep(&["pod-a", "pod-d"]), false)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(node.journal_seq(), seq);
+
+    // An empty keep list frees everything.
+    let freed = node.manager.sync_pods(&keep(&[]), false).await.unwrap();
+    assert_eq!(freed.len(), 2);
+    assert!(node.manager.allocations().is_empty());
+}
+
+#[tokio::test]
+async fn an_allocation_in_flight_for_a_pod_not_kept_is_freed_and_fails_as_released() {
+    let node = Node::start().await;
+    let plugin = node.plugin("gated.sock", 2, options(false, false));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    *plugin.state.allocate_gate.lock().unwrap() = Some(gate.clone());
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 2).await;
+
+    let manager = node.manager.clone();
+    let in_flight = tokio::spawn(async move { manager.allocate("pod-gone", "ctr", GPU, 2).await });
+    // The plugin's Allocate has been called: the devices are reserved.
+    plugin.state.allocating.notified().await;
+    let listed = node.manager.allocations();
+    assert_eq!(listed.len(), 1);
+    assert!(!listed[0].allocated, "still being allocated");
+
+    let freed = node
+        .manager
+        .sync_pods(&keep(&["other"]), false)
+        .await
+        .unwrap();
+    assert_eq!(entries(&freed), [("pod-gone", "ctr", 2)]);
+    assert!(!freed[0].allocated);
+    assert!(node.manager.allocations().is_empty());
+
+    gate.add_permits(1);
+    let err = in_flight.await.unwrap().unwrap_err();
+    assert!(matches!(err, AllocateError::Released { .. }), "{err}");
+    assert!(node.manager.allocations().is_empty(), "nothing held");
+    gate.add_permits(1);
+    let again = node.manager.allocate("pod-new", "ctr", GPU, 2).await;
+    assert_eq!(again.unwrap().device_ids.len(), 2, "both devices free");
 }
