@@ -464,8 +464,8 @@ mod tests {
     use pluglet_proto::v1beta1::DevicePluginOptions;
 
     use super::*;
-    use crate::stub::{Stub, devices};
-    use crate::test_support::{next_event, registration};
+    use crate::stub::{Stub, devices, next_event};
+    use crate::test_support::registration;
 
     const GPU: &str = "vendor.com/gpu";
 

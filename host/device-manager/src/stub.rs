@@ -3,7 +3,8 @@
 //! [`Stub::start`] serves `v1beta1.DevicePlugin` on a socket; [`Stub::set_devices`] sends a new
 //! full list on every open ListAndWatch stream; [`Stub::register`] calls Register on a
 //! `kubelet.sock`. Allocate answers env `STUB_DEVICES=<ids joined by ,>`. The end-to-end tests
-//! use the real `example-device-plugin` binary instead.
+//! use the real `example-device-plugin` binary instead. [`next_event`] waits for an event of the
+//! device manager or the registration pipeline.
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, broadcast, watch};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 
@@ -258,5 +259,25 @@ impl DevicePlugin for StubService {
     ) -> Result<tonic::Response<v1beta1::PreStartContainerResponse>, tonic::Status> {
         self.state.pre_start_calls.fetch_add(1, Ordering::SeqCst);
         Ok(tonic::Response::new(v1beta1::PreStartContainerResponse {}))
+    }
+}
+
+/// Waits (10 s at most) for the first event `pick` accepts.
+pub async fn next_event<E: Clone, T>(
+    events: &mut broadcast::Receiver<E>,
+    what: &str,
+    mut pick: impl FnMut(E) -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Ok(event)) => {
+                if let Some(found) = pick(event) {
+                    return found;
+                }
+            }
+            Ok(Err(err)) => panic!("event stream broke waiting for {what}: {err}"),
+            Err(_) => panic!("timed out waiting for {what}"),
+        }
     }
 }

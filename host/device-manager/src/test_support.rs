@@ -1,13 +1,11 @@
-//! What the unit tests of the parts share: the built-in handlers, a registration from the
-//! pipeline, and waiting for an event.
+//! What the unit tests of the parts share: the built-in handlers and a registration from the
+//! pipeline (waiting for an event is [`crate::stub::next_event`]).
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use pluglet_handler_runtime::{HandlerSet, ModuleSource, PluginInfo, Runtime, RuntimeConfig};
 use pluglet_registration::{Candidate, Door, Pipeline, Registration};
-use tokio::sync::broadcast;
 
 /// The built-in handlers, compiled once per test binary.
 pub fn handlers() -> Arc<HandlerSet> {
@@ -47,24 +45,4 @@ pub async fn registration(resource: &str) -> Arc<Registration> {
         })
         .await
         .unwrap()
-}
-
-/// Waits (10 s at most) for the first event `pick` accepts.
-pub async fn next_event<E: Clone, T>(
-    events: &mut broadcast::Receiver<E>,
-    what: &str,
-    mut pick: impl FnMut(E) -> Option<T>,
-) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match tokio::time::timeout_at(deadline, events.recv()).await {
-            Ok(Ok(event)) => {
-                if let Some(found) = pick(event) {
-                    return found;
-                }
-            }
-            Ok(Err(err)) => panic!("event stream broke waiting for {what}: {err}"),
-            Err(_) => panic!("timed out waiting for {what}"),
-        }
-    }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pluglet_core::{Generation, PluginKey, PluginType, PodUid, SocketPath};
-use pluglet_device_manager::stub::{Stub, devices};
+use pluglet_device_manager::stub::{Stub, devices, next_event};
 use pluglet_device_manager::{
     AllocateError, AllocationInfo, Config, DeviceManager, Durability, Health, RegistryEvent,
     ResourceInfo, StartError,
@@ -16,7 +16,6 @@ use pluglet_device_manager::{
 use pluglet_handler_runtime::{HandlerSet, ModuleSource, PluginInfo, Runtime, RuntimeConfig};
 use pluglet_proto::v1beta1;
 use pluglet_registration::{Candidate, Door, EndReason, Pipeline, PipelineEvent};
-use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 const GPU: &str = "vendor.com/gpu";
@@ -164,26 +163,6 @@ impl Node {
             node.resource(name).is_some_and(|r| r.allocatable == n)
         })
         .await;
-    }
-}
-
-/// Waits (10 s at most) for the first event `pick` accepts.
-async fn next_event<E: Clone, T>(
-    events: &mut broadcast::Receiver<E>,
-    what: &str,
-    mut pick: impl FnMut(E) -> Option<T>,
-) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match tokio::time::timeout_at(deadline, events.recv()).await {
-            Ok(Ok(event)) => {
-                if let Some(found) = pick(event) {
-                    return found;
-                }
-            }
-            Ok(Err(err)) => panic!("event stream broke waiting for {what}: {err}"),
-            Err(_) => panic!("timed out waiting for {what}"),
-        }
     }
 }
 
