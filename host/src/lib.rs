@@ -1,19 +1,21 @@
 //! Pluglet: the kubelet's plugin manager and device manager as a node daemon, with the
 //! per-plugin-type decisions in sandboxed WASM handler modules.
 //!
-//! Start at [`daemon::run`] (what `pluglet run` does) and [`plugin_manager`] (the registration
-//! pipeline). Data flow:
+//! Start at [`daemon::run`] (what `pluglet run` does) and [`plugin_manager`] (the plugin
+//! watcher's door into the registration pipeline). Data flow:
 //!
 //! ```text
 //!  plugins_registry/ ─inotify─▶ plugin_manager::watcher ─▶ desired_state ─▶ reconciler ─plan()─▶ executor
 //!                                                                              │ owns actual_state
 //!                                      one task per socket: operation::register / deregister
 //!                                        │ registration (GetInfo, NotifyRegistrationStatus over uds)
-//!                                        │ HandlerSet (pluglet-handler-runtime): validate/register/deregister hooks
-//!                                        │ plugin_types::csi (NodeGetInfo) · plugin_types::device_plugin (DevicePluginSink)
 //!                                        ▼
+//!  kubelet.sock Register ──▶ pluglet-registration Pipeline: validate hook → facts → register hook
+//!   (pluglet-device-manager)   → activate; deactivate → deregister hook (HandlerSet, WASM)
+//!                              kinds: plugin_types::csi (NodeGetInfo) · the device manager (endpoints)
+//!
 //!  admin::server (pluglet.sock, gRPC) ◀── PluginManagerHandle queries ──  reconciler
-//!  admin::ctl (`pluglet ctl`) ──gRPC──▶ admin::server
+//!  admin::ctl (`pluglet ctl`) ──gRPC──▶ admin::server ──▶ DeviceManager
 //! ```
 //!
 //! Modules: [`cli`] (clap types), [`config`] (paths and timings), [`daemon`] (wiring, lock,

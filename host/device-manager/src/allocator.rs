@@ -15,7 +15,7 @@
 //! - devices are chosen under a per-resource decision lock and reserved in the state before
 //!   the first RPC to the plugin, so concurrent requests never get the same device;
 //! - any failure leaves nothing held; success returns only once it is durable (journal
-//!   first, the kubelet checkpoint follows: see [`crate::checkpoint`]).
+//!   first, the kubelet checkpoint follows: see [`crate::persistence`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

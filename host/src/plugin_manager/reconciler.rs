@@ -197,8 +197,7 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    /// A reconciler over `desired`, running operations with `cx`; `actual` must be the state whose
-    /// [`ActualState::names`] went into `cx`.
+    /// A reconciler over `desired` and `actual`, running operations with `cx`.
     pub fn new(
         desired: DesiredStateReader,
         changes: ChangedPaths,
