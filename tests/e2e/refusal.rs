@@ -180,3 +180,32 @@ fn trapping_handler_refuses_its_plugin_and_the_next_plugin_still_registers() {
         "{handlers:?}"
     );
 }
+
+#[test]
+fn two_csi_drivers_of_one_name_at_once_only_one_registers() {
+    let root = TestRoot::new();
+    let daemon = Daemon::start(&root.path(), &[]);
+    let (reg_a, reg_b) = (
+        root.registry().join("same-a-reg.sock"),
+        root.registry().join("same-b-reg.sock"),
+    );
+    // Both at once, same name and version: registrations of one name are validated one after
+    // the other, so the second sees the first and the built-in CSI handler refuses it.
+    let a = CsiPlugin::start(&root.side("."), &reg_a, &["--name", "same.example.com"]);
+    let b = CsiPlugin::start(&root.side("."), &reg_b, &["--name", "same.example.com"]);
+    let first = |p: &crate::support::plugins::PluginProcess| {
+        p.wait_notification("a registration status", |_| true)["plugin_registered"] == true
+    };
+    let (a_in, b_in) = (first(&a), first(&b));
+    assert!(a_in != b_in, "exactly one registers: a {a_in}, b {b_in}");
+    let (refused_reg, refused) = if a_in { (&reg_b, &b) } else { (&reg_a, &a) };
+    let reason = refused_with_reason(&daemon, refused, refused_reg);
+    assert!(reason.contains("validation failed"), "{reason}");
+    assert!(reason.contains("already-registered"), "{reason}");
+    let plugins = daemon.ctl_json("plugins");
+    let named: Vec<_> = plugins
+        .iter()
+        .filter(|p| p["name"] == "same.example.com")
+        .collect();
+    assert_eq!(named.len(), 1, "{plugins:?}");
+}
