@@ -307,12 +307,13 @@ impl Allocator {
             pods = ?released.iter().map(|a| a.pod_uid.as_str()).collect::<BTreeSet<_>>(),
             "devices released"
         );
-        self.inner
-            .persistence
-            .commit(&self.inner.pods)
-            .await
-            .map_err(ReleaseError)?;
-        Ok(released)
+        match self.inner.persistence.commit(&self.inner.pods).await {
+            Ok(()) => Ok(released),
+            Err(source) => Err(ReleaseError {
+                freed: released,
+                source,
+            }),
+        }
     }
 
     /// Who holds what, sorted by pod, container and resource.

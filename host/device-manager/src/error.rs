@@ -103,8 +103,14 @@ pub enum ConnectError {
 /// Why freed allocations are not durable: they are free in memory, and the checkpoint write
 /// that follows will be retried with the next change.
 #[derive(Debug, thiserror::Error)]
-#[error("the released allocations could not be recorded on disk")]
-pub struct ReleaseError(#[source] pub std::sync::Arc<CheckpointError>);
+#[error("{} released allocations could not be recorded on disk", freed.len())]
+pub struct ReleaseError {
+    /// What was freed (in memory) all the same.
+    pub freed: Vec<crate::allocator::AllocationInfo>,
+    /// The journal's write error.
+    #[source]
+    pub source: std::sync::Arc<CheckpointError>,
+}
 
 /// Why an allocation was refused. Nothing is held after any of these.
 #[derive(Debug, thiserror::Error)]

@@ -316,7 +316,7 @@ impl DeviceManager {
             Ok(released) => released.len(),
             Err(err) => {
                 tracing::error!(error = %error_chain(&err), "cannot record a release on disk");
-                0
+                err.freed.len()
             }
         }
     }

@@ -512,13 +512,11 @@ impl Pipeline {
     }
 
     fn slot(&self, key: &PluginKey) -> Slot {
-        self.inner
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key.clone())
-            .or_default()
-            .clone()
+        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = slots.get(key) {
+            return slot.clone();
+        }
+        slots.entry(key.clone()).or_default().clone()
     }
 }
 
