@@ -128,6 +128,21 @@ pub struct CtlArgs {
     pub command: CtlCommand,
 }
 
+/// `pluglet ctl handlers` actions.
+#[derive(Debug, Clone, Subcommand)]
+pub enum HandlersAction {
+    /// Puts the previous version of one slot back (or its built-in), by hand.
+    #[command(group(clap::ArgGroup::new("slot").required(true).args(["plugin_type", "resource"])))]
+    Rollback {
+        /// The plugin type's slot, e.g. CSIPlugin.
+        #[arg(long)]
+        plugin_type: Option<String>,
+        /// The resource's slot, e.g. vendor.com/gpu.
+        #[arg(long)]
+        resource: Option<String>,
+    },
+}
+
 /// `pluglet ctl` subcommands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum CtlCommand {
@@ -135,8 +150,13 @@ pub enum CtlCommand {
     Plugins,
     /// Every socket the watcher knows, with its registration state.
     Sockets,
-    /// The handler module in force per plugin type and per resource policy.
-    Handlers,
+    /// The handler module in force per plugin type and per resource policy, with its counters,
+    /// the previous version kept warm and the last change.
+    Handlers {
+        /// What to do instead of listing.
+        #[command(subcommand)]
+        action: Option<HandlersAction>,
+    },
     /// Device plugin resources with capacity, allocatable, devices and the policy in force.
     Resources,
     /// Allocates devices of one resource to one container.

@@ -14,8 +14,8 @@ use anyhow::Context as _;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use pluglet_core::PluginType;
-use pluglet_handler_runtime::{HandlerSet, ModuleSource, Runtime, RuntimeConfig};
-use pluglet_proto::constants;
+use pluglet_handler_runtime::{Runtime, RuntimeConfig};
+use pluglet_handlers::{Builtins, Handlers};
 use pluglet_registration::Pipeline;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -96,41 +96,16 @@ impl StateLock {
     }
 }
 
-/// Built-in registration handlers by plugin type.
-fn builtin_plugin_types() -> Vec<(String, ModuleSource)> {
-    vec![
-        (
-            constants::CSI_PLUGIN.to_owned(),
-            ModuleSource::Builtin {
-                name: "csi".to_owned(),
-                bytes: pluglet_wasm_guests::CSI,
-            },
-        ),
-        (
-            constants::DEVICE_PLUGIN.to_owned(),
-            ModuleSource::Builtin {
-                name: "device-plugin".to_owned(),
-                bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
-            },
-        ),
-    ]
-}
-
-/// The built-in default allocation policy.
-fn builtin_policy() -> ModuleSource {
-    ModuleSource::Builtin {
-        name: "device-plugin".to_owned(),
-        bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
-    }
-}
-
-/// Loads the handler set from `dir` (compiles modules: CPU-bound, off the reactor).
-pub async fn load_handlers(dir: &Path) -> anyhow::Result<HandlerSet> {
+/// Loads the handler set from `dir` over the built-ins, with rollback decisions kept in
+/// `state_dir` (compiles modules: CPU-bound, off the reactor).
+pub async fn load_handlers(dir: &Path, state_dir: Option<&Path>) -> anyhow::Result<Handlers> {
     let dir = dir.to_owned();
-    tokio::task::spawn_blocking(move || -> anyhow::Result<HandlerSet> {
+    let state_dir = state_dir.map(Path::to_path_buf);
+    tokio::task::spawn_blocking(move || -> anyhow::Result<Handlers> {
         let runtime =
             Runtime::new(RuntimeConfig::default()).context("cannot start the WASM runtime")?;
-        HandlerSet::load(&runtime, &dir, builtin_plugin_types(), builtin_policy())
+        let builtins = Builtins::embedded(&runtime).context("built-in handler failed to load")?;
+        Handlers::load(runtime, &dir, state_dir.as_deref(), builtins)
             .with_context(|| format!("cannot load handlers from {}", dir.display()))
     })
     .await
@@ -155,18 +130,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
 
-    let handlers = Arc::new(load_handlers(&paths.handlers_dir).await?);
-    for entry in handlers.entries() {
+    let handlers = load_handlers(&paths.handlers_dir, Some(&paths.state_dir)).await?;
+    for slot in handlers.status().slots {
         info!(
-            plugin_type = entry.plugin_type.as_deref().unwrap_or("-"),
-            resource = entry.resource.as_deref().unwrap_or("-"),
-            module = entry.handler.module(),
-            contract = entry.handler.contract_version(),
-            "handler loaded"
+            slot = %slot.slot,
+            module = slot.current.module(),
+            sha256 = slot.current.sha256(),
+            contract = slot.current.handler().contract_version(),
+            "handler in force"
         );
     }
 
     let cancel = CancellationToken::new();
+    // The handlers directory is watched from here on: a change applies as one transaction.
+    let handler_watch = handlers
+        .watch(cancel.child_token())
+        .context("cannot watch the handlers directory")?;
+    let mut handler_watch = tokio::spawn(handler_watch);
     let timings = config.timings.clone();
 
     // Device manager: kubelet.sock, endpoints, allocations, checkpoint. It also receives the
@@ -224,6 +204,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::select! {
         _ = sigterm.recv() => info!("SIGTERM received, stopping"),
         _ = sigint.recv() => info!("SIGINT received, stopping"),
+        result = &mut handler_watch => {
+            let e = match result {
+                Ok(()) => anyhow::anyhow!("handlers directory watch stopped unexpectedly"),
+                Err(e) => anyhow::Error::new(e).context("handlers directory watch panicked"),
+            };
+            error!(error = %format!("{e:#}"), "stopping");
+            failure = Some(e);
+        }
         result = &mut admin => {
             let e = match result {
                 Ok(Ok(())) => anyhow::anyhow!("admin server stopped unexpectedly"),
@@ -244,6 +232,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let _ = task.await;
         }
         devices.shutdown().await;
+        if !handler_watch.is_finished() {
+            let _ = (&mut handler_watch).await;
+        }
     };
     if tokio::time::timeout(timings.shutdown_grace, stopping)
         .await

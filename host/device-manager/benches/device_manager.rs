@@ -13,25 +13,18 @@
 //! - update 10,000: one ListAndWatch update of 10,000 devices (one health flips) → applied.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pluglet_device_manager::stub::{Stub, devices};
 use pluglet_device_manager::{Config, DeviceManager, Durability};
-use pluglet_handler_runtime::{HandlerSet, ModuleSource, Runtime, RuntimeConfig};
+use pluglet_handler_runtime::{Runtime, RuntimeConfig};
+use pluglet_handlers::{Builtins, Handlers};
 use pluglet_proto::v1beta1;
 use tokio_util::sync::CancellationToken;
 
 /// The daemon's allocator (see `host/src/main.rs`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn builtin() -> ModuleSource {
-    ModuleSource::Builtin {
-        name: "device-plugin".into(),
-        bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
-    }
-}
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -56,7 +49,7 @@ fn allocatable(manager: &DeviceManager, resource: &str) -> Option<usize> {
     manager.counts(resource).map(|(_, allocatable)| allocatable)
 }
 
-async fn start(root: &Path, handlers: Arc<HandlerSet>, durability: Durability) -> DeviceManager {
+async fn start(root: &Path, handlers: Handlers, durability: Durability) -> DeviceManager {
     let mut config = Config::new(
         root.join("device-plugins"),
         root.join("state"),
@@ -72,7 +65,7 @@ async fn start(root: &Path, handlers: Arc<HandlerSet>, durability: Durability) -
     .expect("start the device manager")
 }
 
-async fn bench_register(handlers: Arc<HandlerSet>, durability: Durability, n: usize) -> Duration {
+async fn bench_register(handlers: Handlers, durability: Durability, n: usize) -> Duration {
     let root = tempfile::tempdir().unwrap();
     let manager = start(root.path(), handlers, durability).await;
     let kubelet = manager.config().kubelet_socket();
@@ -104,7 +97,7 @@ async fn bench_register(handlers: Arc<HandlerSet>, durability: Durability, n: us
 }
 
 async fn bench_allocate(
-    handlers: Arc<HandlerSet>,
+    handlers: Handlers,
     durability: Durability,
     devices_n: usize,
     count: u32,
@@ -152,7 +145,7 @@ async fn bench_allocate(
     median(samples)
 }
 
-async fn bench_update(handlers: Arc<HandlerSet>, durability: Durability, n: usize) -> Duration {
+async fn bench_update(handlers: Handlers, durability: Durability, n: usize) -> Duration {
     let root = tempfile::tempdir().unwrap();
     let manager = start(root.path(), handlers, durability).await;
     let resource = "bench.example.com/many";
@@ -238,7 +231,7 @@ fn bench_journal(size: usize, iterations: usize) -> Duration {
 }
 
 /// The built-in policy alone (one WASM call), choosing `count` of `n` devices on 2 NUMA nodes.
-fn bench_policy(handlers: &HandlerSet, n: usize, count: u32, iterations: usize) -> Duration {
+fn bench_policy(handlers: &Handlers, n: usize, count: u32, iterations: usize) -> Duration {
     let policy = handlers.for_resource("bench.example.com/gpu");
     let request = pluglet_handler_runtime::AllocationRequest {
         resource: "bench.example.com/gpu".into(),
@@ -271,15 +264,9 @@ fn main() {
     let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let wasm = Runtime::new(RuntimeConfig::default()).expect("wasm runtime");
-    let handlers = Arc::new(
-        HandlerSet::load(
-            &wasm,
-            Path::new("/nonexistent"),
-            vec![("DevicePlugin".into(), builtin())],
-            builtin(),
-        )
-        .expect("handlers"),
-    );
+    let builtins = Builtins::embedded(&wasm).expect("built-in handlers");
+    let handlers =
+        Handlers::load(wasm, Path::new("/nonexistent"), None, builtins).expect("handlers");
     println!(
         "{:<34} {:>12} {:>12} {:>10}",
         "operation (median)", "fsync", "no fsync", "kubelet"

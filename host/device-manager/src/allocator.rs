@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use pluglet_core::{ContainerName, PodUid, ResourceName};
-use pluglet_handler_runtime::{AllocationRequest, CallContext, Device as PolicyDevice, HandlerSet};
+use pluglet_handler_runtime::{AllocationRequest, CallContext, Device as PolicyDevice};
+use pluglet_handlers::Handlers;
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use pluglet_uds::Channel;
@@ -115,7 +116,7 @@ struct Inner {
     next_token: AtomicU64,
     registry: Registry,
     persistence: Persistence,
-    handlers: Arc<HandlerSet>,
+    handlers: Handlers,
     node_name: String,
     cancel: CancellationToken,
 }
@@ -133,7 +134,7 @@ impl Allocator {
         pods: PodDevices,
         registry: Registry,
         persistence: Persistence,
-        handlers: Arc<HandlerSet>,
+        handlers: Handlers,
         node_name: String,
         cancel: CancellationToken,
     ) -> Allocator {

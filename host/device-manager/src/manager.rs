@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use pluglet_checkpoint::{CheckpointError, Durability};
 use pluglet_core::{ContainerName, PluginType, PodUid, ResourceName, error_chain};
-use pluglet_handler_runtime::HandlerSet;
+use pluglet_handlers::Handlers;
 use pluglet_proto::constants::KUBELET_SOCKET;
 use pluglet_registration::{EndReason, Pipeline, Registration};
 use tokio::sync::{mpsc, watch};
@@ -106,7 +106,7 @@ impl Config {
 
 struct Inner {
     config: Config,
-    handlers: Arc<HandlerSet>,
+    handlers: Handlers,
     registry: Registry,
     allocator: Allocator,
     persistence: Persistence,
@@ -361,7 +361,7 @@ fn log_restore(report: &RestoreReport) {
 fn snapshot_source(
     registry: &Registry,
     allocator: &Allocator,
-    handlers: &Arc<HandlerSet>,
+    handlers: &Handlers,
 ) -> impl Fn(bool) -> Snapshot + Send + 'static {
     let (registry, allocator, handlers) = (registry.clone(), allocator.clone(), handlers.clone());
     move |with_side| {

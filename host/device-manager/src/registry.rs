@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use pluglet_core::{Generation, ResourceName};
-use pluglet_handler_runtime::HandlerSet;
+use pluglet_handlers::Handlers;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use pluglet_registration::Registration;
 use pluglet_uds::Channel;
@@ -415,7 +415,7 @@ impl Registry {
     }
 
     /// Every resource as the admin API shows it, sorted by name.
-    pub fn views(&self, handlers: &HandlerSet) -> Vec<ResourceInfo> {
+    pub fn views(&self, handlers: &Handlers) -> Vec<ResourceInfo> {
         self.lock()
             .iter()
             .map(|(name, r)| ResourceInfo {

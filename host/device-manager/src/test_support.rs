@@ -4,27 +4,17 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use pluglet_handler_runtime::{HandlerSet, ModuleSource, PluginInfo, Runtime, RuntimeConfig};
+use pluglet_handler_runtime::{PluginInfo, Runtime, RuntimeConfig};
+use pluglet_handlers::{Builtins, Handlers};
 use pluglet_registration::{Candidate, Door, Pipeline, Registration};
 
 /// The built-in handlers, compiled once per test binary.
-pub fn handlers() -> Arc<HandlerSet> {
-    static SET: OnceLock<Arc<HandlerSet>> = OnceLock::new();
+pub fn handlers() -> Handlers {
+    static SET: OnceLock<Handlers> = OnceLock::new();
     SET.get_or_init(|| {
-        let builtin = || ModuleSource::Builtin {
-            name: "device-plugin".into(),
-            bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
-        };
         let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
-        Arc::new(
-            HandlerSet::load(
-                &runtime,
-                Path::new("/nonexistent"),
-                vec![("DevicePlugin".into(), builtin())],
-                builtin(),
-            )
-            .unwrap(),
-        )
+        let builtins = Builtins::embedded(&runtime).unwrap();
+        Handlers::load(runtime, Path::new("/nonexistent"), None, builtins).unwrap()
     })
     .clone()
 }

@@ -13,36 +13,23 @@ use pluglet_device_manager::{
     AllocateError, AllocationInfo, Config, DeviceManager, Durability, Health, RegistryEvent,
     ResourceInfo, StartError,
 };
-use pluglet_handler_runtime::{HandlerSet, ModuleSource, PluginInfo, Runtime, RuntimeConfig};
+use pluglet_handler_runtime::{PluginInfo, Runtime, RuntimeConfig};
+use pluglet_handlers::{Builtins, Handlers};
 use pluglet_proto::v1beta1;
 use pluglet_registration::{Candidate, Door, EndReason, Pipeline, PipelineEvent};
 use tokio_util::sync::CancellationToken;
 
 const GPU: &str = "vendor.com/gpu";
 
-fn builtin() -> ModuleSource {
-    ModuleSource::Builtin {
-        name: "device-plugin".into(),
-        bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
-    }
-}
-
-fn load_handlers(dir: &Path) -> Arc<HandlerSet> {
+fn load_handlers(dir: &Path) -> Handlers {
     let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
-    Arc::new(
-        HandlerSet::load(
-            &runtime,
-            dir,
-            vec![("DevicePlugin".into(), builtin())],
-            builtin(),
-        )
-        .unwrap(),
-    )
+    let builtins = Builtins::embedded(&runtime).unwrap();
+    Handlers::load(runtime, dir, None, builtins).unwrap()
 }
 
 /// Built-ins only; compiled once for the whole test binary.
-fn handlers() -> Arc<HandlerSet> {
-    static SET: OnceLock<Arc<HandlerSet>> = OnceLock::new();
+fn handlers() -> Handlers {
+    static SET: OnceLock<Handlers> = OnceLock::new();
     SET.get_or_init(|| load_handlers(Path::new("/nonexistent")))
         .clone()
 }

@@ -117,6 +117,14 @@ pub enum ModuleSource {
     },
     /// A component file.
     File(PathBuf),
+    /// A component already read into memory (so that the bytes hashed are the bytes compiled);
+    /// `id` names it, usually the file it was read from.
+    Bytes {
+        /// The module id shown in messages.
+        id: String,
+        /// The component bytes.
+        bytes: Arc<[u8]>,
+    },
 }
 
 impl ModuleSource {
@@ -125,6 +133,7 @@ impl ModuleSource {
         match self {
             ModuleSource::Builtin { name, .. } => format!("builtin:{name}"),
             ModuleSource::File(path) => path.display().to_string(),
+            ModuleSource::Bytes { id, .. } => id.clone(),
         }
     }
 }
@@ -283,6 +292,7 @@ impl Runtime {
                 })?;
                 &owned
             }
+            ModuleSource::Bytes { bytes, .. } => bytes,
         };
         if let Some(found) = admission::describe_non_component(bytes) {
             return Err(LoadError::NotAComponent { module, found });

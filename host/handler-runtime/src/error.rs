@@ -1,5 +1,5 @@
 //! Errors of the handler runtime: loading a module ([`LoadError`]), calling a hook
-//! ([`HandlerError`]) and reading `handlers.toml` ([`ConfigError`]).
+//! ([`HandlerError`]).
 //!
 //! A guest's refusal is not an error: it is the `Err` inside a successful [`crate::Call`].
 //!
@@ -213,69 +213,4 @@ impl std::error::Error for HandlerError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         std::error::Error::source(&self.fault)
     }
-}
-
-/// Why `handlers.toml` (or a module it names) could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file exists but could not be read.
-    #[error("cannot read {path}: {source}; check its permissions")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML of the expected shape.
-    #[error(
-        "{path} is not a valid handlers file: {message}; expected [plugin_types.<type>] and \
-         [resources.\"<resource>\"] tables with module, settings and optional \
-         deadline_ms/memory_mib/fuel"
-    )]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// The parser's message.
-        message: String,
-    },
-    /// An entry's values are out of range.
-    #[error("{path}: entry {entry}: {message}")]
-    InvalidEntry {
-        /// The file.
-        path: PathBuf,
-        /// The entry, e.g. `plugin_types.CSIPlugin`.
-        entry: String,
-        /// What is wrong and what to do.
-        message: String,
-    },
-    /// The module an entry names could not be loaded.
-    #[error("{path}: entry {entry}: {source}")]
-    Load {
-        /// The file.
-        path: PathBuf,
-        /// The entry, e.g. `plugin_types.CSIPlugin`.
-        entry: String,
-        /// The cause.
-        #[source]
-        source: LoadError,
-    },
-    /// An entry's module does not implement the family the entry needs.
-    #[error(
-        "{path}: entry {entry}: module {module} does not export the {family} family this entry \
-         needs; point the entry at a handler that implements it"
-    )]
-    MissingFamily {
-        /// The file.
-        path: PathBuf,
-        /// The entry.
-        entry: String,
-        /// Module id.
-        module: String,
-        /// The family the entry needs.
-        family: Family,
-    },
-    /// A built-in module could not be loaded (a build problem, not a configuration one).
-    #[error("built-in handler failed to load: {0}")]
-    Builtin(#[source] LoadError),
 }

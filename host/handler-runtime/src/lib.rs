@@ -7,8 +7,9 @@
 //! exports); each hook call then runs in a fresh `Store` and instance from a shared `InstancePre`,
 //! with a CPU deadline, a memory cap, optional fuel and captured stderr. A guest's refusal is a
 //! normal outcome ([`Refusal`]); a trap, a timeout or a memory blow-up is a [`HandlerError`] naming
-//! the handler, the hook and the cause. [`HandlerSet`] maps plugin types and resources to
-//! handlers from `handlers.toml`.
+//! the handler, the hook and the cause. Which handler serves which plugin type or resource, and
+//! swapping them while the daemon runs, is the host's business (crate `pluglet-handlers`), not
+//! this mechanism's.
 //!
 //! Lifetimes (after Spin): engine and linker once ([`engine`]); a compiled component per module
 //! ([`Handler`]); call state per invocation (`call_state`), granting only that call's WASI
@@ -40,15 +41,13 @@ mod call_state;
 pub mod engine;
 mod error;
 mod handler;
-mod handler_set;
 mod types;
 
 pub use bindings::CONTRACT_VERSION;
 pub use engine::{Limits, MAX_MEMORY_MIB, ModuleSource, Runtime, RuntimeConfig};
-pub use error::{BoxError, ConfigError, HandlerError, HandlerFault, LoadError};
+pub use error::{BoxError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;
 pub use handler::run_in_place;
-pub use handler_set::{HANDLERS_FILE, HandlerEntry, HandlerSet};
 pub use types::{
     Accepted, AllocationRequest, Call, CallContext, Device, Family, GuestLog, Hook, LogLevel,
     PluginInfo, Refusal, RefusalKind, RegisteredPlugin, RegistrationFacts,

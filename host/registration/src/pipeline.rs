@@ -20,9 +20,9 @@ use std::time::{Instant, SystemTime};
 
 use pluglet_core::{Generation, PluginKey, PluginType, SocketPath};
 use pluglet_handler_runtime::{
-    CallContext, GuestLog, Handler, HandlerError, HandlerSet, PluginInfo, Refusal,
-    RegisteredPlugin, run_in_place,
+    CallContext, GuestLog, HandlerError, PluginInfo, Refusal, RegisteredPlugin, run_in_place,
 };
+use pluglet_handlers::{Handlers, Served};
 use pluglet_uds::Channel;
 use tokio::sync::broadcast;
 
@@ -216,7 +216,7 @@ pub struct Registration {
     /// The version its validate hook chose.
     pub version: Option<String>,
     /// The handler that validated and registered it; its deregister hook runs on the same.
-    pub handler: Arc<Handler>,
+    pub handler: Arc<Served>,
     /// How it came in.
     pub door: Door,
     /// What the plugin type learned natively.
@@ -282,7 +282,7 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<Registration>>>>;
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 struct Inner {
-    handlers: Arc<HandlerSet>,
+    handlers: Handlers,
     node_name: String,
     kinds: RwLock<HashMap<PluginType, Arc<dyn PluginKind>>>,
     /// Per type and name: the registration in force, behind the lock that serialises them.
@@ -307,7 +307,7 @@ impl fmt::Debug for Pipeline {
 impl Pipeline {
     /// A pipeline calling the hooks of `handlers` with `node_name`; every plugin type has no
     /// native steps until [`Pipeline::set_kind`] gives it some.
-    pub fn new(handlers: Arc<HandlerSet>, node_name: impl Into<String>) -> Pipeline {
+    pub fn new(handlers: Handlers, node_name: impl Into<String>) -> Pipeline {
         Pipeline {
             inner: Arc::new(Inner {
                 handlers,
@@ -328,8 +328,8 @@ impl Pipeline {
             .insert(plugin_type, kind);
     }
 
-    /// The handler modules in force.
-    pub fn handlers(&self) -> &Arc<HandlerSet> {
+    /// The live handler set.
+    pub fn handlers(&self) -> &Handlers {
         &self.inner.handlers
     }
 

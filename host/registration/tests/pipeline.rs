@@ -4,9 +4,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use pluglet_core::{PluginKey, PluginType};
-use pluglet_handler_runtime::{
-    HandlerSet, ModuleSource, PluginInfo, RefusalKind, RegistrationFacts, Runtime, RuntimeConfig,
-};
+use pluglet_handler_runtime::{PluginInfo, RefusalKind, RegistrationFacts, Runtime, RuntimeConfig};
+use pluglet_handlers::{Builtins, Handlers};
 use pluglet_registration::{
     Candidate, Door, EndReason, Facts, KindError, Pipeline, PipelineEvent, PluginKind,
     Registration, Stage,
@@ -15,24 +14,15 @@ use tokio::sync::broadcast;
 
 fn pipeline() -> Pipeline {
     let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
-    let builtin = |name: &str, bytes: &'static [u8]| ModuleSource::Builtin {
-        name: name.to_owned(),
-        bytes,
-    };
-    let handlers = HandlerSet::load(
-        &runtime,
+    let builtins = Builtins::embedded(&runtime).unwrap();
+    let handlers = Handlers::load(
+        runtime,
         Path::new("/nonexistent-handlers-dir"),
-        vec![
-            ("CSIPlugin".into(), builtin("csi", pluglet_wasm_guests::CSI)),
-            (
-                "DevicePlugin".into(),
-                builtin("device-plugin", pluglet_wasm_guests::DEVICE_PLUGIN),
-            ),
-        ],
-        builtin("device-plugin", pluglet_wasm_guests::DEVICE_PLUGIN),
+        None,
+        builtins,
     )
     .unwrap();
-    Pipeline::new(Arc::new(handlers), "node-1")
+    Pipeline::new(handlers, "node-1")
 }
 
 /// What a kind was asked to do, in order.

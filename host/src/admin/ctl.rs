@@ -13,10 +13,10 @@ use pluglet_uds::Channel;
 use serde::Serialize;
 
 use crate::admin::view::{
-    self, AllocateResultView, AllocationView, HandlerView, PluginView, ReleaseResultView,
-    ResourceView, SocketView, SyncPodsView,
+    self, AllocateResultView, AllocationView, HandlerView, HandlersView, PluginView,
+    ReleaseResultView, ResourceView, SocketView, SyncPodsView,
 };
-use crate::cli::{CtlArgs, CtlCommand, OutputFormat, UsageError};
+use crate::cli::{CtlArgs, CtlCommand, HandlersAction, OutputFormat, UsageError};
 use crate::config::{ADMIN_SOCKET_NAME, DEFAULT_ADMIN_SOCKET};
 
 /// The admin socket `ctl` talks to: `--admin-socket`, else `--root`/pluglet.sock, else the default.
@@ -59,6 +59,7 @@ enum Request {
     Plugins,
     Sockets,
     Handlers,
+    RollbackHandler(pb::RollbackHandlerRequest),
     Resources,
     Allocate(pb::AllocateRequest),
     Release(pb::ReleaseRequest),
@@ -71,7 +72,17 @@ impl Request {
         Ok(match command {
             CtlCommand::Plugins => Request::Plugins,
             CtlCommand::Sockets => Request::Sockets,
-            CtlCommand::Handlers => Request::Handlers,
+            CtlCommand::Handlers { action: None } => Request::Handlers,
+            CtlCommand::Handlers {
+                action:
+                    Some(HandlersAction::Rollback {
+                        plugin_type,
+                        resource,
+                    }),
+            } => Request::RollbackHandler(pb::RollbackHandlerRequest {
+                plugin_type: plugin_type.clone().unwrap_or_default(),
+                resource: resource.clone().unwrap_or_default(),
+            }),
             CtlCommand::Resources => Request::Resources,
             CtlCommand::Allocate {
                 pod,
@@ -137,7 +148,24 @@ impl Request {
                     .await
                     .context("ListHandlers failed")?
                     .into_inner();
-                list(output, answer.handlers.iter().map(HandlerView::from))
+                let view = HandlersView::from(&answer);
+                one(output, &view, || view.table())
+            }
+            Request::RollbackHandler(request) => {
+                let what = match request.plugin_type.is_empty() {
+                    false => format!("rollback of plugin type {}", request.plugin_type),
+                    true => format!("rollback of resource {}", request.resource),
+                };
+                let answer = client
+                    .rollback_handler(request)
+                    .await
+                    .map_err(|s| refused(&what, &s))?
+                    .into_inner();
+                let rows: Vec<HandlerView> = answer.handler.iter().map(HandlerView::from).collect();
+                match output {
+                    OutputFormat::Json => view::json(&rows.first()),
+                    OutputFormat::Table => format!("rolled back\n{}", view::table(&rows)),
+                }
             }
             Request::Resources => {
                 let answer = client

@@ -4,10 +4,9 @@
 //! [`handler_to_wire`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use chrono::SecondsFormat;
-use pluglet_handler_runtime::{HandlerEntry, HandlerSet};
+use pluglet_handlers::{ChangeRecord, Handlers, SlotKey, SlotStatus};
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_server::{Admin, AdminServer};
 use tokio_util::sync::CancellationToken;
@@ -44,13 +43,13 @@ pub enum AdminError {
 #[derive(Clone)]
 pub struct AdminService {
     plugins: PluginManagerHandle,
-    handlers: Arc<HandlerSet>,
+    handlers: Handlers,
     devices: Option<pluglet_device_manager::DeviceManager>,
 }
 
 impl AdminService {
     /// A service reading `plugins` and `handlers`.
-    pub fn new(plugins: PluginManagerHandle, handlers: Arc<HandlerSet>) -> AdminService {
+    pub fn new(plugins: PluginManagerHandle, handlers: Handlers) -> AdminService {
         AdminService {
             plugins,
             handlers,
@@ -128,15 +127,65 @@ pub fn socket_to_wire(s: &SocketStatus) -> pb::SocketStatus {
     }
 }
 
-/// Wire form of a handler entry.
-pub fn handler_to_wire(e: &HandlerEntry) -> pb::HandlerInfo {
+fn rfc3339(at: std::time::SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Wire form of a change record.
+fn change_to_wire(c: &ChangeRecord) -> pb::HandlerChange {
+    pb::HandlerChange {
+        state: c.state.to_string(),
+        at: rfc3339(c.at),
+        reason: c.reason.clone(),
+        module: c.module.clone().unwrap_or_default(),
+        sha256: c.sha256.clone().unwrap_or_default(),
+    }
+}
+
+/// Wire form of a handler slot.
+pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
+    let handler = s.current.handler();
+    let stats = s.current.stats().snapshot();
+    let entry = s.current.entry();
     pb::HandlerInfo {
-        plugin_type: e.plugin_type.clone().unwrap_or_default(),
-        resource: e.resource.clone().unwrap_or_default(),
-        module: e.handler.module().to_owned(),
-        sha256: e.handler.sha256().to_owned(),
-        contract_version: e.handler.contract_version().to_owned(),
-        families: e.handler.families().iter().map(|f| f.to_string()).collect(),
+        plugin_type: s.slot.plugin_type().unwrap_or_default().to_owned(),
+        resource: s.slot.resource().unwrap_or_default().to_owned(),
+        module: handler.module().to_owned(),
+        sha256: handler.sha256().to_owned(),
+        contract_version: handler.contract_version().to_owned(),
+        families: handler.families().iter().map(|f| f.to_string()).collect(),
+        applied_at: rfc3339(s.current.applied_at()),
+        previous_module: s
+            .previous
+            .as_ref()
+            .map(|p| p.module().to_owned())
+            .unwrap_or_default(),
+        previous_sha256: s
+            .previous
+            .as_ref()
+            .map(|p| p.sha256().to_owned())
+            .unwrap_or_default(),
+        calls: stats.calls,
+        refusals: stats.refusals,
+        failures: Some(pb::HandlerFailures {
+            trap: stats.failures.trap,
+            deadline: stats.failures.deadline,
+            memory: stats.failures.memory,
+            fuel: stats.failures.fuel,
+            other: stats.failures.other,
+        }),
+        has_timing: stats.mean_us.is_some(),
+        mean_us: stats.mean_us.unwrap_or_default(),
+        p99_us: stats.p99_us.unwrap_or_default(),
+        last_failure: stats.last_failure.map(|f| pb::HandlerFailure {
+            at: rfc3339(f.at),
+            kind: f.kind.as_str().to_owned(),
+            message: f.message,
+        }),
+        last_change: s.last_change.as_ref().map(change_to_wire),
+        rollback_after: entry.map_or(0, |e| e.rollback_after),
+        on_failure: entry.map(|e| e.on_failure.to_string()).unwrap_or_default(),
+        on_probation: s.current.on_probation(),
     }
 }
 
@@ -183,13 +232,46 @@ impl Admin for AdminService {
         &self,
         _: Request<pb::ListHandlersRequest>,
     ) -> Result<Response<pb::ListHandlersResponse>, Status> {
-        let handlers = self
-            .handlers
-            .entries()
-            .iter()
-            .map(handler_to_wire)
-            .collect();
-        Ok(Response::new(pb::ListHandlersResponse { handlers }))
+        let status = self.handlers.status();
+        Ok(Response::new(pb::ListHandlersResponse {
+            handlers: status.slots.iter().map(handler_to_wire).collect(),
+            last_change: status.last_change.as_ref().map(change_to_wire),
+        }))
+    }
+
+    async fn rollback_handler(
+        &self,
+        request: Request<pb::RollbackHandlerRequest>,
+    ) -> Result<Response<pb::RollbackHandlerResponse>, Status> {
+        let request = request.into_inner();
+        let slot = match (request.plugin_type.is_empty(), request.resource.is_empty()) {
+            (false, true) => SlotKey::PluginType(request.plugin_type),
+            (true, false) => SlotKey::Resource(request.resource),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "name exactly one of plugin_type and resource",
+                ));
+            }
+        };
+        let handlers = self.handlers.clone();
+        let rolled = tokio::task::spawn_blocking(move || handlers.roll_back(&slot))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        match rolled {
+            Ok(served) => {
+                let status = self.handlers.status();
+                let handler = status
+                    .slots
+                    .iter()
+                    .find(|s| std::sync::Arc::ptr_eq(&s.current, &served))
+                    .map(handler_to_wire);
+                Ok(Response::new(pb::RollbackHandlerResponse { handler }))
+            }
+            Err(e @ pluglet_handlers::RollbackError::NoSuchSlot(_)) => {
+                Err(Status::not_found(e.to_string()))
+            }
+            Err(e) => Err(Status::failed_precondition(e.to_string())),
+        }
     }
 
     // Device manager RPCs: see `admin::devices`.

@@ -119,8 +119,8 @@ impl From<&pb::SocketStatus> for SocketView {
     }
 }
 
-/// A handler module in force (`ctl handlers`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A handler slot and the module in force (`ctl handlers`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HandlerView {
     /// Plugin type it serves; `None` for an allocation policy.
     pub plugin_type: Option<String>,
@@ -135,10 +135,97 @@ pub struct HandlerView {
     pub contract_version: String,
     /// Hook families it exports.
     pub families: Vec<String>,
+    /// When this version was put in force (RFC 3339).
+    pub applied_at: Option<String>,
+    /// The previous version, kept loaded for a rollback.
+    pub previous: Option<ModuleRef>,
+    /// Calls since applied.
+    pub calls: u64,
+    /// Calls the guest answered with a refusal.
+    pub refusals: u64,
+    /// Failed calls by kind.
+    pub failures: FailuresView,
+    /// Mean call time, µs.
+    pub mean_us: Option<f64>,
+    /// 99th percentile call time, µs.
+    pub p99_us: Option<u64>,
+    /// The last failed call.
+    pub last_failure: Option<FailureView>,
+    /// The last change of the slot when one was applied, refused or rolled back.
+    pub last_change: Option<ChangeView>,
+    /// `rollback_after` of the entry (`None` for a built-in).
+    pub rollback_after: Option<u32>,
+    /// `on_failure` of the entry (`None` for a built-in).
+    pub on_failure: Option<String>,
+    /// Whether the module is still on probation.
+    pub on_probation: bool,
+}
+
+/// A module and its digest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleRef {
+    /// `builtin:<name>` or the module's path.
+    pub module: String,
+    /// sha256, hex.
+    pub sha256: String,
+}
+
+/// Failed calls by kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailuresView {
+    /// Traps (panics, `unreachable`, guest exits).
+    pub trap: u64,
+    /// Deadlines exceeded.
+    pub deadline: u64,
+    /// Memory caps exceeded.
+    pub memory: u64,
+    /// Fuel budgets used up.
+    pub fuel: u64,
+    /// Calls the host could not run (not the module's failure).
+    pub other: u64,
+}
+
+/// The last failed call of a handler.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureView {
+    /// RFC 3339.
+    pub at: String,
+    /// `trap`, `deadline`, `memory`, `fuel` or `other`.
+    pub kind: String,
+    /// The handler's error.
+    pub message: String,
+}
+
+/// The last change of a slot, or of `handlers.toml` as a whole.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeView {
+    /// `applied`, `refused` or `rolled_back`.
+    pub state: String,
+    /// RFC 3339.
+    pub at: String,
+    /// Why.
+    pub reason: String,
+    /// The module concerned.
+    pub module: Option<String>,
+    /// Its sha256.
+    pub sha256: Option<String>,
+}
+
+impl From<&pb::HandlerChange> for ChangeView {
+    fn from(c: &pb::HandlerChange) -> ChangeView {
+        ChangeView {
+            state: c.state.clone(),
+            at: c.at.clone(),
+            reason: c.reason.clone(),
+            module: non_empty(&c.module),
+            sha256: non_empty(&c.sha256),
+        }
+    }
 }
 
 impl From<&pb::HandlerInfo> for HandlerView {
     fn from(h: &pb::HandlerInfo) -> HandlerView {
+        let failures = h.failures.unwrap_or_default();
         HandlerView {
             plugin_type: non_empty(&h.plugin_type),
             resource: non_empty(&h.resource),
@@ -146,6 +233,101 @@ impl From<&pb::HandlerInfo> for HandlerView {
             sha256: h.sha256.clone(),
             contract_version: h.contract_version.clone(),
             families: h.families.clone(),
+            applied_at: non_empty(&h.applied_at),
+            previous: (!h.previous_module.is_empty()).then(|| ModuleRef {
+                module: h.previous_module.clone(),
+                sha256: h.previous_sha256.clone(),
+            }),
+            calls: h.calls,
+            refusals: h.refusals,
+            failures: FailuresView {
+                trap: failures.trap,
+                deadline: failures.deadline,
+                memory: failures.memory,
+                fuel: failures.fuel,
+                other: failures.other,
+            },
+            mean_us: h.has_timing.then_some(h.mean_us),
+            p99_us: h.has_timing.then_some(h.p99_us),
+            last_failure: h.last_failure.as_ref().map(|f| FailureView {
+                at: f.at.clone(),
+                kind: f.kind.clone(),
+                message: f.message.clone(),
+            }),
+            last_change: h.last_change.as_ref().map(ChangeView::from),
+            rollback_after: (!h.on_failure.is_empty()).then_some(h.rollback_after),
+            on_failure: non_empty(&h.on_failure),
+            on_probation: h.on_probation,
+        }
+    }
+}
+
+/// `ctl handlers`: the slots, and a refusal of `handlers.toml` as a whole above them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HandlersView {
+    /// One row per slot.
+    pub items: Vec<HandlerView>,
+    /// A refusal of the whole file (syntax, unknown key) until the next successful change.
+    pub last_change: Option<ChangeView>,
+}
+
+impl From<&pb::ListHandlersResponse> for HandlersView {
+    fn from(r: &pb::ListHandlersResponse) -> HandlersView {
+        HandlersView {
+            items: r.handlers.iter().map(HandlerView::from).collect(),
+            last_change: r.last_change.as_ref().map(ChangeView::from),
+        }
+    }
+}
+
+impl HandlersView {
+    /// The table, with a refusal of the whole file above it and each slot's refusal or
+    /// rollback below it.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        if let Some(change) = &self.last_change {
+            let _ = writeln!(
+                out,
+                "handlers.toml {} at {}: {}\n",
+                change.state.replace('_', " "),
+                change.at,
+                change.reason
+            );
+        }
+        out.push_str(&table(&self.items));
+        let notes: Vec<String> = self
+            .items
+            .iter()
+            .filter_map(|h| {
+                let change = h.last_change.as_ref()?;
+                (change.state != "applied").then(|| {
+                    format!(
+                        "{}: {} at {}: {}",
+                        h.key(),
+                        change.state.replace('_', " "),
+                        change.at,
+                        change.reason
+                    )
+                })
+            })
+            .collect();
+        if !notes.is_empty() {
+            out.push('\n');
+            for note in notes {
+                out.push_str(&note);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+impl HandlerView {
+    fn key(&self) -> String {
+        match (self.plugin_type.as_deref(), self.resource.as_deref()) {
+            (Some(t), _) => t.to_owned(),
+            (None, Some(r)) => format!("resource {r}"),
+            (None, None) => "(default policy)".to_owned(),
         }
     }
 }
@@ -458,19 +640,36 @@ impl Table for SocketView {
 }
 
 impl Table for HandlerView {
-    const HEADER: &'static [&'static str] = &["FOR", "MODULE", "CONTRACT", "FAMILIES", "SHA256"];
+    const HEADER: &'static [&'static str] = &[
+        "FOR", "MODULE", "SHA256", "CALLS", "FAILED", "P99", "PREVIOUS", "CHANGE",
+    ];
     fn row(&self) -> Vec<String> {
-        let key = match (self.plugin_type.as_deref(), self.resource.as_deref()) {
-            (Some(t), _) => t.to_owned(),
-            (None, Some(r)) => format!("resource {r}"),
-            (None, None) => "(default policy)".to_owned(),
-        };
+        let failed = self.failures.trap
+            + self.failures.deadline
+            + self.failures.memory
+            + self.failures.fuel
+            + self.failures.other;
         vec![
-            key,
+            self.key(),
             self.module.clone(),
-            self.contract_version.clone(),
-            self.families.join(","),
             self.sha256.chars().take(12).collect(),
+            self.calls.to_string(),
+            failed.to_string(),
+            self.p99_us
+                .map_or_else(|| "-".to_owned(), |us| format!("{us}µs")),
+            self.previous.as_ref().map_or_else(
+                || "-".to_owned(),
+                |p| {
+                    format!(
+                        "{} ({})",
+                        p.module,
+                        p.sha256.chars().take(12).collect::<String>()
+                    )
+                },
+            ),
+            self.last_change
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |c| c.state.clone()),
         ]
     }
 }
@@ -600,6 +799,12 @@ mod tests {
             sha256: "ab".repeat(32),
             contract_version: "1.2.0".into(),
             families: vec!["registration".into()],
+            applied_at: "2026-12-01T00:00:00.000Z".into(),
+            calls: 12,
+            has_timing: true,
+            mean_us: 40.5,
+            p99_us: 90,
+            ..Default::default()
         };
         let policy = pb::HandlerInfo {
             plugin_type: String::new(),
@@ -608,6 +813,30 @@ mod tests {
             sha256: "cd".repeat(32),
             contract_version: "1.1.0".into(),
             families: vec!["allocation-policy".into()],
+            applied_at: "2026-12-01T00:00:00.000Z".into(),
+            previous_module: "/h/old.wasm".into(),
+            previous_sha256: "ef".repeat(32),
+            calls: 3,
+            failures: Some(pb::HandlerFailures {
+                trap: 1,
+                ..Default::default()
+            }),
+            last_failure: Some(pb::HandlerFailure {
+                at: "2026-12-01T00:00:01.000Z".into(),
+                kind: "trap".into(),
+                message: "trapped".into(),
+            }),
+            last_change: Some(pb::HandlerChange {
+                state: "refused".into(),
+                at: "2026-12-01T00:00:02.000Z".into(),
+                reason: "the module file is missing".into(),
+                module: "/h/spread.wasm".into(),
+                sha256: String::new(),
+            }),
+            rollback_after: 3,
+            on_failure: "fail".into(),
+            on_probation: true,
+            ..Default::default()
         };
         let default = pb::HandlerInfo {
             resource: String::new(),
@@ -878,11 +1107,23 @@ mod tests {
         assert_eq!(
             keys(&handlers()[0]),
             [
+                "applied_at",
+                "calls",
                 "contract_version",
+                "failures",
                 "families",
+                "last_change",
+                "last_failure",
+                "mean_us",
                 "module",
+                "on_failure",
+                "on_probation",
+                "p99_us",
                 "plugin_type",
+                "previous",
+                "refusals",
                 "resource",
+                "rollback_after",
                 "sha256"
             ]
         );

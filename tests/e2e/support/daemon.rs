@@ -122,6 +122,11 @@ impl Daemon {
         );
         match serde_json::from_slice(&out.stdout).expect("ctl prints JSON") {
             Value::Array(items) => items,
+            // `ctl handlers`: an object whose `items` holds the rows.
+            Value::Object(mut object) => match object.remove("items") {
+                Some(Value::Array(items)) => items,
+                _ => panic!("ctl {what} -o json printed an object without items"),
+            },
             other => panic!("ctl {what} -o json printed {other}"),
         }
     }

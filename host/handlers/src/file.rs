@@ -1,0 +1,280 @@
+//! `handlers.toml`: which module each plugin type and resource is configured to run.
+//!
+//! ```toml
+//! [plugin_types.CSIPlugin]           # replaces builtin:csi for CSI drivers
+//! module = "strict-csi.wasm"         # relative to the handlers dir, or absolute
+//! deadline_ms = 50                   # optional limits
+//! memory_mib = 16
+//! fuel = 50000000
+//! settings = { min_version = "1.2.0" }
+//! rollback_after = 3                 # failures during probation before the previous version
+//!                                    # comes back (0: never)
+//! on_failure = "fail"                # or "builtin": a failed call is decided by the built-in
+//!
+//! [resources."vendor.com/gpu"]       # allocation policy for one resource
+//! module = "spread-policy.wasm"
+//! ```
+//!
+//! Parsing is pure: this module reads text and names files, it loads nothing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pluglet_handler_runtime::Limits;
+use serde::{Deserialize, Serialize};
+
+use crate::slot::SlotKey;
+
+/// The file name read from the handlers directory.
+pub const HANDLERS_FILE: &str = "handlers.toml";
+
+/// Failures of a new module during its probation before it is rolled back, unless an entry
+/// says otherwise.
+pub const DEFAULT_ROLLBACK_AFTER: u32 = 3;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    plugin_types: BTreeMap<String, EntryConfig>,
+    #[serde(default)]
+    resources: BTreeMap<String, EntryConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryConfig {
+    module: PathBuf,
+    deadline_ms: Option<u64>,
+    memory_mib: Option<u32>,
+    fuel: Option<u64>,
+    #[serde(default)]
+    settings: BTreeMap<String, toml::Value>,
+    rollback_after: Option<u32>,
+    on_failure: Option<OnFailure>,
+}
+
+/// What a failed call (trap, deadline, memory cap, fuel) of a configured module means.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFailure {
+    /// The call fails with the handler's error.
+    #[default]
+    Fail,
+    /// The call is decided by the built-in handler of the slot; the failure is still counted.
+    Builtin,
+}
+
+impl std::fmt::Display for OnFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OnFailure::Fail => "fail",
+            OnFailure::Builtin => "builtin",
+        })
+    }
+}
+
+/// One checked entry: the module a slot is configured to run, and how.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Entry {
+    /// The module file (relative names already joined to the handlers directory).
+    pub module: PathBuf,
+    /// `deadline_ms`, if given.
+    pub deadline_ms: Option<u64>,
+    /// `memory_mib`, if given.
+    pub memory_mib: Option<u32>,
+    /// `fuel`, if given.
+    pub fuel: Option<u64>,
+    /// Settings handed to the guest, as strings.
+    pub settings: BTreeMap<String, String>,
+    /// Failures during probation before the previous version comes back (0: never).
+    pub rollback_after: u32,
+    /// What a failed call means.
+    pub on_failure: OnFailure,
+}
+
+impl Entry {
+    /// The entry's limits over `defaults`.
+    pub fn limits(&self, defaults: Limits) -> Limits {
+        let mut limits = defaults;
+        if let Some(ms) = self.deadline_ms {
+            limits.deadline = Duration::from_millis(ms);
+        }
+        if let Some(mib) = self.memory_mib {
+            limits.memory_mib = mib;
+        }
+        if let Some(fuel) = self.fuel {
+            limits.fuel = Some(fuel);
+        }
+        limits
+    }
+}
+
+/// `handlers.toml`, parsed: one entry per configured slot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HandlersFile {
+    /// The entries by slot.
+    pub entries: BTreeMap<SlotKey, Entry>,
+}
+
+/// Why `handlers.toml` as a whole cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The file exists but could not be read.
+    #[error("cannot read {path}: {source}; check its permissions")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML of the expected shape.
+    #[error(
+        "{path} is not a valid handlers file: {message}; expected [plugin_types.<type>] and \
+         [resources.\"<resource>\"] tables with module, settings and optional \
+         deadline_ms/memory_mib/fuel/rollback_after/on_failure"
+    )]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// An entry's values are out of range.
+    #[error("{path}: entry {entry}: {message}")]
+    InvalidEntry {
+        /// The file.
+        path: PathBuf,
+        /// The entry, e.g. `plugin_types.CSIPlugin`.
+        entry: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+}
+
+/// Reads `<dir>/handlers.toml`; a missing file is an empty configuration (built-ins only).
+pub fn read(dir: &Path) -> Result<HandlersFile, FileError> {
+    let path = dir.join(HANDLERS_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse(dir, &path, &text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HandlersFile::default()),
+        Err(source) => Err(FileError::Read { path, source }),
+    }
+}
+
+/// Parses the text of `path`; module paths are relative to `dir`.
+pub fn parse(dir: &Path, path: &Path, text: &str) -> Result<HandlersFile, FileError> {
+    let config = toml::from_str::<FileConfig>(text).map_err(|e| FileError::Parse {
+        path: path.to_path_buf(),
+        message: e.message().to_string(),
+    })?;
+    let mut entries = BTreeMap::new();
+    for (key, entry) in config.plugin_types {
+        let slot = SlotKey::PluginType(key);
+        let entry = check(dir, path, &slot, entry)?;
+        entries.insert(slot, entry);
+    }
+    for (key, entry) in config.resources {
+        let slot = SlotKey::Resource(key);
+        let entry = check(dir, path, &slot, entry)?;
+        entries.insert(slot, entry);
+    }
+    Ok(HandlersFile { entries })
+}
+
+fn check(dir: &Path, path: &Path, slot: &SlotKey, entry: EntryConfig) -> Result<Entry, FileError> {
+    let invalid = |message: String| FileError::InvalidEntry {
+        path: path.to_path_buf(),
+        entry: slot.entry_name(),
+        message,
+    };
+    let mut settings = BTreeMap::new();
+    for (key, value) in entry.settings {
+        let text = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => {
+                return Err(invalid(format!(
+                    "setting {key} is a {}; settings must be strings, numbers or booleans",
+                    other.type_str()
+                )));
+            }
+        };
+        settings.insert(key, text);
+    }
+    if entry.deadline_ms == Some(0) {
+        return Err(invalid(
+            "deadline_ms must be at least 1 (leave it out for the default)".into(),
+        ));
+    }
+    let module = if entry.module.is_absolute() {
+        entry.module
+    } else {
+        dir.join(entry.module)
+    };
+    Ok(Entry {
+        module,
+        deadline_ms: entry.deadline_ms,
+        memory_mib: entry.memory_mib,
+        fuel: entry.fuel,
+        settings,
+        rollback_after: entry.rollback_after.unwrap_or(DEFAULT_ROLLBACK_AFTER),
+        on_failure: entry.on_failure.unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_text(text: &str) -> Result<HandlersFile, FileError> {
+        parse(Path::new("/h"), Path::new("/h/handlers.toml"), text)
+    }
+
+    #[test]
+    fn entries_get_their_defaults_and_relative_modules_the_directory() {
+        let file = parse_text(
+            "[plugin_types.CSIPlugin]\nmodule = \"a.wasm\"\nsettings = { n = 3, b = true }\n\
+             [resources.\"vendor.com/gpu\"]\nmodule = \"/abs/p.wasm\"\nrollback_after = 0\n\
+             on_failure = \"builtin\"\n",
+        )
+        .unwrap();
+        let csi = &file.entries[&SlotKey::PluginType("CSIPlugin".into())];
+        assert_eq!(csi.module, Path::new("/h/a.wasm"));
+        assert_eq!(csi.rollback_after, DEFAULT_ROLLBACK_AFTER);
+        assert_eq!(csi.on_failure, OnFailure::Fail);
+        assert_eq!(csi.settings["n"], "3");
+        assert_eq!(csi.settings["b"], "true");
+        let gpu = &file.entries[&SlotKey::Resource("vendor.com/gpu".into())];
+        assert_eq!(gpu.module, Path::new("/abs/p.wasm"));
+        assert_eq!(gpu.rollback_after, 0);
+        assert_eq!(gpu.on_failure, OnFailure::Builtin);
+    }
+
+    #[test]
+    fn unknown_keys_bad_values_and_syntax_are_named() {
+        let err = parse_text("[plugin_types.CSIPlugin]\nmodul = 1\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `modul`"), "{err}");
+        let err = parse_text("[plugin_types.CSIPlugin\n").unwrap_err();
+        assert!(
+            err.to_string().contains("not a valid handlers file"),
+            "{err}"
+        );
+        let err =
+            parse_text("[plugin_types.X]\nmodule = \"a\"\non_failure = \"retry\"\n").unwrap_err();
+        assert!(err.to_string().contains("retry"), "{err}");
+        let err = parse_text("[plugin_types.X]\nmodule = \"a\"\ndeadline_ms = 0\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("entry plugin_types.X: deadline_ms must be at least 1"),
+            "{err}"
+        );
+        let err =
+            parse_text("[plugin_types.X]\nmodule = \"a\"\nsettings = { l = [1] }\n").unwrap_err();
+        assert!(err.to_string().contains("setting l is a array"), "{err}");
+    }
+}

@@ -1,0 +1,41 @@
+//! Pluglet's handler set: which WASM handler serves which plugin type and resource, read from
+//! `handlers.toml` in the handlers directory over the built-ins, and changed while the daemon
+//! runs.
+//!
+//! The data flow, one module per stage:
+//!
+//! ```text
+//! handlers dir ─ watch (inotify, debounced) ─▶ file (handlers.toml parsed)
+//!   ─▶ live: transaction (read, hash, compile and admit what changed; all or nothing)
+//!   ─▶ set (immutable snapshot, swapped in whole through ArcSwap)
+//!   ─▶ served (each hook call: counted; probation; on_failure; rollback) ─▶ state (rollbacks
+//!      kept across restarts)
+//! ```
+//!
+//! Callers take a [`Served`] from [`Handlers`] and keep it for the whole of their work, so one
+//! registration or one allocation is decided by one version; the next call sees the next set.
+//! The WASM mechanism itself (compiling, sandboxing, calling) is `pluglet-handler-runtime`,
+//! which knows nothing of slots, files or swaps.
+
+mod file;
+mod live;
+mod served;
+mod set;
+mod slot;
+mod state;
+mod stats;
+mod watch;
+
+pub use file::{
+    DEFAULT_ROLLBACK_AFTER, Entry, FileError, HANDLERS_FILE, HandlersFile, OnFailure, parse, read,
+};
+pub use live::{
+    Builtins, ChangeRecord, ChangeState, EntryRefusal, Handlers, HandlersEvent, ReloadOutcome,
+    RollbackError, SlotStatus, StartError, Status,
+};
+pub use served::{Origin, PROBATION_CLEAN_CALLS, Served};
+pub use set::{HandlerSet, SlotState};
+pub use slot::SlotKey;
+pub use state::{Decision, StateStore, Version};
+pub use stats::{CallStats, FailureCounts, FailureKind, LastFailure, StatsSnapshot};
+pub use watch::{SETTLE, WRITING_QUIET, WatchError};

@@ -1,0 +1,1051 @@
+//! The live handler set: the [`HandlerSet`] in force behind an `ArcSwap`, and the one writer that
+//! changes it.
+//!
+//! Readers (every hook call) load the set without a lock and keep the [`Served`] they got for
+//! the whole of their work. Writers are a change of the handlers directory ([`Handlers::reload`],
+//! a transaction), a rollback by hand ([`Handlers::roll_back`]) and a rollback of a failing new
+//! module (from the call that reached `rollback_after`); they take the writer lock only to build
+//! and swap the next set, never while compiling.
+//!
+//! A reload is one transaction: `handlers.toml` is parsed, every module it names is read and
+//! hashed, every entry whose module or entry changed is compiled and admitted (imports, contract,
+//! the slot's family), and only when every entry passes is the new set swapped in. Otherwise
+//! nothing changes and the refusal is kept for `ctl handlers` until the next successful change.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+use pluglet_handler_runtime::{Handler, LoadError, ModuleSource, Runtime};
+use sha2::{Digest, Sha256};
+use tokio::sync::broadcast;
+
+use crate::file::{self, Entry, FileError, HANDLERS_FILE, HandlersFile};
+use crate::served::{Origin, Served};
+use crate::set::{HandlerSet, SlotState};
+use crate::slot::SlotKey;
+use crate::state::{Decision, StateStore, Version};
+
+/// The built-in modules, loaded once.
+#[derive(Clone, Debug)]
+pub struct Builtins {
+    plugin_types: BTreeMap<String, Arc<Handler>>,
+    policy: Arc<Handler>,
+}
+
+impl Builtins {
+    /// The modules embedded in the binary: `builtin:csi` for `CSIPlugin`,
+    /// `builtin:device-plugin` for `DevicePlugin` and as the default allocation policy.
+    pub fn embedded(runtime: &Runtime) -> Result<Builtins, LoadError> {
+        let device_plugin = || ModuleSource::Builtin {
+            name: "device-plugin".to_owned(),
+            bytes: pluglet_wasm_guests::DEVICE_PLUGIN,
+        };
+        Builtins::load(
+            runtime,
+            vec![
+                (
+                    pluglet_core::names::CSI_PLUGIN.to_owned(),
+                    ModuleSource::Builtin {
+                        name: "csi".to_owned(),
+                        bytes: pluglet_wasm_guests::CSI,
+                    },
+                ),
+                (
+                    pluglet_core::names::DEVICE_PLUGIN.to_owned(),
+                    device_plugin(),
+                ),
+            ],
+            device_plugin(),
+        )
+    }
+
+    /// Loads each distinct module once, with the runtime's default limits and no settings.
+    pub fn load(
+        runtime: &Runtime,
+        plugin_types: Vec<(String, ModuleSource)>,
+        policy: ModuleSource,
+    ) -> Result<Builtins, LoadError> {
+        let mut loaded: BTreeMap<String, Arc<Handler>> = BTreeMap::new();
+        let mut load = |source: ModuleSource| -> Result<Arc<Handler>, LoadError> {
+            let id = source.id();
+            if let Some(handler) = loaded.get(&id) {
+                return Ok(handler.clone());
+            }
+            let handler = runtime.load(source, BTreeMap::new(), None)?;
+            loaded.insert(id, handler.clone());
+            Ok(handler)
+        };
+        let mut types = BTreeMap::new();
+        for (plugin_type, source) in plugin_types {
+            types.insert(plugin_type, load(source)?);
+        }
+        let policy = load(policy)?;
+        Ok(Builtins {
+            plugin_types: types,
+            policy,
+        })
+    }
+
+    /// The built-in that serves `slot` when nothing is configured, if there is one.
+    pub fn for_slot(&self, slot: &SlotKey) -> Option<&Arc<Handler>> {
+        match slot {
+            SlotKey::PluginType(t) => self.plugin_types.get(t),
+            SlotKey::Resource(_) | SlotKey::DefaultPolicy => Some(&self.policy),
+        }
+    }
+}
+
+/// What became of a change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeState {
+    /// Put in force.
+    Applied,
+    /// Refused; the set in force kept serving.
+    Refused,
+    /// Rolled back to the previous version.
+    RolledBack,
+}
+
+impl std::fmt::Display for ChangeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ChangeState::Applied => "applied",
+            ChangeState::Refused => "refused",
+            ChangeState::RolledBack => "rolled_back",
+        })
+    }
+}
+
+/// The last change of a slot, or of the file as a whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangeRecord {
+    /// What became of it.
+    pub state: ChangeState,
+    /// When.
+    pub at: SystemTime,
+    /// Why (what changed, what was wrong, why it was rolled back).
+    pub reason: String,
+    /// The module file concerned, if any.
+    pub module: Option<String>,
+    /// Its sha256, when it could be read.
+    pub sha256: Option<String>,
+}
+
+/// One slot as `ctl handlers` shows it.
+#[derive(Clone, Debug)]
+pub struct SlotStatus {
+    /// The slot.
+    pub slot: SlotKey,
+    /// The version in force.
+    pub current: Arc<Served>,
+    /// The previous version, kept warm.
+    pub previous: Option<Arc<Served>>,
+    /// The last change of the slot that was refused, rolled back or applied.
+    pub last_change: Option<ChangeRecord>,
+}
+
+/// The set in force and the last changes.
+#[derive(Clone, Debug)]
+pub struct Status {
+    /// Generation of the set in force.
+    pub generation: u64,
+    /// Every slot.
+    pub slots: Vec<SlotStatus>,
+    /// A refusal of the file as a whole (syntax, unknown key), until the next successful change.
+    pub last_change: Option<ChangeRecord>,
+}
+
+/// What the set did, for tests and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandlersEvent {
+    /// A new set is in force.
+    Applied {
+        /// Its generation.
+        generation: u64,
+        /// The slots that changed.
+        slots: Vec<SlotKey>,
+    },
+    /// A change was refused; nothing changed.
+    Refused {
+        /// Why, whole.
+        reason: String,
+    },
+    /// A slot was rolled back.
+    RolledBack {
+        /// The slot.
+        slot: SlotKey,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What [`Handlers::reload`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    /// A new set is in force; these slots changed.
+    Applied(Vec<SlotKey>),
+    /// Nothing that serves calls changed.
+    Unchanged,
+    /// Refused (the reasons, one per line); the set in force keeps serving.
+    Refused(String),
+}
+
+/// One entry that cannot be applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryRefusal {
+    /// `handlers.toml`.
+    pub file: PathBuf,
+    /// The slot.
+    pub slot: SlotKey,
+    /// The module file.
+    pub module: PathBuf,
+    /// Its sha256, when it could be read.
+    pub sha256: Option<String>,
+    /// What is wrong and what to do.
+    pub reason: String,
+}
+
+impl std::fmt::Display for EntryRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: entry {}: module {}",
+            self.file.display(),
+            self.slot.entry_name(),
+            self.module.display()
+        )?;
+        if let Some(sha) = &self.sha256 {
+            write!(f, " (sha256 {sha})")?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+/// Why the handler set could not be loaded at start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// `handlers.toml` as a whole.
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// Entries that cannot be applied.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Entries(Vec<EntryRefusal>),
+    /// A built-in module could not be loaded (a build problem, not a configuration one).
+    #[error("built-in handler failed to load")]
+    Builtin(#[source] LoadError),
+    /// The state directory could not be opened.
+    #[error("cannot open the handler state in {path}")]
+    State {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why a rollback could not be done.
+#[derive(Debug, thiserror::Error)]
+pub enum RollbackError {
+    /// The set has no such slot.
+    #[error("no handler serves {0}; `pluglet ctl handlers` lists the slots")]
+    NoSuchSlot(SlotKey),
+    /// Nothing to go back to.
+    #[error("{0} has no previous version and no built-in to go back to")]
+    NothingToRollBackTo(SlotKey),
+}
+
+/// What the writer owns besides the set: the decisions and where they are kept.
+struct Writer {
+    decisions: Vec<Decision>,
+}
+
+/// Changes of the slots and the file, for `ctl handlers`.
+#[derive(Default)]
+struct ChangeLog {
+    file: Option<ChangeRecord>,
+    slots: BTreeMap<SlotKey, ChangeRecord>,
+}
+
+/// The live set's shared state (see the module doc).
+pub(crate) struct Shared {
+    runtime: Runtime,
+    dir: PathBuf,
+    builtins: Builtins,
+    set: ArcSwap<HandlerSet>,
+    writer: Mutex<Writer>,
+    changes: Mutex<ChangeLog>,
+    store: Option<StateStore>,
+    events: broadcast::Sender<HandlersEvent>,
+    me: Weak<Shared>,
+}
+
+/// The live handler set: cheap to clone; every clone is the same set.
+#[derive(Clone)]
+pub struct Handlers {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handlers")
+            .field("dir", &self.shared.dir)
+            .field("generation", &self.shared.set.load().generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How one slot is to be served after a change.
+enum Plan {
+    /// As it is.
+    Keep,
+    /// By a newly loaded (or reused) handler.
+    Apply {
+        handler: Arc<Handler>,
+        version: Version,
+        bytes: Option<Arc<[u8]>>,
+    },
+    /// By the version a rollback decision restored.
+    Restore {
+        handler: Arc<Handler>,
+        origin: Origin,
+        reason: String,
+    },
+    /// By the built-in (the entry was removed).
+    Builtin,
+}
+
+impl Handlers {
+    /// Loads the set from `dir` at start: the built-ins, then `handlers.toml` if present. Any
+    /// entry that cannot be applied fails the start (naming the file, entry and reason).
+    /// `state_dir` keeps rollback decisions across restarts (`None`: not kept).
+    pub fn load(
+        runtime: Runtime,
+        dir: &Path,
+        state_dir: Option<&Path>,
+        builtins: Builtins,
+    ) -> Result<Handlers, StartError> {
+        let store = state_dir
+            .map(|state| {
+                StateStore::open(state).map_err(|source| StartError::State {
+                    path: state.to_path_buf(),
+                    source,
+                })
+            })
+            .transpose()?;
+        let decisions = store
+            .as_ref()
+            .map(StateStore::decisions)
+            .unwrap_or_default();
+        let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
+            let builtin = |slot: SlotKey, handler: &Arc<Handler>| SlotState {
+                current: Arc::new(Served::new(
+                    slot,
+                    handler.clone(),
+                    Origin::Builtin,
+                    None,
+                    false,
+                    me.clone(),
+                )),
+                previous: None,
+            };
+            let set = HandlerSet {
+                generation: 0,
+                plugin_types: builtins
+                    .plugin_types
+                    .iter()
+                    .map(|(t, h)| (t.clone(), builtin(SlotKey::PluginType(t.clone()), h)))
+                    .collect(),
+                resources: BTreeMap::new(),
+                default_policy: builtin(SlotKey::DefaultPolicy, &builtins.policy),
+            };
+            Shared {
+                runtime,
+                dir: dir.to_path_buf(),
+                builtins,
+                set: ArcSwap::from_pointee(set),
+                writer: Mutex::new(Writer { decisions }),
+                changes: Mutex::new(ChangeLog::default()),
+                store,
+                events: broadcast::channel(256).0,
+                me: me.clone(),
+            }
+        });
+        let handlers = Handlers { shared };
+        let file = file::read(dir)?;
+        match handlers.shared.transaction(file, true) {
+            Ok(_) => Ok(handlers),
+            Err(TransactionError::Entries(refusals)) => Err(StartError::Entries(refusals)),
+        }
+    }
+
+    /// The set in force (a snapshot: later changes do not show in it).
+    pub fn current(&self) -> Arc<HandlerSet> {
+        self.shared.set.load_full()
+    }
+
+    /// The registration handler in force for a plugin type (`None`: an unknown type).
+    pub fn for_plugin_type(&self, plugin_type: &str) -> Option<Arc<Served>> {
+        self.shared.set.load().for_plugin_type(plugin_type)
+    }
+
+    /// The allocation policy in force for a resource.
+    pub fn for_resource(&self, resource: &str) -> Arc<Served> {
+        self.shared.set.load().for_resource(resource)
+    }
+
+    /// The handlers directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<HandlersEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// Reads the handlers directory again and applies what changed, as one transaction (see
+    /// the module doc). Compiles: call it off the async reactor.
+    pub fn reload(&self) -> ReloadOutcome {
+        let path = self.shared.dir.join(HANDLERS_FILE);
+        let file = match file::read(&self.shared.dir) {
+            Ok(file) => file,
+            Err(err) => {
+                let reason = pluglet_core::error_chain(&err);
+                tracing::warn!(file = %path.display(), error = %reason, "handlers change refused; the handlers in force keep serving");
+                self.shared.lock_changes().file = Some(ChangeRecord {
+                    state: ChangeState::Refused,
+                    at: SystemTime::now(),
+                    reason: reason.clone(),
+                    module: None,
+                    sha256: None,
+                });
+                let _ = self.shared.events.send(HandlersEvent::Refused {
+                    reason: reason.clone(),
+                });
+                return ReloadOutcome::Refused(reason);
+            }
+        };
+        match self.shared.transaction(file, false) {
+            Ok(slots) if slots.is_empty() => ReloadOutcome::Unchanged,
+            Ok(slots) => ReloadOutcome::Applied(slots),
+            Err(TransactionError::Entries(refusals)) => ReloadOutcome::Refused(
+                refusals
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
+        }
+    }
+
+    /// Puts the previous version of `slot` back (or the built-in, if none is kept), by hand.
+    pub fn roll_back(&self, slot: &SlotKey) -> Result<Arc<Served>, RollbackError> {
+        self.shared.roll_back(
+            slot,
+            None,
+            "rolled back by hand (pluglet ctl handlers rollback)",
+        )
+    }
+
+    /// The set in force and the last changes.
+    pub fn status(&self) -> Status {
+        let set = self.current();
+        let changes = self.shared.lock_changes();
+        Status {
+            generation: set.generation,
+            slots: set
+                .slots()
+                .map(|(slot, state)| SlotStatus {
+                    last_change: changes.slots.get(&slot).cloned(),
+                    slot,
+                    current: state.current.clone(),
+                    previous: state.previous.clone(),
+                })
+                .collect(),
+            last_change: changes.file.clone(),
+        }
+    }
+
+    /// Directories that hold the modules in force outside the handlers directory (to watch
+    /// them too).
+    pub fn module_dirs(&self) -> Vec<PathBuf> {
+        let set = self.current();
+        let mut dirs: Vec<PathBuf> = set
+            .slots()
+            .filter_map(|(_, s)| s.current.entry().map(|e| e.module.clone()))
+            .filter_map(|m| m.parent().map(Path::to_path_buf))
+            .filter(|d| d != &self.shared.dir)
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        dirs
+    }
+}
+
+enum TransactionError {
+    Entries(Vec<EntryRefusal>),
+}
+
+impl Shared {
+    fn lock_changes(&self) -> std::sync::MutexGuard<'_, ChangeLog> {
+        self.changes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_writer(&self) -> std::sync::MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Plans `file` against the set in force (compiling what changed, without the writer
+    /// lock), then swaps the result in under the lock if the set has not changed meanwhile
+    /// (else plans again; compiled modules are reused).
+    fn transaction(
+        &self,
+        file: HandlersFile,
+        at_start: bool,
+    ) -> Result<Vec<SlotKey>, TransactionError> {
+        let path = self.dir.join(HANDLERS_FILE);
+        let mut compiled: HashMap<(String, Entry), Arc<Handler>> = HashMap::new();
+        loop {
+            let base = self.set.load_full();
+            let decisions = self.lock_writer().decisions.clone();
+            let mut plans: BTreeMap<SlotKey, Plan> = BTreeMap::new();
+            let mut refusals = Vec::new();
+            for (slot, entry) in &file.entries {
+                match self.plan(&path, &base, &decisions, slot, entry, &mut compiled) {
+                    Ok(plan) => {
+                        plans.insert(slot.clone(), plan);
+                    }
+                    Err(refusal) => refusals.push(refusal),
+                }
+            }
+            for (slot, state) in base.slots() {
+                if !file.entries.contains_key(&slot)
+                    && slot != SlotKey::DefaultPolicy
+                    && state.current.entry().is_some()
+                {
+                    plans.insert(slot, Plan::Builtin);
+                }
+            }
+            if !refusals.is_empty() {
+                self.refused(&refusals);
+                return Err(TransactionError::Entries(refusals));
+            }
+
+            let mut writer = self.lock_writer();
+            if self.set.load().generation != base.generation {
+                continue;
+            }
+            let (next, changed) = self.build(&base, plans);
+            // Decisions whose slot no longer names the rejected version are void.
+            writer.decisions.retain(|d| {
+                file.entries
+                    .get(&d.slot)
+                    .is_some_and(|e| *e == d.rejected.entry && next_names(&next, d))
+            });
+            self.persist(&writer.decisions, &next);
+            self.set.store(Arc::new(next));
+            let generation = self.set.load().generation;
+            drop(writer);
+            self.applied(&changed, generation, at_start);
+            return Ok(changed.into_iter().map(|(slot, _)| slot).collect());
+        }
+    }
+
+    fn plan(
+        &self,
+        path: &Path,
+        base: &HandlerSet,
+        decisions: &[Decision],
+        slot: &SlotKey,
+        entry: &Entry,
+        compiled: &mut HashMap<(String, Entry), Arc<Handler>>,
+    ) -> Result<Plan, EntryRefusal> {
+        let refuse = |sha256: Option<String>, reason: String| EntryRefusal {
+            file: path.to_path_buf(),
+            slot: slot.clone(),
+            module: entry.module.clone(),
+            sha256,
+            reason,
+        };
+        let bytes: Arc<[u8]> = match std::fs::read(&entry.module) {
+            Ok(bytes) => bytes.into(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(refuse(
+                    None,
+                    "the module file is missing; put it back or change the entry".to_owned(),
+                ));
+            }
+            Err(e) => {
+                return Err(refuse(
+                    None,
+                    format!("cannot read the module file: {e}; check its permissions"),
+                ));
+            }
+        };
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let version = Version {
+            sha256: sha256.clone(),
+            entry: entry.clone(),
+        };
+        let state = base.slot(slot);
+        let is = |served: &Served| matches!(served.origin(), Origin::Configured { entry: e, sha256: s } if *e == version.entry && *s == version.sha256);
+        if let Some(decision) = decisions
+            .iter()
+            .find(|d| d.slot == *slot && d.rejected == version)
+        {
+            // Rolled back: not applied again until its file or entry changes.
+            let restored_in_force =
+                state.is_some_and(|s| match (&decision.restored, s.current.origin()) {
+                    (None, Origin::Builtin) => true,
+                    (Some(v), Origin::Configured { entry, sha256 }) => {
+                        v.entry == *entry && v.sha256 == *sha256
+                    }
+                    _ => false,
+                });
+            if restored_in_force {
+                return Ok(Plan::Keep);
+            }
+            return self.restore(path, slot, decision);
+        }
+        if state.is_some_and(|s| is(&s.current)) {
+            return Ok(Plan::Keep);
+        }
+        let warm = state
+            .and_then(|s| s.previous.as_ref())
+            .filter(|p| is(p))
+            .map(|p| p.handler().clone());
+        let key = (sha256.clone(), entry.clone());
+        let handler = match warm.or_else(|| compiled.get(&key).cloned()) {
+            Some(handler) => handler,
+            None => {
+                let limits = entry.limits(self.runtime.config().default_limits);
+                let handler = self
+                    .runtime
+                    .load(
+                        ModuleSource::Bytes {
+                            id: entry.module.display().to_string(),
+                            bytes: bytes.clone(),
+                        },
+                        entry.settings.clone(),
+                        Some(limits),
+                    )
+                    .map_err(|e| refuse(Some(sha256.clone()), pluglet_core::error_chain(&e)))?;
+                compiled.insert(key, handler.clone());
+                handler
+            }
+        };
+        let family = slot.family();
+        if !handler.implements(family) {
+            return Err(refuse(
+                Some(sha256),
+                format!(
+                    "the module does not export the {family} family this entry needs; point the \
+                     entry at a handler that implements it"
+                ),
+            ));
+        }
+        Ok(Plan::Apply {
+            handler,
+            version,
+            bytes: Some(bytes),
+        })
+    }
+
+    /// The version a decision restored, loaded from the kept bytes (or the built-in).
+    fn restore(
+        &self,
+        path: &Path,
+        slot: &SlotKey,
+        decision: &Decision,
+    ) -> Result<Plan, EntryRefusal> {
+        let reason = format!(
+            "module sha256 {} was rolled back at {}: {}",
+            decision.rejected.sha256, decision.at, decision.reason
+        );
+        let Some(restored) = &decision.restored else {
+            return match self.builtins.for_slot(slot) {
+                Some(builtin) => Ok(Plan::Restore {
+                    handler: builtin.clone(),
+                    origin: Origin::Builtin,
+                    reason,
+                }),
+                None => Err(EntryRefusal {
+                    file: path.to_path_buf(),
+                    slot: slot.clone(),
+                    module: decision.rejected.entry.module.clone(),
+                    sha256: Some(decision.rejected.sha256.clone()),
+                    reason: format!("{reason}; there is no built-in for it"),
+                }),
+            };
+        };
+        let refuse = |why: String| EntryRefusal {
+            file: path.to_path_buf(),
+            slot: slot.clone(),
+            module: decision.rejected.entry.module.clone(),
+            sha256: Some(decision.rejected.sha256.clone()),
+            reason: format!("{reason}; the version it restored cannot be loaded: {why}"),
+        };
+        let bytes = self
+            .store
+            .as_ref()
+            .ok_or_else(|| refuse("no state directory".into()))?
+            .module(&restored.sha256)
+            .map_err(|e| refuse(format!("kept module sha256 {}: {e}", restored.sha256)))?;
+        let limits = restored.entry.limits(self.runtime.config().default_limits);
+        let handler = self
+            .runtime
+            .load(
+                ModuleSource::Bytes {
+                    id: restored.entry.module.display().to_string(),
+                    bytes: bytes.into(),
+                },
+                restored.entry.settings.clone(),
+                Some(limits),
+            )
+            .map_err(|e| refuse(pluglet_core::error_chain(&e)))?;
+        Ok(Plan::Restore {
+            handler,
+            origin: Origin::Configured {
+                entry: restored.entry.clone(),
+                sha256: restored.sha256.clone(),
+            },
+            reason,
+        })
+    }
+
+    /// The next set from `base` and the plans; returns it and the slots that changed, each
+    /// with the change to record.
+    fn build(
+        &self,
+        base: &HandlerSet,
+        plans: BTreeMap<SlotKey, Plan>,
+    ) -> (HandlerSet, Vec<(SlotKey, ChangeRecord)>) {
+        let mut next = base.clone();
+        next.generation += 1;
+        let mut changed = Vec::new();
+        for (slot, plan) in plans {
+            let old = base.slot(&slot).cloned();
+            let builtin = self.builtins.for_slot(&slot);
+            let (state, record) = match plan {
+                Plan::Keep => continue,
+                Plan::Apply {
+                    handler,
+                    version,
+                    bytes,
+                } => {
+                    if let (Some(store), Some(bytes)) = (&self.store, bytes)
+                        && let Err(e) = store.keep_module(&version.sha256, &bytes)
+                    {
+                        tracing::warn!(module = %version.entry.module.display(), error = %e, "cannot keep a copy of the module in the state directory; a rollback of it will not survive a restart");
+                    }
+                    let previous = old.map(|o| o.current);
+                    let has_target = previous.is_some() || builtin.is_some();
+                    let reason = match &previous {
+                        Some(p) => format!("replaces {} (sha256 {})", p.module(), p.sha256()),
+                        None => "new entry".to_owned(),
+                    };
+                    let record = ChangeRecord {
+                        state: ChangeState::Applied,
+                        at: SystemTime::now(),
+                        reason,
+                        module: Some(version.entry.module.display().to_string()),
+                        sha256: Some(version.sha256.clone()),
+                    };
+                    let served = Served::new(
+                        slot.clone(),
+                        handler,
+                        Origin::Configured {
+                            entry: version.entry,
+                            sha256: version.sha256,
+                        },
+                        builtin,
+                        has_target,
+                        self.me.clone(),
+                    );
+                    (
+                        Some(SlotState {
+                            current: Arc::new(served),
+                            previous,
+                        }),
+                        record,
+                    )
+                }
+                Plan::Restore {
+                    handler,
+                    origin,
+                    reason,
+                } => {
+                    let served = Served::new(
+                        slot.clone(),
+                        handler,
+                        origin,
+                        builtin,
+                        false,
+                        self.me.clone(),
+                    );
+                    let record = ChangeRecord {
+                        state: ChangeState::RolledBack,
+                        at: SystemTime::now(),
+                        reason,
+                        module: Some(served.module().to_owned()),
+                        sha256: Some(served.sha256().to_owned()),
+                    };
+                    (
+                        Some(SlotState {
+                            current: Arc::new(served),
+                            previous: None,
+                        }),
+                        record,
+                    )
+                }
+                Plan::Builtin => {
+                    let previous = old.map(|o| o.current);
+                    let state = builtin.map(|b| SlotState {
+                        current: Arc::new(Served::new(
+                            slot.clone(),
+                            b.clone(),
+                            Origin::Builtin,
+                            None,
+                            false,
+                            self.me.clone(),
+                        )),
+                        previous: previous.clone(),
+                    });
+                    let record = ChangeRecord {
+                        state: ChangeState::Applied,
+                        at: SystemTime::now(),
+                        reason: match &previous {
+                            Some(p) => format!(
+                                "entry removed; {} (sha256 {}) no longer serves",
+                                p.module(),
+                                p.sha256()
+                            ),
+                            None => "entry removed".to_owned(),
+                        },
+                        module: builtin.map(|b| b.module().to_owned()),
+                        sha256: builtin.map(|b| b.sha256().to_owned()),
+                    };
+                    (state, record)
+                }
+            };
+            next = next.with_slot(&slot, state);
+            next.generation = base.generation + 1;
+            changed.push((slot, record));
+        }
+        (next, changed)
+    }
+
+    /// Saves the decisions and drops kept modules nothing refers to any more.
+    fn persist(&self, decisions: &[Decision], set: &HandlerSet) {
+        let Some(store) = &self.store else { return };
+        if let Err(e) = store.save_decisions(decisions) {
+            tracing::warn!(error = %e, "cannot save handler rollback decisions; a rollback will not survive a restart");
+        }
+        let mut keep: HashSet<String> = HashSet::new();
+        for (_, state) in set.slots() {
+            for served in std::iter::once(&state.current).chain(state.previous.iter()) {
+                if let Origin::Configured { sha256, .. } = served.origin() {
+                    keep.insert(sha256.clone());
+                }
+            }
+        }
+        for d in decisions {
+            if let Some(r) = &d.restored {
+                keep.insert(r.sha256.clone());
+            }
+        }
+        store.retain_modules(&keep);
+    }
+
+    fn refused(&self, refusals: &[EntryRefusal]) {
+        let mut changes = self.lock_changes();
+        for refusal in refusals {
+            tracing::warn!(
+                file = %refusal.module.display(),
+                sha256 = refusal.sha256.as_deref().unwrap_or("-"),
+                slot = %refusal.slot,
+                reason = %refusal.reason,
+                "handler change refused; the handler in force keeps serving"
+            );
+            changes.slots.insert(
+                refusal.slot.clone(),
+                ChangeRecord {
+                    state: ChangeState::Refused,
+                    at: SystemTime::now(),
+                    reason: refusal.reason.clone(),
+                    module: Some(refusal.module.display().to_string()),
+                    sha256: refusal.sha256.clone(),
+                },
+            );
+        }
+        drop(changes);
+        let _ = self.events.send(HandlersEvent::Refused {
+            reason: refusals
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        });
+    }
+
+    fn applied(&self, changed: &[(SlotKey, ChangeRecord)], generation: u64, at_start: bool) {
+        let mut changes = self.lock_changes();
+        // A successful change ends every refusal before it.
+        changes.file = None;
+        changes
+            .slots
+            .retain(|_, record| record.state != ChangeState::Refused);
+        for (slot, record) in changed {
+            match record.state {
+                ChangeState::RolledBack => tracing::warn!(
+                    %slot,
+                    module = record.module.as_deref().unwrap_or("-"),
+                    reason = %record.reason,
+                    "serving the version a rollback restored"
+                ),
+                _ => tracing::info!(
+                    %slot,
+                    module = record.module.as_deref().unwrap_or("-"),
+                    sha256 = record.sha256.as_deref().unwrap_or("-"),
+                    change = %record.reason,
+                    "handler applied"
+                ),
+            }
+            if at_start && record.state == ChangeState::Applied {
+                continue;
+            }
+            changes.slots.insert(slot.clone(), record.clone());
+        }
+        drop(changes);
+        if !changed.is_empty() {
+            let _ = self.events.send(HandlersEvent::Applied {
+                generation,
+                slots: changed.iter().map(|(s, _)| s.clone()).collect(),
+            });
+        }
+    }
+
+    /// A failing new module reached `rollback_after`: roll it back if it is still in force.
+    pub(crate) fn roll_back_failing(&self, served: &Served, reason: String) {
+        let in_force = self
+            .set
+            .load()
+            .slot(served.slot())
+            .is_some_and(|s| std::ptr::eq(Arc::as_ptr(&s.current), served));
+        if !in_force {
+            return;
+        }
+        if let Err(e) = self.roll_back(served.slot(), Some(served), &reason) {
+            tracing::warn!(slot = %served.slot(), module = served.module(), error = %e, reason, "failing handler not rolled back");
+        }
+    }
+
+    /// Puts back the previous version of `slot` (or its built-in). `expected`: only if that
+    /// version is still in force.
+    fn roll_back(
+        &self,
+        slot: &SlotKey,
+        expected: Option<&Served>,
+        reason: &str,
+    ) -> Result<Arc<Served>, RollbackError> {
+        let mut writer = self.lock_writer();
+        let base = self.set.load_full();
+        let state = base
+            .slot(slot)
+            .ok_or_else(|| RollbackError::NoSuchSlot(slot.clone()))?;
+        if expected.is_some_and(|e| !std::ptr::eq(Arc::as_ptr(&state.current), e)) {
+            return Ok(state.current.clone());
+        }
+        let builtin = self.builtins.for_slot(slot);
+        let (handler, origin) = match &state.previous {
+            Some(previous) => (previous.handler().clone(), previous.origin().clone()),
+            None => match (builtin, state.current.origin()) {
+                (Some(b), Origin::Configured { .. }) => (b.clone(), Origin::Builtin),
+                _ => return Err(RollbackError::NothingToRollBackTo(slot.clone())),
+            },
+        };
+        let restored = Arc::new(Served::new(
+            slot.clone(),
+            handler,
+            origin.clone(),
+            builtin,
+            false,
+            self.me.clone(),
+        ));
+        let next = base.with_slot(
+            slot,
+            Some(SlotState {
+                current: restored.clone(),
+                previous: None,
+            }),
+        );
+        if let Origin::Configured { entry, sha256 } = state.current.origin() {
+            writer.decisions.retain(|d| d.slot != *slot);
+            writer.decisions.push(Decision {
+                slot: slot.clone(),
+                rejected: Version {
+                    sha256: sha256.clone(),
+                    entry: entry.clone(),
+                },
+                restored: match &origin {
+                    Origin::Configured { entry, sha256 } => Some(Version {
+                        sha256: sha256.clone(),
+                        entry: entry.clone(),
+                    }),
+                    Origin::Builtin => None,
+                },
+                reason: reason.to_owned(),
+                at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            });
+        }
+        self.persist(&writer.decisions, &next);
+        self.set.store(Arc::new(next));
+        drop(writer);
+        tracing::warn!(
+            %slot,
+            from = state.current.module(),
+            from_sha256 = state.current.sha256(),
+            to = restored.module(),
+            to_sha256 = restored.sha256(),
+            reason,
+            "handler rolled back"
+        );
+        self.lock_changes().slots.insert(
+            slot.clone(),
+            ChangeRecord {
+                state: ChangeState::RolledBack,
+                at: SystemTime::now(),
+                reason: format!(
+                    "{} (sha256 {}) rolled back: {reason}",
+                    state.current.module(),
+                    state.current.sha256()
+                ),
+                module: Some(restored.module().to_owned()),
+                sha256: Some(restored.sha256().to_owned()),
+            },
+        );
+        let _ = self.events.send(HandlersEvent::RolledBack {
+            slot: slot.clone(),
+            reason: reason.to_owned(),
+        });
+        Ok(restored)
+    }
+}
+
+/// Whether the slot of `decision` is still served by what the decision restored (else the
+/// decision is void: the operator changed something since).
+fn next_names(set: &HandlerSet, decision: &Decision) -> bool {
+    set.slot(&decision.slot)
+        .is_some_and(|s| match (&decision.restored, s.current.origin()) {
+            (None, Origin::Builtin) => true,
+            (Some(v), Origin::Configured { entry, sha256 }) => {
+                v.entry == *entry && v.sha256 == *sha256
+            }
+            _ => false,
+        })
+}

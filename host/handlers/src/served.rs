@@ -1,0 +1,270 @@
+//! One version of a handler as it serves one slot: the hook calls go through it, so that each
+//! is counted, a failure of a new module counts against its probation, and (with
+//! `on_failure = "builtin"`) a failed call is decided by the built-in instead.
+//!
+//! A [`Served`] never changes which module it runs: a swap or a rollback puts a new `Served`
+//! in the set, and a caller holding the old one (a registration between its validate and
+//! register hooks, an allocation in flight) finishes on the version it started with.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Instant, SystemTime};
+
+use pluglet_handler_runtime::{
+    Accepted, AllocationRequest, Call, CallContext, Family, Handler, HandlerError, PluginInfo,
+    Refusal, RegisteredPlugin, RegistrationFacts,
+};
+
+use crate::file::{Entry, OnFailure};
+use crate::live::Shared;
+use crate::slot::SlotKey;
+use crate::stats::{CallStats, FailureKind};
+
+/// Clean calls in a row that end a new module's probation.
+pub const PROBATION_CLEAN_CALLS: u32 = 100;
+
+/// Where a served version came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A built-in module.
+    Builtin,
+    /// An entry of `handlers.toml`, with the digest of the bytes compiled.
+    Configured {
+        /// The entry.
+        entry: Entry,
+        /// sha256 of the module, hex.
+        sha256: String,
+    },
+}
+
+/// A new module's probation: failures count until `rollback_after`, or until enough clean
+/// calls in a row end it.
+#[derive(Debug)]
+struct Probation {
+    rollback_after: u32,
+    failures: AtomicU32,
+    clean_streak: AtomicU32,
+    over: AtomicBool,
+    triggered: AtomicBool,
+}
+
+/// A handler serving one slot (see the module doc).
+#[derive(Debug)]
+pub struct Served {
+    slot: SlotKey,
+    handler: Arc<Handler>,
+    origin: Origin,
+    applied_at: SystemTime,
+    fallback: Option<Arc<Handler>>,
+    probation: Option<Probation>,
+    stats: CallStats,
+    owner: Weak<Shared>,
+}
+
+impl Served {
+    /// A version for `slot`. `fallback`: the built-in that decides failed calls, when the entry
+    /// asks for it. `on_probation`: a newly applied module with something to roll back to.
+    pub(crate) fn new(
+        slot: SlotKey,
+        handler: Arc<Handler>,
+        origin: Origin,
+        builtin: Option<&Arc<Handler>>,
+        on_probation: bool,
+        owner: Weak<Shared>,
+    ) -> Served {
+        let (fallback, probation) = match &origin {
+            Origin::Builtin => (None, None),
+            Origin::Configured { entry, .. } => (
+                (entry.on_failure == OnFailure::Builtin)
+                    .then(|| builtin.cloned())
+                    .flatten(),
+                (on_probation && entry.rollback_after > 0).then(|| Probation {
+                    rollback_after: entry.rollback_after,
+                    failures: AtomicU32::new(0),
+                    clean_streak: AtomicU32::new(0),
+                    over: AtomicBool::new(false),
+                    triggered: AtomicBool::new(false),
+                }),
+            ),
+        };
+        Served {
+            slot,
+            handler,
+            origin,
+            applied_at: SystemTime::now(),
+            fallback,
+            probation,
+            stats: CallStats::default(),
+            owner,
+        }
+    }
+
+    /// The slot it serves.
+    pub fn slot(&self) -> &SlotKey {
+        &self.slot
+    }
+
+    /// The loaded module.
+    pub fn handler(&self) -> &Arc<Handler> {
+        &self.handler
+    }
+
+    /// Module id: `builtin:<name>` or the file path.
+    pub fn module(&self) -> &str {
+        self.handler.module()
+    }
+
+    /// sha256 of the module, hex.
+    pub fn sha256(&self) -> &str {
+        self.handler.sha256()
+    }
+
+    /// Where it came from.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// The entry it was configured by, if not a built-in.
+    pub fn entry(&self) -> Option<&Entry> {
+        match &self.origin {
+            Origin::Configured { entry, .. } => Some(entry),
+            Origin::Builtin => None,
+        }
+    }
+
+    /// When it was put in force.
+    pub fn applied_at(&self) -> SystemTime {
+        self.applied_at
+    }
+
+    /// Whether it exports `family`.
+    pub fn implements(&self, family: Family) -> bool {
+        self.handler.implements(family)
+    }
+
+    /// Whether it is still on probation.
+    pub fn on_probation(&self) -> bool {
+        self.probation
+            .as_ref()
+            .is_some_and(|p| !p.over.load(Ordering::Relaxed))
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> &CallStats {
+        &self.stats
+    }
+
+    /// `registration.validate` (see [`Handler::validate`]).
+    pub fn validate(
+        &self,
+        cx: &CallContext,
+        plugin: &PluginInfo,
+        existing: Option<&RegisteredPlugin>,
+    ) -> Result<Call<Result<Accepted, Refusal>>, HandlerError> {
+        self.observe(|h| h.validate(cx, plugin, existing), |v| v.is_err())
+    }
+
+    /// `registration.register` (see [`Handler::register`]).
+    pub fn register(
+        &self,
+        cx: &CallContext,
+        plugin: &PluginInfo,
+        facts: &RegistrationFacts,
+    ) -> Result<Call<Result<(), Refusal>>, HandlerError> {
+        self.observe(|h| h.register(cx, plugin, facts), |v| v.is_err())
+    }
+
+    /// `registration.deregister` (see [`Handler::deregister`]).
+    pub fn deregister(
+        &self,
+        cx: &CallContext,
+        plugin: &PluginInfo,
+    ) -> Result<Call<()>, HandlerError> {
+        self.observe(|h| h.deregister(cx, plugin), |_| false)
+    }
+
+    /// `allocation-policy.allocate` (see [`Handler::allocate`]).
+    pub fn allocate(
+        &self,
+        cx: &CallContext,
+        request: &AllocationRequest,
+    ) -> Result<Call<Result<Vec<String>, Refusal>>, HandlerError> {
+        self.observe(|h| h.allocate(cx, request), |v| v.is_err())
+    }
+
+    fn observe<T>(
+        &self,
+        call: impl Fn(&Handler) -> Result<Call<T>, HandlerError>,
+        refused: impl Fn(&T) -> bool,
+    ) -> Result<Call<T>, HandlerError> {
+        let started = Instant::now();
+        let result = call(&self.handler);
+        let elapsed = started.elapsed();
+        let err = match result {
+            Ok(answer) => {
+                self.stats.answered(elapsed, refused(&answer.value));
+                self.clean_call();
+                return Ok(answer);
+            }
+            Err(err) => err,
+        };
+        let kind = FailureKind::of(err.fault());
+        let message = pluglet_core::error_chain(&err);
+        self.stats.failed(elapsed, kind, message.clone());
+        if kind.is_the_modules() {
+            self.failed_call(&message);
+        }
+        match &self.fallback {
+            Some(builtin) => {
+                tracing::warn!(
+                    slot = %self.slot,
+                    module = self.module(),
+                    sha256 = self.sha256(),
+                    error = %message,
+                    builtin = builtin.module(),
+                    "handler call failed; decided by the built-in (on_failure = \"builtin\")"
+                );
+                call(builtin)
+            }
+            None => Err(err),
+        }
+    }
+
+    fn clean_call(&self) {
+        let Some(p) = &self.probation else { return };
+        if p.over.load(Ordering::Relaxed) {
+            return;
+        }
+        if p.clean_streak.fetch_add(1, Ordering::Relaxed) + 1 >= PROBATION_CLEAN_CALLS {
+            p.over.store(true, Ordering::Relaxed);
+            tracing::info!(
+                slot = %self.slot,
+                module = self.module(),
+                sha256 = self.sha256(),
+                "handler passed its probation ({PROBATION_CLEAN_CALLS} clean calls in a row)"
+            );
+        }
+    }
+
+    /// Counts a failure against the probation; at `rollback_after`, rolls back, here and now, so
+    /// that the next call already runs on the previous version.
+    fn failed_call(&self, message: &str) {
+        let Some(p) = &self.probation else { return };
+        if p.over.load(Ordering::Relaxed) {
+            return;
+        }
+        p.clean_streak.store(0, Ordering::Relaxed);
+        let failures = p.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures < p.rollback_after || p.triggered.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Some(owner) = self.owner.upgrade() else {
+            return;
+        };
+        let reason = format!(
+            "{failures} failed calls during probation (rollback_after = {}); last: {message}",
+            p.rollback_after
+        );
+        owner.roll_back_failing(self, reason);
+    }
+}

@@ -1,0 +1,208 @@
+//! What the handler set keeps in the state directory so that a rollback survives a restart:
+//! `handlers/rollbacks.json` (the decisions) and `handlers/modules/<sha256>.wasm` (the bytes of
+//! every configured module applied, so that the version a rollback restores can be loaded again
+//! whatever has happened to its file since).
+//!
+//! Files are written whole (temporary file, `fsync`, rename, directory `fsync`). A decisions file
+//! that cannot be parsed is renamed to `rollbacks.json.corrupt-<time>` and reported, never
+//! deleted.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::file::Entry;
+use crate::slot::SlotKey;
+
+/// One configured version: the module's digest and the entry it ran under.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Version {
+    /// sha256 of the module, hex.
+    pub sha256: String,
+    /// The entry.
+    pub entry: Entry,
+}
+
+/// A rollback decision: `rejected` is not applied again to `slot` until its file or entry
+/// changes; `restored` (or the built-in, when `None`) serves instead.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The slot.
+    pub slot: SlotKey,
+    /// The version rolled back.
+    pub rejected: Version,
+    /// The version put back; `None`: the built-in.
+    pub restored: Option<Version>,
+    /// Why.
+    pub reason: String,
+    /// When (RFC 3339).
+    pub at: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct DecisionsFile {
+    rollbacks: Vec<Decision>,
+}
+
+/// `<state>/handlers`.
+#[derive(Debug)]
+pub struct StateStore {
+    dir: PathBuf,
+}
+
+impl StateStore {
+    /// Opens (creates) `<state_dir>/handlers` and its `modules` folder.
+    pub fn open(state_dir: &Path) -> std::io::Result<StateStore> {
+        let dir = state_dir.join("handlers");
+        std::fs::create_dir_all(dir.join("modules"))?;
+        Ok(StateStore { dir })
+    }
+
+    fn decisions_path(&self) -> PathBuf {
+        self.dir.join("rollbacks.json")
+    }
+
+    fn module_path(&self, sha256: &str) -> PathBuf {
+        self.dir.join("modules").join(format!("{sha256}.wasm"))
+    }
+
+    /// The decisions on disk; none when there is no file; a corrupt file is set aside.
+    pub fn decisions(&self) -> Vec<Decision> {
+        let path = self.decisions_path();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read handler rollback decisions; starting without them");
+                return Vec::new();
+            }
+        };
+        match serde_json::from_str::<DecisionsFile>(&text) {
+            Ok(file) => file.rollbacks,
+            Err(e) => {
+                let aside = path.with_extension(format!(
+                    "json.corrupt-{}",
+                    chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+                ));
+                let _ = std::fs::rename(&path, &aside);
+                tracing::warn!(
+                    file = %path.display(),
+                    set_aside = %aside.display(),
+                    error = %e,
+                    "handler rollback decisions are corrupt; set aside, starting without them"
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    /// Writes the decisions whole.
+    pub fn save_decisions(&self, decisions: &[Decision]) -> std::io::Result<()> {
+        let file = DecisionsFile {
+            rollbacks: decisions.to_vec(),
+        };
+        let bytes = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
+        write_whole(&self.decisions_path(), &bytes)
+    }
+
+    /// Keeps a module's bytes under its digest (once).
+    pub fn keep_module(&self, sha256: &str, bytes: &[u8]) -> std::io::Result<()> {
+        let path = self.module_path(sha256);
+        if path.exists() {
+            return Ok(());
+        }
+        write_whole(&path, bytes)
+    }
+
+    /// A kept module's bytes.
+    pub fn module(&self, sha256: &str) -> std::io::Result<Vec<u8>> {
+        std::fs::read(self.module_path(sha256))
+    }
+
+    /// Removes kept modules whose digest is not in `keep`.
+    pub fn retain_modules(&self, keep: &HashSet<String>) {
+        let Ok(entries) = std::fs::read_dir(self.dir.join("modules")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(sha) = name.to_str().and_then(|n| n.strip_suffix(".wasm")) else {
+                continue;
+            };
+            if !keep.contains(sha) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(parent) = path.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file::OnFailure;
+
+    fn version(sha: &str) -> Version {
+        Version {
+            sha256: sha.into(),
+            entry: Entry {
+                module: "/h/p.wasm".into(),
+                deadline_ms: None,
+                memory_mib: None,
+                fuel: None,
+                settings: Default::default(),
+                rollback_after: 3,
+                on_failure: OnFailure::Fail,
+            },
+        }
+    }
+
+    #[test]
+    fn decisions_and_modules_round_trip_and_a_corrupt_file_is_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        assert!(store.decisions().is_empty());
+        let decision = Decision {
+            slot: SlotKey::Resource("vendor.com/gpu".into()),
+            rejected: version("bb"),
+            restored: Some(version("aa")),
+            reason: "3 failed calls".into(),
+            at: "2026-12-01T00:00:00Z".into(),
+        };
+        store
+            .save_decisions(std::slice::from_ref(&decision))
+            .unwrap();
+        assert_eq!(store.decisions(), vec![decision]);
+
+        store.keep_module("aa", b"one").unwrap();
+        store.keep_module("bb", b"two").unwrap();
+        store.retain_modules(&HashSet::from(["aa".to_owned()]));
+        assert_eq!(store.module("aa").unwrap(), b"one");
+        assert!(store.module("bb").is_err());
+
+        std::fs::write(dir.path().join("handlers/rollbacks.json"), "{").unwrap();
+        assert!(store.decisions().is_empty());
+        let aside = std::fs::read_dir(dir.path().join("handlers"))
+            .unwrap()
+            .flatten()
+            .any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("rollbacks.json.corrupt-")
+            });
+        assert!(aside);
+    }
+}

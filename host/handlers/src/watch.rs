@@ -1,0 +1,190 @@
+//! Watching the handlers directory: inotify events (through `notify`) are debounced until the
+//! files settle, then the set reloads as one transaction (off the reactor: it compiles).
+//!
+//! An event that says a file is finished (closed after writing, renamed into place, removed)
+//! settles after [`SETTLE`]; while a file has been created or written but not closed, the wait
+//! is [`WRITING_QUIET`] of silence, so a `cp` or an editor's save is seen once, finished. A file
+//! caught half-written anyway is refused by the transaction and retried when it changes again.
+//! Reads (our own included) are not changes and are ignored.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind};
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::live::{Handlers, ReloadOutcome};
+
+/// Quiet time after a finished write, rename or removal before the reload.
+pub const SETTLE: Duration = Duration::from_millis(10);
+/// Quiet time while a file is open for writing.
+pub const WRITING_QUIET: Duration = Duration::from_millis(250);
+
+/// Why the directory cannot be watched.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot watch the handlers directory {dir}")]
+pub struct WatchError {
+    dir: PathBuf,
+    #[source]
+    source: notify::Error,
+}
+
+enum Change {
+    /// A file is being written.
+    Writing(PathBuf),
+    /// A file is finished (or gone).
+    Done(PathBuf),
+}
+
+fn classify(event: notify::Event) -> Vec<Change> {
+    let writing = matches!(
+        event.kind,
+        EventKind::Create(CreateKind::File | CreateKind::Any)
+            | EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any)
+    );
+    let done = matches!(
+        event.kind,
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Modify(ModifyKind::Name(_))
+            | EventKind::Remove(_)
+    );
+    event
+        .paths
+        .into_iter()
+        .filter_map(|path| {
+            if writing {
+                Some(Change::Writing(path))
+            } else if done {
+                Some(Change::Done(path))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+impl Handlers {
+    /// Starts watching the handlers directory (and the directories of modules named by absolute
+    /// path); returns the task that reloads on changes until `cancel`.
+    pub fn watch(
+        &self,
+        cancel: CancellationToken,
+    ) -> Result<impl Future<Output = ()> + Send + 'static, WatchError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                if let Ok(event) = event {
+                    let _ = tx.send(event);
+                }
+            })
+            .map_err(|source| WatchError {
+                dir: self.dir().to_path_buf(),
+                source,
+            })?;
+        watcher
+            .watch(self.dir(), RecursiveMode::NonRecursive)
+            .map_err(|source| WatchError {
+                dir: self.dir().to_path_buf(),
+                source,
+            })?;
+        let handlers = self.clone();
+        Ok(async move { run(handlers, watcher, rx, cancel).await })
+    }
+}
+
+async fn run(
+    handlers: Handlers,
+    mut watcher: notify::RecommendedWatcher,
+    mut rx: mpsc::UnboundedReceiver<notify::Event>,
+    cancel: CancellationToken,
+) {
+    let mut extra: Vec<PathBuf> = Vec::new();
+    watch_module_dirs(&handlers, &mut watcher, &mut extra);
+    loop {
+        // Wait for a change (reads, ours included, are not changes).
+        let mut writing: HashSet<PathBuf> = HashSet::new();
+        loop {
+            let event = tokio::select! {
+                _ = cancel.cancelled() => return,
+                event = rx.recv() => event,
+            };
+            let Some(event) = event else { return };
+            if note(event, &mut writing) {
+                break;
+            }
+        }
+        // Then for the files to settle.
+        let quiet = |writing: &HashSet<PathBuf>| {
+            tokio::time::Instant::now()
+                + if writing.is_empty() {
+                    SETTLE
+                } else {
+                    WRITING_QUIET
+                }
+        };
+        let mut deadline = quiet(&writing);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                event = rx.recv() => {
+                    let Some(event) = event else { return };
+                    if note(event, &mut writing) {
+                        deadline = quiet(&writing);
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let reload = handlers.clone();
+        let outcome = tokio::task::spawn_blocking(move || reload.reload()).await;
+        match outcome {
+            Ok(ReloadOutcome::Applied(slots)) => {
+                tracing::debug!(?slots, "handlers directory change applied");
+                watch_module_dirs(&handlers, &mut watcher, &mut extra);
+            }
+            Ok(ReloadOutcome::Unchanged) => {
+                tracing::debug!("handlers directory changed; nothing that serves calls did")
+            }
+            Ok(ReloadOutcome::Refused(_)) => {}
+            Err(e) => tracing::error!(error = %e, "handler reload panicked"),
+        }
+    }
+}
+
+/// Records an event; whether it is a change worth a reload.
+fn note(event: notify::Event, writing: &mut HashSet<PathBuf>) -> bool {
+    let mut any = false;
+    for change in classify(event) {
+        any = true;
+        match change {
+            Change::Writing(path) => {
+                writing.insert(path);
+            }
+            Change::Done(path) => {
+                writing.remove(&path);
+            }
+        }
+    }
+    any
+}
+
+/// Watches the directories of modules outside the handlers directory (and no others).
+fn watch_module_dirs(
+    handlers: &Handlers,
+    watcher: &mut notify::RecommendedWatcher,
+    extra: &mut Vec<PathBuf>,
+) {
+    let wanted = handlers.module_dirs();
+    for dir in extra.iter().filter(|d| !wanted.contains(d)) {
+        let _ = watcher.unwatch(dir);
+    }
+    for dir in wanted.iter().filter(|d| !extra.contains(d)) {
+        if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a module's directory; changes there need a change of handlers.toml to be seen");
+        }
+    }
+    *extra = wanted;
+}
