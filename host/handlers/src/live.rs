@@ -864,6 +864,8 @@ impl Shared {
 
     fn refused(&self, refusals: &[EntryRefusal]) {
         let mut changes = self.lock_changes();
+        // The file itself parsed: a refusal of it as a whole is over.
+        changes.file = None;
         for refusal in refusals {
             tracing::warn!(
                 file = %refusal.module.display(),
