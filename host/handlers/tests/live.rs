@@ -1,0 +1,471 @@
+//! The live handler set with real modules: loading, transactions, refusals, probation,
+//! rollback (automatic, by hand, across a restart) and swaps under concurrent calls.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use pluglet_handler_runtime::{
+    AllocationRequest, CallContext, Device, Limits, PluginInfo, Runtime, RuntimeConfig,
+};
+use pluglet_handlers::{
+    Builtins, ChangeState, Handlers, HandlersEvent, Origin, ReloadOutcome, SlotKey, StartError,
+};
+
+const GPU: &str = "vendor.com/gpu";
+
+fn runtime() -> Runtime {
+    Runtime::new(RuntimeConfig {
+        default_limits: Limits {
+            deadline: Duration::from_secs(5),
+            ..Limits::default()
+        },
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime")
+}
+
+fn load(dir: &Path, state: Option<&Path>) -> Result<Handlers, StartError> {
+    let runtime = runtime();
+    let builtins = Builtins::embedded(&runtime).expect("built-ins");
+    Handlers::load(runtime, dir, state, builtins)
+}
+
+fn cx() -> CallContext {
+    CallContext {
+        node_name: "node-1".into(),
+    }
+}
+
+/// Eight devices, 0–3 on NUMA node 0 and 4–7 on node 1.
+fn request(count: u32) -> AllocationRequest {
+    AllocationRequest {
+        resource: GPU.into(),
+        available: (0..8)
+            .map(|i| Device {
+                id: format!("dev-{i}"),
+                numa_nodes: vec![i64::from(i / 4)],
+            })
+            .collect(),
+        must_include: Vec::new(),
+        count,
+        preferred: None,
+    }
+}
+
+fn allocate(handlers: &Handlers) -> Result<Vec<String>, String> {
+    let policy = handlers.for_resource(GPU);
+    match policy.allocate(&cx(), &request(2)) {
+        Ok(call) => call.value.map_err(|r| r.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn guest(name: &str) -> std::path::PathBuf {
+    pluglet_wasm_guests::guest_path(name)
+}
+
+fn write_toml(dir: &Path, body: &str) {
+    let tmp = dir.join(".handlers.toml.tmp");
+    std::fs::write(&tmp, body).unwrap();
+    std::fs::rename(tmp, dir.join("handlers.toml")).unwrap();
+}
+
+/// Puts `guest` at `dir/name` by rename, as a vendor's installer does.
+fn install(dir: &Path, guest_name: &str, name: &str) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::copy(guest(guest_name), &tmp).unwrap();
+    std::fs::rename(tmp, dir.join(name)).unwrap();
+}
+
+fn policy_entry(settings: &str, extra: &str) -> String {
+    format!(
+        "[resources.\"{GPU}\"]\nmodule = \"policy.wasm\"\nsettings = {{ {settings} }}\n{extra}\n"
+    )
+}
+
+fn slot_state(handlers: &Handlers) -> pluglet_handlers::SlotStatus {
+    handlers
+        .status()
+        .slots
+        .into_iter()
+        .find(|s| s.slot == SlotKey::Resource(GPU.into()))
+        .expect("the resource slot")
+}
+
+#[test]
+fn without_a_file_the_builtins_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let handlers = load(dir.path(), None).unwrap();
+    let csi = handlers.for_plugin_type("CSIPlugin").unwrap();
+    assert_eq!(csi.module(), "builtin:csi");
+    assert_eq!(*csi.origin(), Origin::Builtin);
+    assert_eq!(
+        handlers.for_plugin_type("DevicePlugin").unwrap().module(),
+        "builtin:device-plugin"
+    );
+    assert!(handlers.for_plugin_type("DRAPlugin").is_none());
+    assert_eq!(handlers.for_resource(GPU).module(), "builtin:device-plugin");
+    // CSIPlugin, DevicePlugin and the default policy.
+    assert_eq!(handlers.status().slots.len(), 3);
+}
+
+#[test]
+fn entries_replace_builtins_with_their_settings_and_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "strict.wasm");
+    write_toml(
+        dir.path(),
+        "[plugin_types.CSIPlugin]\nmodule = \"strict.wasm\"\ndeadline_ms = 40\nmemory_mib = 8\n\
+         fuel = 1000000\nsettings = { mode = \"ok\", version = \"7.0\", retries = 3 }\n",
+    );
+    let handlers = load(dir.path(), None).unwrap();
+    let h = handlers.for_plugin_type("CSIPlugin").unwrap();
+    assert_eq!(
+        h.module(),
+        dir.path().join("strict.wasm").display().to_string()
+    );
+    assert_eq!(
+        *h.handler().limits(),
+        Limits {
+            deadline: Duration::from_millis(40),
+            memory_mib: 8,
+            fuel: Some(1_000_000)
+        }
+    );
+    let plugin = PluginInfo {
+        plugin_type: "CSIPlugin".into(),
+        name: "x.example.com".into(),
+        endpoint: "/p/csi.sock".into(),
+        supported_versions: vec![],
+    };
+    let call = h.validate(&cx(), &plugin, None).unwrap();
+    assert_eq!(call.value.unwrap().version.as_deref(), Some("7.0"));
+    assert_eq!(h.stats().snapshot().calls, 1);
+    assert!(h.on_probation());
+}
+
+#[test]
+fn at_start_a_bad_entry_fails_naming_the_file_the_entry_and_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    write_toml(dir.path(), "[plugin_types.CSIPlugin]\nmodul = 1\n");
+    let err = load(dir.path(), None).unwrap_err().to_string();
+    assert!(err.contains("is not a valid handlers file"), "{err}");
+
+    write_toml(
+        dir.path(),
+        "[plugin_types.CSIPlugin]\nmodule = \"gone.wasm\"\n",
+    );
+    let err = load(dir.path(), None).unwrap_err().to_string();
+    assert!(
+        err.contains("handlers.toml: entry plugin_types.CSIPlugin"),
+        "{err}"
+    );
+    assert!(
+        err.contains("gone.wasm") && err.contains("missing"),
+        "{err}"
+    );
+
+    install(dir.path(), "csi", "csi.wasm");
+    write_toml(
+        dir.path(),
+        &format!("[resources.\"{GPU}\"]\nmodule = \"csi.wasm\"\n"),
+    );
+    let err = load(dir.path(), None).unwrap_err().to_string();
+    assert!(err.contains("allocation-policy family"), "{err}");
+}
+
+#[test]
+fn a_refused_change_keeps_the_set_in_force_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), None).unwrap();
+    let before = handlers.for_resource(GPU);
+
+    // Not a component, a TOML error, an unknown key, a missing module: nothing changes.
+    std::fs::write(dir.path().join("policy.wasm"), b"\0asm garbage").unwrap();
+    let ReloadOutcome::Refused(reason) = handlers.reload() else {
+        panic!("a broken module must be refused")
+    };
+    assert!(reason.contains("policy.wasm"), "{reason}");
+    let state = slot_state(&handlers);
+    assert!(Arc::ptr_eq(&state.current, &before));
+    let change = state.last_change.unwrap();
+    assert_eq!(change.state, ChangeState::Refused);
+    assert!(change.sha256.is_some());
+    assert_eq!(allocate(&handlers).unwrap().len(), 2);
+
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), "[resources.\"x\"\n");
+    assert!(matches!(handlers.reload(), ReloadOutcome::Refused(_)));
+    let file = handlers.status().last_change.unwrap();
+    assert_eq!(file.state, ChangeState::Refused);
+    assert!(
+        file.reason.contains("not a valid handlers file"),
+        "{}",
+        file.reason
+    );
+    assert!(Arc::ptr_eq(&handlers.for_resource(GPU), &before));
+
+    write_toml(dir.path(), &policy_entry("", "colour = 1"));
+    assert!(matches!(handlers.reload(), ReloadOutcome::Refused(r) if r.contains("colour")));
+
+    write_toml(dir.path(), &policy_entry("", ""));
+    std::fs::remove_file(dir.path().join("policy.wasm")).unwrap();
+    let ReloadOutcome::Refused(reason) = handlers.reload() else {
+        panic!("a missing module must be refused")
+    };
+    assert!(reason.contains("missing"), "{reason}");
+    assert!(
+        handlers.status().last_change.is_none(),
+        "the file parses again"
+    );
+    assert!(Arc::ptr_eq(&handlers.for_resource(GPU), &before));
+
+    // Putting the module back is a successful change (the same version: nothing to swap),
+    // and it ends the refusals.
+    install(dir.path(), "misbehave", "policy.wasm");
+    assert_eq!(handlers.reload(), ReloadOutcome::Unchanged);
+    assert!(slot_state(&handlers).last_change.is_none());
+}
+
+#[test]
+fn a_new_version_keeps_the_old_one_warm_and_removing_the_entry_returns_the_builtin() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), None).unwrap();
+    let mut events = handlers.subscribe();
+    let first = handlers.for_resource(GPU);
+    assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
+
+    install(dir.path(), "spread-policy", "policy.wasm");
+    assert_eq!(
+        handlers.reload(),
+        ReloadOutcome::Applied(vec![SlotKey::Resource(GPU.into())])
+    );
+    assert!(matches!(
+        events.try_recv(),
+        Ok(HandlersEvent::Applied { .. })
+    ));
+    let state = slot_state(&handlers);
+    assert_ne!(state.current.sha256(), first.sha256());
+    assert!(Arc::ptr_eq(state.previous.as_ref().unwrap(), &first));
+    let spread = allocate(&handlers).unwrap();
+    assert_ne!(spread, ["dev-0", "dev-1"], "spread takes one per NUMA node");
+    // An allocation already decided is not the set's business: the old handle still answers.
+    assert_eq!(
+        first.allocate(&cx(), &request(2)).unwrap().value.unwrap(),
+        ["dev-0", "dev-1"]
+    );
+
+    write_toml(dir.path(), "");
+    handlers.reload();
+    let state = slot_state(&handlers);
+    assert_eq!(state.current.module(), "builtin:device-plugin");
+    assert_eq!(state.last_change.unwrap().state, ChangeState::Applied);
+}
+
+#[test]
+fn a_failing_new_module_is_rolled_back_and_not_applied_again_and_the_decision_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    let good = handlers.for_resource(GPU);
+
+    install(dir.path(), "misbehave", "bad.wasm");
+    write_toml(
+        dir.path(),
+        &policy_entry("allocate = \"panic\"", "rollback_after = 2")
+            .replace("policy.wasm", "bad.wasm"),
+    );
+    assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
+    assert!(allocate(&handlers).unwrap_err().contains("trapped"));
+    assert!(allocate(&handlers).unwrap_err().contains("trapped"));
+    // The second failure rolled back at once: the next call runs on the previous version.
+    assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
+    let state = slot_state(&handlers);
+    assert_eq!(state.current.sha256(), good.sha256());
+    let change = state.last_change.unwrap();
+    assert_eq!(change.state, ChangeState::RolledBack);
+    assert!(
+        change.reason.contains("2 failed calls"),
+        "{}",
+        change.reason
+    );
+
+    // Another change in the directory does not bring the bad module back.
+    std::fs::write(dir.path().join("notes.txt"), "unrelated").unwrap();
+    assert_eq!(handlers.reload(), ReloadOutcome::Unchanged);
+    assert_eq!(handlers.for_resource(GPU).sha256(), good.sha256());
+    drop(handlers);
+
+    // Restarted with handlers.toml still naming it: the previous version serves, and says why.
+    std::fs::remove_file(dir.path().join("policy.wasm")).unwrap();
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    assert_eq!(handlers.for_resource(GPU).sha256(), good.sha256());
+    let change = slot_state(&handlers).last_change.unwrap();
+    assert_eq!(change.state, ChangeState::RolledBack);
+    assert!(
+        change.reason.contains("rolled back at"),
+        "{}",
+        change.reason
+    );
+    assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
+
+    // A changed entry is a new version: applied again.
+    write_toml(
+        dir.path(),
+        &policy_entry("allocate = \"ok\"", "").replace("policy.wasm", "bad.wasm"),
+    );
+    assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
+    assert_eq!(
+        slot_state(&handlers).current.entry().unwrap().settings["allocate"],
+        "ok"
+    );
+}
+
+#[test]
+fn with_on_failure_builtin_a_failed_call_is_decided_by_the_builtin_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(
+        dir.path(),
+        &policy_entry(
+            "allocate = \"panic\"",
+            "on_failure = \"builtin\"\nrollback_after = 0",
+        ),
+    );
+    let handlers = load(dir.path(), None).unwrap();
+    for _ in 0..3 {
+        assert_eq!(allocate(&handlers).unwrap().len(), 2);
+    }
+    let state = slot_state(&handlers);
+    assert!(state.current.module().ends_with("policy.wasm"));
+    let stats = state.current.stats().snapshot();
+    assert_eq!(stats.failures.trap, 3);
+    assert!(
+        stats
+            .last_failure
+            .unwrap()
+            .message
+            .contains("asked to panic")
+    );
+}
+
+#[test]
+fn rollback_by_hand_puts_the_previous_version_back() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), None).unwrap();
+    let first = handlers.for_resource(GPU).sha256().to_owned();
+    install(dir.path(), "spread-policy", "policy.wasm");
+    handlers.reload();
+    let slot = SlotKey::Resource(GPU.into());
+    let restored = handlers.roll_back(&slot).unwrap();
+    assert_eq!(restored.sha256(), first);
+    assert_eq!(handlers.for_resource(GPU).sha256(), first);
+    // Then only the built-in is left to go back to; after it, nothing.
+    assert_eq!(
+        handlers.roll_back(&slot).unwrap().module(),
+        "builtin:device-plugin"
+    );
+    assert!(handlers.roll_back(&slot).is_err());
+    assert!(
+        handlers
+            .roll_back(&SlotKey::Resource("x.com/none".into()))
+            .is_err()
+    );
+}
+
+#[test]
+fn calls_during_a_hundred_swaps_never_fail_and_each_is_answered_by_one_whole_version() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), None).unwrap();
+    let first_fit: Vec<String> = vec!["dev-0".into(), "dev-1".into()];
+    install(dir.path(), "spread-policy", "policy.wasm");
+    handlers.reload();
+    let spread = allocate(&handlers).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            let (handlers, stop, calls) = (handlers.clone(), stop.clone(), calls.clone());
+            let (first_fit, spread) = (first_fit.clone(), spread.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let answer = allocate(&handlers).expect("no call fails during a swap");
+                    assert!(answer == first_fit || answer == spread, "{answer:?}");
+                    calls.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for i in 0..100 {
+        install(
+            dir.path(),
+            if i % 2 == 0 {
+                "misbehave"
+            } else {
+                "spread-policy"
+            },
+            "policy.wasm",
+        );
+        assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        caller.join().unwrap();
+    }
+    assert!(calls.load(Ordering::Relaxed) > 0);
+    assert!(handlers.status().generation >= 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_applies_a_module_renamed_into_place() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), None).unwrap();
+    let mut events = handlers.subscribe();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let watch = tokio::spawn(handlers.watch(cancel.clone()).unwrap());
+
+    install(dir.path(), "spread-policy", "policy.wasm");
+    let applied = tokio::time::timeout(Duration::from_secs(30), events.recv())
+        .await
+        .expect("the change is applied")
+        .unwrap();
+    assert!(
+        matches!(applied, HandlersEvent::Applied { .. }),
+        "{applied:?}"
+    );
+    assert_eq!(
+        handlers.for_resource(GPU).sha256(),
+        handlers.current().for_resource(GPU).sha256()
+    );
+    assert_ne!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
+
+    // Written in place (truncate + write), as `cp` does.
+    std::fs::copy(guest("misbehave"), dir.path().join("policy.wasm")).unwrap();
+    let applied = tokio::time::timeout(Duration::from_secs(30), events.recv())
+        .await
+        .expect("the change is applied")
+        .unwrap();
+    assert!(
+        matches!(applied, HandlersEvent::Applied { .. }),
+        "{applied:?}"
+    );
+    assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
+
+    cancel.cancel();
+    watch.await.unwrap();
+}
