@@ -2,7 +2,8 @@
 //! SIGINT/SIGTERM (exit status 0, admin socket removed).
 //!
 //! Start order: directories → state lock (a second daemon on the same state directory is refused
-//! with the holder's pid) → handler modules → plugin manager (watch in place and start-up scan done)
+//! with the holder's pid) → handler modules (then their directory is watched: changes apply as
+//! transactions) → plugin manager (watch in place and start-up scan done)
 //! → admin socket. Once the admin socket answers, the daemon is fully up.
 
 use std::fs::File;

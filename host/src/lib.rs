@@ -11,8 +11,11 @@
 //!                                        │ registration (GetInfo, NotifyRegistrationStatus over uds)
 //!                                        ▼
 //!  kubelet.sock Register ──▶ pluglet-registration Pipeline: validate hook → facts → register hook
-//!   (pluglet-device-manager)   → activate; deactivate → deregister hook (HandlerSet, WASM)
+//!   (pluglet-device-manager)   → activate; deactivate → deregister hook (WASM)
 //!                              kinds: plugin_types::csi (NodeGetInfo) · the device manager (endpoints)
+//!
+//!  handlers/ ─inotify─▶ pluglet-handlers: handlers.toml → transaction → ArcSwap set ──▶ every hook
+//!                       call (the pipeline's, the allocator's policy); probation and rollback
 //!
 //!  admin::server (pluglet.sock, gRPC) ◀── PluginManagerHandle queries ──  reconciler
 //!  admin::ctl (`pluglet ctl`) ──gRPC──▶ admin::server ──▶ DeviceManager
