@@ -520,7 +520,7 @@ impl Shared {
                     Ok(plan) => {
                         plans.insert(slot.clone(), plan);
                     }
-                    Err(refusal) => refusals.push(refusal),
+                    Err(refusal) => refusals.push(*refusal),
                 }
             }
             for (slot, state) in base.slots() {
@@ -564,13 +564,15 @@ impl Shared {
         slot: &SlotKey,
         entry: &Entry,
         compiled: &mut HashMap<(String, Entry), Arc<Handler>>,
-    ) -> Result<Plan, EntryRefusal> {
-        let refuse = |sha256: Option<String>, reason: String| EntryRefusal {
-            file: path.to_path_buf(),
-            slot: slot.clone(),
-            module: entry.module.clone(),
-            sha256,
-            reason,
+    ) -> Result<Plan, Box<EntryRefusal>> {
+        let refuse = |sha256: Option<String>, reason: String| {
+            Box::new(EntryRefusal {
+                file: path.to_path_buf(),
+                slot: slot.clone(),
+                module: entry.module.clone(),
+                sha256,
+                reason,
+            })
         };
         let bytes: Arc<[u8]> = match std::fs::read(&entry.module) {
             Ok(bytes) => bytes.into(),
@@ -662,7 +664,7 @@ impl Shared {
         path: &Path,
         slot: &SlotKey,
         decision: &Decision,
-    ) -> Result<Plan, EntryRefusal> {
+    ) -> Result<Plan, Box<EntryRefusal>> {
         let reason = format!(
             "module sha256 {} was rolled back at {}: {}",
             decision.rejected.sha256, decision.at, decision.reason
@@ -674,21 +676,23 @@ impl Shared {
                     origin: Origin::Builtin,
                     reason,
                 }),
-                None => Err(EntryRefusal {
+                None => Err(Box::new(EntryRefusal {
                     file: path.to_path_buf(),
                     slot: slot.clone(),
                     module: decision.rejected.entry.module.clone(),
                     sha256: Some(decision.rejected.sha256.clone()),
                     reason: format!("{reason}; there is no built-in for it"),
-                }),
+                })),
             };
         };
-        let refuse = |why: String| EntryRefusal {
-            file: path.to_path_buf(),
-            slot: slot.clone(),
-            module: decision.rejected.entry.module.clone(),
-            sha256: Some(decision.rejected.sha256.clone()),
-            reason: format!("{reason}; the version it restored cannot be loaded: {why}"),
+        let refuse = |why: String| {
+            Box::new(EntryRefusal {
+                file: path.to_path_buf(),
+                slot: slot.clone(),
+                module: decision.rejected.entry.module.clone(),
+                sha256: Some(decision.rejected.sha256.clone()),
+                reason: format!("{reason}; the version it restored cannot be loaded: {why}"),
+            })
         };
         let bytes = self
             .store
