@@ -271,3 +271,84 @@ async fn an_unknown_type_has_no_handler() {
             .contains("no handler registered for plugin type DRAPlugin")
     );
 }
+
+/// A kind that changes the handler set while the registration gathers its facts.
+struct SwapDuringFacts {
+    handlers: pluglet_handlers::Handlers,
+    dir: std::path::PathBuf,
+}
+
+#[async_trait::async_trait]
+impl PluginKind for SwapDuringFacts {
+    async fn gather_facts(&self, _: &Candidate) -> Result<Facts, KindError> {
+        std::fs::write(
+            self.dir.join("handlers.toml"),
+            "[plugin_types.FooPlugin]\nmodule = \"foo.wasm\"\nsettings = { version = \"2\" }\n",
+        )
+        .unwrap();
+        let outcome = self.handlers.reload();
+        assert!(
+            matches!(outcome, pluglet_handlers::ReloadOutcome::Applied(_)),
+            "{outcome:?}"
+        );
+        Ok(Facts::default())
+    }
+
+    async fn activate(&self, _: &Arc<Registration>) -> Result<(), KindError> {
+        Ok(())
+    }
+
+    async fn deactivate(&self, _: &Registration) {}
+}
+
+#[tokio::test]
+async fn one_registration_is_decided_by_the_handler_version_it_started_with() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        pluglet_wasm_guests::guest_path("misbehave"),
+        dir.path().join("foo.wasm"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("handlers.toml"),
+        "[plugin_types.FooPlugin]\nmodule = \"foo.wasm\"\nsettings = { version = \"1\" }\n",
+    )
+    .unwrap();
+    let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
+    let builtins = Builtins::embedded(&runtime).unwrap();
+    let handlers = Handlers::load(runtime, dir.path(), None, builtins).unwrap();
+    let pipeline = Pipeline::new(handlers.clone(), "node-1");
+    let foo = PluginType::parse("FooPlugin");
+    pipeline.set_kind(
+        foo,
+        Arc::new(SwapDuringFacts {
+            handlers: handlers.clone(),
+            dir: dir.path().to_path_buf(),
+        }),
+    );
+    let first = handlers.for_plugin_type("FooPlugin").unwrap();
+    let registration = pipeline
+        .register(Candidate {
+            info: PluginInfo {
+                plugin_type: "FooPlugin".into(),
+                name: "foo.example.com".into(),
+                endpoint: "/foo.sock".into(),
+                supported_versions: vec![],
+            },
+            door: Door::KubeletSock,
+            connection: None,
+        })
+        .await
+        .unwrap();
+    // validate and register ran on version 1, although version 2 was in force before register.
+    assert_eq!(registration.version.as_deref(), Some("1"));
+    assert!(Arc::ptr_eq(&registration.handler, &first));
+    assert_eq!(first.stats().snapshot().calls, 2);
+    let second = handlers.for_plugin_type("FooPlugin").unwrap();
+    assert_eq!(second.entry().unwrap().settings["version"], "2");
+    assert_eq!(second.stats().snapshot().calls, 0);
+    // The next registration uses the new version.
+    pipeline
+        .deregister(&registration, EndReason::SocketGone)
+        .await;
+}
