@@ -365,7 +365,7 @@ impl Runtime {
 }
 
 /// Refuses limits the pool cannot honour.
-fn check_limits(module: &str, limits: &Limits) -> Result<(), LoadError> {
+pub(crate) fn check_limits(module: &str, limits: &Limits) -> Result<(), LoadError> {
     let invalid = |message: String| LoadError::InvalidLimits {
         module: module.to_string(),
         message,

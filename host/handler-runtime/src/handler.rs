@@ -159,6 +159,32 @@ impl Handler {
         }
     }
 
+    /// The same compiled component under another id, settings and limits: no compile, no
+    /// admission (the bytes are the ones admitted already). For a changed entry whose module did
+    /// not change.
+    pub fn reconfigured(
+        &self,
+        module: String,
+        settings: BTreeMap<String, String>,
+        limits: Option<Limits>,
+    ) -> Result<Arc<Handler>, crate::LoadError> {
+        let limits = limits.unwrap_or(self.runtime.config.default_limits);
+        crate::engine::check_limits(&module, &limits)?;
+        Ok(Arc::new(Handler {
+            runtime: self.runtime.clone(),
+            module_arc: Arc::from(module.as_str()),
+            module,
+            sha256: self.sha256.clone(),
+            contract_version: self.contract_version.clone(),
+            families: self.families.clone(),
+            compile_time: Duration::ZERO,
+            pre: self.pre.clone(),
+            indices: self.indices.clone(),
+            settings: Arc::new(settings),
+            limits,
+        }))
+    }
+
     /// Module id: `builtin:<name>` or the file path.
     pub fn module(&self) -> &str {
         &self.module

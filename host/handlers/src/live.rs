@@ -622,10 +622,31 @@ impl Shared {
             .filter(|p| is(p))
             .map(|p| p.handler().clone());
         let key = (sha256.clone(), entry.clone());
+        let limits = entry.limits(self.runtime.config().default_limits);
+        // The same bytes already compiled (in force, kept warm, or earlier in this transaction)
+        // under another entry: bind the new settings and limits without compiling again.
+        let same_bytes = || {
+            state
+                .into_iter()
+                .flat_map(|s| std::iter::once(&s.current).chain(s.previous.iter()))
+                .map(|served| served.handler().clone())
+                .chain(compiled.values().cloned())
+                .find(|h| h.sha256() == sha256)
+        };
         let handler = match warm.or_else(|| compiled.get(&key).cloned()) {
             Some(handler) => handler,
+            None if let Some(same) = same_bytes() => {
+                let handler = same
+                    .reconfigured(
+                        entry.module.display().to_string(),
+                        entry.settings.clone(),
+                        Some(limits),
+                    )
+                    .map_err(|e| refuse(Some(sha256.clone()), pluglet_core::error_chain(&e)))?;
+                compiled.insert(key, handler.clone());
+                handler
+            }
             None => {
-                let limits = entry.limits(self.runtime.config().default_limits);
                 let handler = self
                     .runtime
                     .load(
