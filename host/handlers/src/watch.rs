@@ -2,8 +2,9 @@
 //! files settle, then the set reloads as one transaction (off the reactor: it compiles).
 //!
 //! An event that says a file is finished (closed after writing, renamed into place, removed)
-//! settles after [`SETTLE`]; while a file has been created or written but not closed, the wait
-//! is [`WRITING_QUIET`] of silence, so a `cp` or an editor's save is seen once, finished. A file
+//! settles after [`SETTLE`]; while a file has been created or written but not closed, or while
+//! `handlers.toml` is gone (an editor saving by rename), the wait is [`WRITING_QUIET`] of
+//! silence, so a `cp` or an editor's save is seen once, finished. A file
 //! caught half-written anyway is refused by the transaction and retried when it changes again.
 //! Reads (our own included) are not changes and are ignored.
 
@@ -11,15 +12,17 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind};
+use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind, RenameMode};
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::file::HANDLERS_FILE;
 use crate::live::{Handlers, ReloadOutcome};
 
-/// Quiet time after a finished write, rename or removal before the reload.
-pub const SETTLE: Duration = Duration::from_millis(10);
+/// Quiet time after a finished write, rename or removal before the reload: enough to take a
+/// module and `handlers.toml` installed one right after the other as one change.
+pub const SETTLE: Duration = Duration::from_millis(3);
 /// Quiet time while a file is open for writing.
 pub const WRITING_QUIET: Duration = Duration::from_millis(250);
 
@@ -35,35 +38,31 @@ pub struct WatchError {
 enum Change {
     /// A file is being written.
     Writing(PathBuf),
-    /// A file is finished (or gone).
+    /// A file is finished.
     Done(PathBuf),
+    /// A file is gone (removed or renamed away).
+    Gone(PathBuf),
 }
 
 fn classify(event: notify::Event) -> Vec<Change> {
-    let writing = matches!(
-        event.kind,
+    let mut paths = event.paths.into_iter();
+    match event.kind {
         EventKind::Create(CreateKind::File | CreateKind::Any)
-            | EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any)
-    );
-    let done = matches!(
-        event.kind,
+        | EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any) => {
+            paths.map(Change::Writing).collect()
+        }
         EventKind::Access(AccessKind::Close(AccessMode::Write))
-            | EventKind::Modify(ModifyKind::Name(_))
-            | EventKind::Remove(_)
-    );
-    event
-        .paths
-        .into_iter()
-        .filter_map(|path| {
-            if writing {
-                Some(Change::Writing(path))
-            } else if done {
-                Some(Change::Done(path))
-            } else {
-                None
-            }
-        })
-        .collect()
+        | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => paths.map(Change::Done).collect(),
+        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+            let from = paths.next().map(Change::Gone);
+            from.into_iter().chain(paths.map(Change::Done)).collect()
+        }
+        EventKind::Remove(_)
+        | EventKind::Modify(ModifyKind::Name(RenameMode::From | RenameMode::Any | _)) => {
+            paths.map(Change::Gone).collect()
+        }
+        _ => Vec::new(),
+    }
 }
 
 impl Handlers {
@@ -164,6 +163,15 @@ fn note(event: notify::Event, writing: &mut HashSet<PathBuf>) -> bool {
                 writing.insert(path);
             }
             Change::Done(path) => {
+                writing.remove(&path);
+            }
+            // An editor that saves by renaming the old file away and writing a new one leaves
+            // no handlers.toml for a moment: wait for the new one as for a file being written
+            // (if none comes, the file was removed on purpose and the built-ins serve).
+            Change::Gone(path) if path.file_name() == Some(HANDLERS_FILE.as_ref()) => {
+                writing.insert(path);
+            }
+            Change::Gone(path) => {
                 writing.remove(&path);
             }
         }
