@@ -14,4 +14,5 @@ mod device_property;
 mod device_restart;
 mod device_support;
 mod devices;
+mod handler_swap;
 mod sync_pods;
