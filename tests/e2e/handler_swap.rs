@@ -235,18 +235,18 @@ fn refused_changes_keep_the_old_module_serving_with_their_reason() {
     };
     let policy = root.handlers().join("policy.wasm");
 
-    // A module that does not compile (the wasm magic, then garbage), renamed into place.
-    let mut garbage = b"\0asm\x01\0\0\0".to_vec();
+    // A module that does not compile (a component's header, then garbage), renamed into place.
+    let mut garbage = b"\0asm\x0d\0\x01\0".to_vec();
     garbage.extend(std::iter::repeat_n(0xa5u8, 64));
     rename_into_place(&root, "policy.wasm", &garbage);
-    slot_refused(&daemon, &policy, "");
+    slot_refused(&daemon, &policy, "does not compile");
     still_serving(&daemon, "policy.wasm");
     restore(&daemon);
 
     // A text file, copied over in place.
     std::fs::write(root.path().join("notes.txt"), "not a module\n").unwrap();
     std::fs::copy(root.path().join("notes.txt"), &policy).unwrap();
-    slot_refused(&daemon, &policy, "");
+    slot_refused(&daemon, &policy, "not a WebAssembly component");
     still_serving(&daemon, "policy.wasm");
     restore(&daemon);
 
