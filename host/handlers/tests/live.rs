@@ -471,3 +471,36 @@ async fn the_watch_applies_a_module_renamed_into_place() {
     cancel.cancel();
     watch.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_editor_saving_handlers_toml_by_rename_never_leaves_the_slot_to_the_builtin() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), None).unwrap();
+    let mut events = handlers.subscribe();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let watch = tokio::spawn(handlers.watch(cancel.clone()).unwrap());
+
+    // As vim does: the old file renamed to a backup, then a new file written and closed. The
+    // editor's pause between the two is part of the scenario.
+    let path = dir.path().join("handlers.toml");
+    std::fs::rename(&path, dir.path().join("handlers.toml~")).unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    std::fs::write(&path, policy_entry("allocate = \"ok\"", "")).unwrap();
+    next_applied(&mut events).await;
+    let served = handlers.for_resource(GPU);
+    assert_eq!(
+        served.entry().expect("still configured").settings["allocate"],
+        "ok",
+        "the first change applied is the saved file, not an empty one"
+    );
+    let previous = slot_state(&handlers).previous.unwrap();
+    assert!(
+        previous.entry().is_some(),
+        "never went through the built-in"
+    );
+
+    cancel.cancel();
+    watch.await.unwrap();
+}
