@@ -7,20 +7,19 @@
 //! - `pluglet handler test MODULE --hook validate|register|deregister|allocate --event FILE.json
 //!   [--setting k=v]... [--node-name N] [-o json|text]`: runs one hook on the event and prints the
 //!   outcome, the compile time and the call time separately, and the guest's log lines.
+//! - `pluglet handler test MODULE --vectors FILE.vectors.json [--setting k=v]...`: runs every
+//!   case of a vectors file ([`pluglet_handlers::Vectors`]) and prints each (passed or failed,
+//!   expected and got, call time, fuel used), then `N passed, N failed`; exit status 1 when a
+//!   case fails.
 //!
 //! `MODULE` is a `.wasm` path, or `builtin:csi` / `builtin:device-plugin` for the handlers
-//! embedded in this binary. Event JSON:
-//! - validate/register/deregister: a plugin as `pluglet ctl plugins -o json` prints it
-//!   ([`PluginView`]: `{"name": .., "type": "CSIPlugin", "endpoint": .., "versions": [..],
-//!   "node_id": ..?, "max_volumes_per_node": ..?, "topology": {..}?}`), plus `"existing": {same
-//!   shape + "version"}?`;
-//! - allocate: `{"resource": "vendor.com/gpu", "available": [{"id": "d0", "numa": [0]}],
-//!   "must_include": [], "count": 1, "preferred": ["d0"]?}` (devices as `pluglet ctl resources
-//!   -o json` prints them).
+//! embedded in this binary. The event JSON is [`pluglet_handlers::Event`]'s: a plugin as
+//! `pluglet ctl plugins -o json` prints it (validate/register/deregister, plus `"existing"`), or
+//! an allocation request with devices as `pluglet ctl resources -o json` prints them (allocate).
 //!
 //! A bad event file ([`EventError`]) and a failing handler ([`HandlerRunError`]: refused at load,
 //! trap, deadline, memory cap) are separate errors: the first names the file, the second the
-//! module and the hook.
+//! module and the hook. A bad vectors file is the vectors file's error, naming the case.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,13 +27,11 @@ use std::time::Duration;
 
 use anyhow::bail;
 use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, Device, GuestLog, Handler, HandlerError, Limits, LoadError,
-    ModuleSource, PluginInfo, RegisteredPlugin, RegistrationFacts, Runtime, RuntimeConfig,
+    CallContext, GuestLog, HandlerError, Hook, Limits, LoadError, ModuleSource, Runtime,
+    RuntimeConfig,
 };
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
-
-use crate::admin::view::{DeviceView, PluginView};
+use pluglet_handlers::{CaseResult, Event, Outcome, Vectors, run_hook};
+use serde::Serialize;
 
 /// Arguments of `pluglet handler`.
 #[derive(Debug, Clone, clap::Args)]
@@ -69,12 +66,15 @@ pub struct TestArgs {
     /// The module: a `.wasm` component file, or `builtin:csi` / `builtin:device-plugin`.
     pub module: String,
     /// The hook to run.
-    #[arg(long, value_enum)]
-    pub hook: HookArg,
+    #[arg(long, value_enum, required_unless_present = "vectors")]
+    pub hook: Option<HookArg>,
     /// JSON file holding the plugin record (validate/register/deregister) or the allocation
     /// request (allocate).
-    #[arg(long)]
-    pub event: PathBuf,
+    #[arg(long, required_unless_present = "vectors")]
+    pub event: Option<PathBuf>,
+    /// Run every case of a vectors file (`NAME.vectors.json`) instead of one hook.
+    #[arg(long, conflicts_with_all = ["hook", "event"])]
+    pub vectors: Option<PathBuf>,
     /// A setting of the handler, `key=value` (repeatable).
     #[arg(long = "setting", value_parser = parse_setting)]
     pub settings: Vec<(String, String)>,
@@ -198,44 +198,6 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn plugin_info(p: &PluginView) -> PluginInfo {
-    PluginInfo {
-        plugin_type: p.plugin_type.clone(),
-        name: p.name.clone(),
-        endpoint: p.endpoint.clone(),
-        supported_versions: p.versions.clone(),
-    }
-}
-
-/// The event of validate/register/deregister: the plugin as `pluglet ctl plugins -o json`
-/// prints it (its CSI keys are the facts of register), and the plugin already registered under
-/// its type and name.
-#[derive(Debug, Deserialize)]
-struct PluginEvent {
-    #[serde(flatten)]
-    plugin: PluginView,
-    #[serde(default)]
-    existing: Option<PluginView>,
-}
-
-/// The event of allocate.
-#[derive(Debug, Deserialize)]
-struct AllocateEvent {
-    resource: String,
-    available: Vec<DeviceView>,
-    #[serde(default)]
-    must_include: Vec<String>,
-    count: u32,
-    #[serde(default)]
-    preferred: Option<Vec<String>>,
-}
-
-const PLUGIN_EVENT_SHAPE: &str = "a plugin record: {\"name\", \"type\", \"endpoint\", \"versions\", \
-     \"existing\"?, \"node_id\"?, \"max_volumes_per_node\"?, \"topology\"?}";
-
-const ALLOCATE_EVENT_SHAPE: &str = "an allocation request: {\"resource\", \"available\": [{\"id\", \"numa\"}], \
-     \"must_include\", \"count\", \"preferred\"?}";
-
 /// What is wrong with the event file of `pluglet handler test`.
 #[derive(Debug, thiserror::Error)]
 pub enum EventError {
@@ -285,21 +247,17 @@ pub enum HandlerRunError {
 }
 
 /// Reads the event file and parses it as the event `hook` takes.
-fn read_event<T: DeserializeOwned>(
-    path: &std::path::Path,
-    hook: &'static str,
-    expected: &'static str,
-) -> Result<T, EventError> {
+fn read_event(path: &std::path::Path, hook: Hook) -> Result<Event, EventError> {
     let text = std::fs::read_to_string(path).map_err(|source| EventError::Unreadable {
         path: path.to_owned(),
         source,
     })?;
-    serde_json::from_str(&text).map_err(|source| {
+    Event::parse(hook, &text).map_err(|source| {
         if source.is_data() {
             EventError::WrongShape {
                 path: path.to_owned(),
-                hook,
-                expected,
+                hook: hook.as_str(),
+                expected: Event::shape(hook),
                 source,
             }
         } else {
@@ -311,78 +269,65 @@ fn read_event<T: DeserializeOwned>(
     })
 }
 
-/// A parsed event.
-enum Event {
-    Plugin(Box<PluginEvent>),
-    Allocate(AllocationRequest),
-}
-
-impl Event {
-    fn read(path: &std::path::Path, hook: HookArg) -> Result<Event, EventError> {
-        if hook == HookArg::Allocate {
-            let event: AllocateEvent = read_event(path, "allocate", ALLOCATE_EVENT_SHAPE)?;
-            return Ok(Event::Allocate(AllocationRequest {
-                resource: event.resource,
-                available: event
-                    .available
-                    .into_iter()
-                    .map(|d| Device {
-                        id: d.id,
-                        numa_nodes: d.numa,
-                    })
-                    .collect(),
-                must_include: event.must_include,
-                count: event.count,
-                preferred: event.preferred,
-            }));
-        }
-        let event = read_event(path, hook.name(), PLUGIN_EVENT_SHAPE)?;
-        Ok(Event::Plugin(Box::new(event)))
-    }
-}
-
-/// What a hook answered.
-#[derive(Debug, Serialize)]
-#[serde(tag = "result", rename_all = "snake_case")]
-enum Outcome {
-    Accepted { version: Option<String> },
-    Refused { kind: String, message: String },
-    Ok,
-    Allocated { devices: Vec<String> },
-}
-
-impl std::fmt::Display for Outcome {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Outcome::Accepted { version: Some(v) } => write!(f, "accepted (version {v})"),
-            Outcome::Accepted { version: None } => write!(f, "accepted"),
-            Outcome::Refused { kind, message } => write!(f, "refused ({kind}): {message}"),
-            Outcome::Ok => write!(f, "ok"),
-            Outcome::Allocated { devices } => write!(f, "allocated: {}", devices.join(", ")),
-        }
-    }
-}
-
 #[derive(Serialize)]
 struct TestReport<'a> {
     module: &'a str,
     contract_version: &'a str,
     families: Vec<String>,
     sha256: &'a str,
-    hook: &'static str,
+    hook: Hook,
     outcome: Outcome,
     compile_ms: f64,
     call_ms: f64,
+    fuel_used: u64,
     logs: Vec<GuestLog>,
 }
 
-impl HookArg {
-    fn name(self) -> &'static str {
-        match self {
-            HookArg::Validate => "validate",
-            HookArg::Register => "register",
-            HookArg::Deregister => "deregister",
-            HookArg::Allocate => "allocate",
+/// One case in the report of `handler test --vectors`.
+#[derive(Serialize)]
+struct CaseReport {
+    name: String,
+    hook: Hook,
+    passed: bool,
+    expected: Outcome,
+    got: Outcome,
+    call_ms: f64,
+    fuel_used: Option<u64>,
+}
+
+impl From<CaseResult> for CaseReport {
+    fn from(r: CaseResult) -> CaseReport {
+        CaseReport {
+            name: r.name,
+            hook: r.hook,
+            passed: r.passed,
+            expected: r.expected,
+            got: r.got,
+            call_ms: millis(r.elapsed),
+            fuel_used: r.fuel_used,
+        }
+    }
+}
+
+/// The report of `handler test --vectors`.
+#[derive(Serialize)]
+struct VectorsReport<'a> {
+    module: &'a str,
+    sha256: &'a str,
+    vectors: String,
+    compile_ms: f64,
+    cases: Vec<CaseReport>,
+    passed: usize,
+    failed: usize,
+}
+
+impl From<HookArg> for Hook {
+    fn from(hook: HookArg) -> Hook {
+        match hook {
+            HookArg::Validate => Hook::Validate,
+            HookArg::Register => Hook::Register,
+            HookArg::Deregister => Hook::Deregister,
+            HookArg::Allocate => Hook::Allocate,
         }
     }
 }
@@ -398,28 +343,59 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
     if let Some(fuel) = args.fuel {
         limits.fuel = Some(fuel);
     }
-    let event = Event::read(&args.event, args.hook)?;
-    let source = module_source(&args.module)?;
-    let runtime = runtime(limits)?;
-    let settings: BTreeMap<String, String> = args.settings.iter().cloned().collect();
-    let handler = runtime
-        .load(source, settings, None)
-        .map_err(HandlerRunError::from)?;
     let cx = CallContext {
         node_name: args.node_name.clone(),
     };
-    let (hook, outcome, elapsed, logs) =
-        run_hook(&handler, &cx, args.hook, event).map_err(HandlerRunError::from)?;
+    let settings: BTreeMap<String, String> = args.settings.iter().cloned().collect();
+    if let Some(path) = &args.vectors {
+        let vectors = Vectors::read(path)?;
+        let handler = runtime(limits)?
+            .load(module_source(&args.module)?, settings, None)
+            .map_err(HandlerRunError::from)?;
+        let cases: Vec<CaseReport> = pluglet_handlers::run_all(&handler, &cx, &vectors)
+            .into_iter()
+            .map(CaseReport::from)
+            .collect();
+        let failed = cases.iter().filter(|c| !c.passed).count();
+        let report = VectorsReport {
+            module: handler.module(),
+            sha256: handler.sha256(),
+            vectors: path.display().to_string(),
+            compile_ms: millis(handler.compile_time()),
+            passed: cases.len() - failed,
+            failed,
+            cases,
+        };
+        print_vectors(&report, args.output)?;
+        if failed > 0 {
+            bail!(
+                "{failed} of {} cases of {} failed",
+                report.cases.len(),
+                report.vectors
+            );
+        }
+        return Ok(());
+    }
+    let (Some(hook), Some(event_path)) = (args.hook, &args.event) else {
+        bail!("give --hook and --event, or --vectors");
+    };
+    let hook = Hook::from(hook);
+    let event = read_event(event_path, hook)?;
+    let handler = runtime(limits)?
+        .load(module_source(&args.module)?, settings, None)
+        .map_err(HandlerRunError::from)?;
+    let call = run_hook(&handler, &cx, hook, &event).map_err(HandlerRunError::from)?;
     let report = TestReport {
         module: handler.module(),
         contract_version: handler.contract_version(),
         families: handler.families().iter().map(|f| f.to_string()).collect(),
         sha256: handler.sha256(),
         hook,
-        outcome,
+        outcome: call.value,
         compile_ms: millis(handler.compile_time()),
-        call_ms: millis(elapsed),
-        logs,
+        call_ms: millis(call.elapsed),
+        fuel_used: call.fuel_used,
+        logs: call.logs,
     };
     match args.output {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -432,6 +408,7 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
             println!("outcome:   {}", report.outcome);
             println!("compiled:  {:.1} ms", report.compile_ms);
             println!("call:      {:.3} ms", report.call_ms);
+            println!("fuel:      {}", report.fuel_used);
             if report.logs.is_empty() {
                 println!("logs:      (none)");
             } else {
@@ -445,62 +422,34 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-type HookRun = (&'static str, Outcome, Duration, Vec<GuestLog>);
-
-fn run_hook(
-    handler: &Handler,
-    cx: &CallContext,
-    hook: HookArg,
-    event: Event,
-) -> Result<HookRun, HandlerError> {
-    let refused = |r: pluglet_handler_runtime::Refusal| Outcome::Refused {
-        kind: r.kind.to_string(),
-        message: r.message,
-    };
-    let event = match event {
-        Event::Allocate(request) => {
-            let call = handler.allocate(cx, &request)?;
-            let outcome = match call.value {
-                Ok(devices) => Outcome::Allocated { devices },
-                Err(r) => refused(r),
-            };
-            return Ok(("allocate", outcome, call.elapsed, call.logs));
+fn print_vectors(report: &VectorsReport<'_>, output: OutputFormat) -> anyhow::Result<()> {
+    if output == OutputFormat::Json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    println!("module:    {}", report.module);
+    println!("vectors:   {}", report.vectors);
+    println!("compiled:  {:.1} ms", report.compile_ms);
+    for case in &report.cases {
+        let fuel = case
+            .fuel_used
+            .map_or_else(|| "-".to_owned(), |f| f.to_string());
+        println!(
+            "{} {} ({}): {:.3} ms, fuel {fuel}",
+            if case.passed { "pass" } else { "FAIL" },
+            case.name,
+            case.hook,
+            case.call_ms,
+        );
+        if case.passed {
+            println!("     got:      {}", case.got);
+        } else {
+            println!("     expected: {}", case.expected);
+            println!("     got:      {}", case.got);
         }
-        Event::Plugin(event) => event,
-    };
-    let plugin = plugin_info(&event.plugin);
-    Ok(match hook {
-        HookArg::Validate => {
-            let existing = event.existing.as_ref().map(|e| RegisteredPlugin {
-                info: plugin_info(e),
-                version: e.version.clone(),
-            });
-            let call = handler.validate(cx, &plugin, existing.as_ref())?;
-            let outcome = match call.value {
-                Ok(a) => Outcome::Accepted { version: a.version },
-                Err(r) => refused(r),
-            };
-            ("validate", outcome, call.elapsed, call.logs)
-        }
-        HookArg::Register => {
-            let facts = RegistrationFacts {
-                node_id: event.plugin.node_id,
-                max_volumes_per_node: event.plugin.max_volumes_per_node,
-                topology: event.plugin.topology.unwrap_or_default(),
-            };
-            let call = handler.register(cx, &plugin, &facts)?;
-            let outcome = match call.value {
-                Ok(()) => Outcome::Ok,
-                Err(r) => refused(r),
-            };
-            ("register", outcome, call.elapsed, call.logs)
-        }
-        HookArg::Deregister => {
-            let call = handler.deregister(cx, &plugin)?;
-            ("deregister", Outcome::Ok, call.elapsed, call.logs)
-        }
-        HookArg::Allocate => unreachable!("an allocate event is read as Event::Allocate"),
-    })
+    }
+    println!("{} passed, {} failed", report.passed, report.failed);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -516,41 +465,17 @@ mod tests {
     }
 
     #[test]
-    fn plugin_events_parse_in_the_ctl_shape() {
-        let event: PluginEvent = serde_json::from_str(
-            r#"{"name":"csi.example.com","type":"CSIPlugin","endpoint":"/x.sock",
-                "versions":["1.0.0"],"state":"registered",
-                "existing":{"name":"csi.example.com","type":"CSIPlugin","endpoint":"/y.sock",
-                            "versions":["1.0.0"],"version":"1.0.0"},
-                "node_id":"n1","topology":{"zone":"a"}}"#,
-        )
-        .unwrap();
-        assert_eq!(plugin_info(&event.plugin).supported_versions, vec!["1.0.0"]);
-        assert_eq!(event.existing.unwrap().version.as_deref(), Some("1.0.0"));
-        assert_eq!(event.plugin.node_id.as_deref(), Some("n1"));
-        assert_eq!(
-            event
-                .plugin
-                .topology
-                .as_ref()
-                .and_then(|t| t.get("zone"))
-                .map(String::as_str),
-            Some("a")
-        );
-    }
-
-    #[test]
     fn every_example_event_parses() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/events");
         let mut seen = 0;
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             let hook = if path.file_name().unwrap() == "allocate.json" {
-                HookArg::Allocate
+                Hook::Allocate
             } else {
-                HookArg::Validate
+                Hook::Validate
             };
-            if let Err(e) = Event::read(&path, hook) {
+            if let Err(e) = read_event(&path, hook) {
                 panic!("{}: {:#}", path.display(), anyhow::Error::from(e));
             }
             seen += 1;
@@ -560,7 +485,7 @@ mod tests {
 
     #[test]
     fn a_ctl_plugins_record_is_an_event() {
-        let view = PluginView {
+        let view = crate::admin::view::PluginView {
             name: "hostpath.csi.k8s.io".into(),
             plugin_type: "CSIPlugin".into(),
             endpoint: "/csi.sock".into(),
@@ -574,8 +499,30 @@ mod tests {
             topology: Some([("zone".to_string(), "a".to_string())].into()),
         };
         let text = serde_json::to_string(&view).unwrap();
-        let event: PluginEvent = serde_json::from_str(&text).unwrap();
-        assert_eq!(event.plugin, view);
+        let Event::Plugin(event) = Event::parse(Hook::Register, &text).unwrap() else {
+            panic!("a plugin event");
+        };
+        let p = &event.plugin;
+        assert_eq!(
+            (
+                &p.name,
+                &p.plugin_type,
+                &p.endpoint,
+                &p.versions,
+                &p.version
+            ),
+            (
+                &view.name,
+                &view.plugin_type,
+                &view.endpoint,
+                &view.versions,
+                &view.version
+            )
+        );
+        assert_eq!(
+            (&p.node_id, p.max_volumes_per_node, &p.topology),
+            (&view.node_id, view.max_volumes_per_node, &view.topology)
+        );
         assert!(event.existing.is_none());
     }
 
@@ -584,11 +531,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bad_json = dir.path().join("bad.json");
         std::fs::write(&bad_json, "{\"name\": ").unwrap();
-        let err = Event::read(&bad_json, HookArg::Validate).err().unwrap();
+        let err = read_event(&bad_json, Hook::Validate).err().unwrap();
         assert!(matches!(err, EventError::NotJson { .. }), "{err}");
         let shape = dir.path().join("shape.json");
         std::fs::write(&shape, r#"{"resource": "vendor.com/gpu"}"#).unwrap();
-        let err = Event::read(&shape, HookArg::Validate).err().unwrap();
+        let err = read_event(&shape, Hook::Validate).err().unwrap();
         assert!(
             matches!(
                 err,
@@ -599,7 +546,7 @@ mod tests {
             ),
             "{err}"
         );
-        let err = Event::read(&dir.path().join("missing.json"), HookArg::Allocate)
+        let err = read_event(&dir.path().join("missing.json"), Hook::Allocate)
             .err()
             .unwrap();
         assert!(matches!(err, EventError::Unreadable { .. }), "{err}");

@@ -334,3 +334,197 @@ fn event_file_errors_name_the_file_and_what_is_wrong_not_the_handler() {
     assert!(err.contains("missing field `name`"), "{err}");
     assert!(!err.contains("trapped") && !err.contains(&module), "{err}");
 }
+
+// `handler test --vectors`: every case of a vectors file, a line each, then the totals; exit 1
+// when a case fails.
+
+fn spread_vectors() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/spread-policy/spread-policy.vectors.json")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn vectors_that_pass_print_each_case_and_the_totals() {
+    let out = pluglet(&[
+        "handler",
+        "test",
+        &guest("spread-policy"),
+        "--vectors",
+        &spread_vectors(),
+    ]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("pass two devices spread over both NUMA nodes (allocate): "),
+        "{text}"
+    );
+    assert!(
+        text.contains("got:      allocated [dev-0, dev-1]"),
+        "{text}"
+    );
+    assert!(text.contains(", fuel "), "{text}");
+    assert!(text.contains("7 passed, 0 failed"), "{text}");
+
+    let out = pluglet(&[
+        "handler",
+        "test",
+        &guest("spread-policy"),
+        "--vectors",
+        &spread_vectors(),
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["passed"], 7);
+    assert_eq!(v["failed"], 0);
+    let case = &v["cases"][5];
+    assert_eq!(case["passed"], true);
+    assert_eq!(case["hook"], "allocate");
+    assert_eq!(
+        case["expected"],
+        serde_json::json!({"result": "refused", "kind": "unsatisfiable"})
+    );
+    assert_eq!(case["got"]["result"], "refused");
+    assert!(case["got"]["message"].as_str().is_some(), "{case}");
+    assert!(case["fuel_used"].as_u64().unwrap() > 0, "{case}");
+    assert!(case["call_ms"].as_f64().unwrap() > 0.0, "{case}");
+}
+
+#[test]
+fn vectors_that_fail_say_what_was_expected_and_what_came_and_exit_1() {
+    // misbehave is first fit: the spread cases fail, the refusals pass.
+    let out = pluglet(&[
+        "handler",
+        "test",
+        &guest("misbehave"),
+        "--vectors",
+        &spread_vectors(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("FAIL a must-include device counts toward its node (allocate)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("expected: allocated [dev-2, dev-1]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("got:      allocated [dev-2, dev-0]"),
+        "{text}"
+    );
+    assert!(text.contains("passed, "), "{text}");
+    assert!(stderr(&out).contains("cases of"), "{}", stderr(&out));
+
+    // Settings apply to every case; a trap is an `error` outcome with no fuel figure.
+    let dir = tempfile::tempdir().unwrap();
+    let vectors = dir.path().join("m.vectors.json");
+    std::fs::write(
+        &vectors,
+        r#"[{"name": "accepts with the version", "hook": "validate",
+             "event": {"name": "csi.example.com", "type": "CSIPlugin", "versions": ["1.0.0"]},
+             "expect": {"result": "accepted", "version": "3.1"}},
+            {"name": "registers", "hook": "register",
+             "event": {"name": "csi.example.com", "type": "CSIPlugin"},
+             "expect": {"result": "ok"}}]"#,
+    )
+    .unwrap();
+    let vectors = vectors.display().to_string();
+    let module = guest("misbehave");
+    let run = |settings: &[&str]| {
+        let mut args = vec![
+            "handler",
+            "test",
+            &module,
+            "--vectors",
+            &vectors,
+            "-o",
+            "json",
+        ];
+        args.extend(settings);
+        pluglet(&args)
+    };
+    let out = run(&["--setting", "version=3.1"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert_eq!(json(&out)["passed"], 2);
+
+    let out = run(&["--setting", "version=2"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v = json(&out);
+    assert_eq!(v["failed"], 1);
+    assert_eq!(v["cases"][0]["got"]["version"], "2");
+
+    let out = run(&["--setting", "mode=panic"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v = json(&out);
+    assert_eq!(v["cases"][0]["got"]["result"], "error");
+    assert!(
+        v["cases"][0]["got"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("trapped"),
+        "{v}"
+    );
+    assert!(v["cases"][0]["fuel_used"].is_null(), "{v}");
+}
+
+#[test]
+fn a_bad_vectors_file_is_its_own_error_naming_the_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = guest("misbehave");
+    let write = |text: &str| {
+        let path = dir.path().join("bad.vectors.json");
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let run = |path: &str| {
+        let out = pluglet(&["handler", "test", &module, "--vectors", path]);
+        assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+        assert!(out.stdout.is_empty(), "no report for a bad file");
+        stderr(&out)
+    };
+    let path = write("[{");
+    let err = run(&path);
+    assert!(
+        err.starts_with(&format!("error: vectors file {path} is not valid JSON")),
+        "{err}"
+    );
+    let path =
+        write(r#"[{"name": "c1", "hook": "reboot", "event": {}, "expect": {"result": "ok"}}]"#);
+    let err = run(&path);
+    assert!(
+        err.contains("case \"c1\": unknown hook \"reboot\""),
+        "{err}"
+    );
+    let path = write(
+        r#"[{"name": "c2", "hook": "allocate", "event": {"name": "x", "type": "CSIPlugin"},
+             "expect": {"result": "refused"}}]"#,
+    );
+    let err = run(&path);
+    assert!(
+        err.contains("case \"c2\": event is not what hook allocate takes"),
+        "{err}"
+    );
+    assert!(err.contains("missing field `resource`"), "{err}");
+
+    let out = pluglet(&["handler", "test", &module, "--hook", "validate"]);
+    assert!(!out.status.success());
+    let out = pluglet(&[
+        "handler",
+        "test",
+        &module,
+        "--vectors",
+        &path,
+        "--hook",
+        "validate",
+    ]);
+    assert!(
+        stderr(&out).contains("cannot be used with"),
+        "{}",
+        stderr(&out)
+    );
+}

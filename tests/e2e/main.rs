@@ -15,4 +15,5 @@ mod device_restart;
 mod device_support;
 mod devices;
 mod handler_swap;
+mod handler_vectors;
 mod sync_pods;

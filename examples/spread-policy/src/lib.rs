@@ -18,7 +18,9 @@
 //!
 //! Build: `cargo build --release --target wasm32-wasip2 -p example-spread-policy` (the host's
 //! `pluglet-wasm-guests` build script does it for the tests). Try it:
-//! `pluglet handler test --module spread-policy.wasm --hook allocate --event request.json`.
+//! `pluglet handler test spread-policy.wasm --hook allocate --event request.json`. Its
+//! conformance vectors, `spread-policy.vectors.json` (install it beside `spread-policy.wasm`):
+//! `pluglet handler test spread-policy.wasm --vectors spread-policy.vectors.json`.
 
 use std::collections::BTreeMap;
 

@@ -356,8 +356,9 @@ impl Handler {
         );
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
+        let fuel = self.limits.fuel.unwrap_or(u64::MAX);
         store
-            .set_fuel(self.limits.fuel.unwrap_or(u64::MAX))
+            .set_fuel(fuel)
             .map_err(|e| fail(HandlerFault::Instantiate { source: e.into() }))?;
         self.arm_deadline(&mut store);
 
@@ -368,6 +369,7 @@ impl Handler {
         let elapsed = started.elapsed();
         match outcome {
             Ok(value) => {
+                let fuel_used = fuel.saturating_sub(store.get_fuel().unwrap_or(fuel));
                 let state = store.into_data();
                 let mut logs = state.logs;
                 if state.dropped_logs > 0 {
@@ -384,6 +386,7 @@ impl Handler {
                     value,
                     logs,
                     elapsed,
+                    fuel_used,
                 })
             }
             Err(error) => Err(fail(self.classify(error, store.data()))),

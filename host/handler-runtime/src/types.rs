@@ -295,6 +295,8 @@ pub struct Call<T> {
     pub logs: Vec<GuestLog>,
     /// Wall time of the call: instantiation plus the hook itself.
     pub elapsed: std::time::Duration,
+    /// Fuel the call used (instantiation plus the hook itself).
+    pub fuel_used: u64,
 }
 
 /// Level of a guest log line.

@@ -14,9 +14,12 @@
 //!
 //! Callers take a [`Served`] from [`Handlers`] and keep it for the whole of their work, so one
 //! registration or one allocation is decided by one version; the next call sees the next set.
+//! A module with conformance vectors beside it (`NAME.vectors.json`, see [`Vectors`]) must pass
+//! them before it is applied; `pluglet handler test --vectors` runs the same cases.
 //! The WASM mechanism itself (compiling, sandboxing, calling) is `pluglet-handler-runtime`,
 //! which knows nothing of slots, files or swaps.
 
+mod event;
 mod file;
 mod live;
 mod served;
@@ -24,8 +27,12 @@ mod set;
 mod slot;
 mod state;
 mod stats;
+mod vectors;
 mod watch;
 
+pub use event::{
+    ALLOCATE_EVENT_SHAPE, Event, Outcome, PLUGIN_EVENT_SHAPE, PluginEvent, PluginRecord, run_hook,
+};
 pub use file::{
     DEFAULT_ROLLBACK_AFTER, Entry, FileError, HANDLERS_FILE, HandlersFile, OnFailure, parse, read,
 };
@@ -38,4 +45,8 @@ pub use set::{HandlerSet, SlotState};
 pub use slot::SlotKey;
 pub use state::{Decision, StateStore, Version};
 pub use stats::{CallStats, FailureCounts, FailureKind, LastFailure, StatsSnapshot};
+pub use vectors::{
+    Case, CaseResult, VECTORS_NODE_NAME, VECTORS_SUFFIX, Vectors, VectorsError, check_module,
+    run_all, run_case, vectors_path,
+};
 pub use watch::{SETTLE, WRITING_QUIET, WatchError};

@@ -11,6 +11,9 @@
 //! hashed, every entry whose module or entry changed is compiled and admitted (imports, contract,
 //! the slot's family), and only when every entry passes is the new set swapped in. Otherwise
 //! nothing changes and the refusal is kept for `ctl handlers` until the next successful change.
+//! A module applied with a vectors file beside it must pass every case first (see
+//! [`crate::Vectors`]); the vectors are checked when the module is applied, so a change of the
+//! vectors file alone does not re-check a module already in force.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -672,6 +675,8 @@ impl Shared {
                 ),
             ));
         }
+        crate::vectors::check_module(&handler, &entry.module)
+            .map_err(|reason| refuse(Some(sha256.clone()), reason))?;
         Ok(Plan::Apply {
             handler,
             version,

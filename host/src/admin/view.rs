@@ -332,8 +332,8 @@ impl HandlerView {
     }
 }
 
-/// One device of a resource (in `ctl resources`), and an available device of an allocate
-/// event of `handler test`.
+/// One device of a resource (in `ctl resources`); an available device of an allocate event of
+/// `handler test` has the same shape.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceView {
     /// Device id.
