@@ -33,7 +33,7 @@ const BUILTIN_POLICY: &str = "builtin:device-plugin";
 const CHANGE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// sha256 of a file, hex (as `ctl handlers` shows it).
-fn sha256(path: &Path) -> String {
+pub(crate) fn sha256(path: &Path) -> String {
     let out = Command::new("sha256sum")
         .arg(path)
         .output()
@@ -47,7 +47,7 @@ fn sha256(path: &Path) -> String {
 }
 
 /// A built test guest, checked to exist.
-fn guest(name: &str) -> PathBuf {
+pub(crate) fn guest(name: &str) -> PathBuf {
     let path = pluglet_wasm_guests::guest_path(name);
     assert!(
         path.exists(),
@@ -58,7 +58,7 @@ fn guest(name: &str) -> PathBuf {
 }
 
 /// Writes `bytes` to a temporary name in the handlers directory and renames it over `file`.
-fn rename_into_place(root: &TestRoot, file: &str, bytes: &[u8]) {
+pub(crate) fn rename_into_place(root: &TestRoot, file: &str, bytes: &[u8]) {
     let tmp = root.handlers().join(format!(".{file}.tmp"));
     std::fs::write(&tmp, bytes).unwrap();
     std::fs::rename(&tmp, root.handlers().join(file)).unwrap();
@@ -75,7 +75,7 @@ fn copy_guest(root: &TestRoot, name: &str, file: &str) {
 }
 
 /// Writes `handlers.toml` (renamed into place) after copying the named guests next to it.
-fn handlers_toml(root: &TestRoot, guests: &[(&str, &str)], body: &str) {
+pub(crate) fn handlers_toml(root: &TestRoot, guests: &[(&str, &str)], body: &str) {
     std::fs::create_dir_all(root.handlers()).unwrap();
     for (name, file) in guests {
         std::fs::copy(guest(name), root.handlers().join(file)).unwrap();
@@ -84,7 +84,7 @@ fn handlers_toml(root: &TestRoot, guests: &[(&str, &str)], body: &str) {
 }
 
 /// `ctl handlers -o json`, whole.
-fn handlers(daemon: &Daemon) -> Value {
+pub(crate) fn handlers(daemon: &Daemon) -> Value {
     let out = daemon.ctl(&["handlers", "-o", "json"]);
     assert!(
         out.status.success(),
@@ -96,7 +96,7 @@ fn handlers(daemon: &Daemon) -> Value {
 }
 
 /// The row of the `vendor.com/gpu` slot, if listed.
-fn gpu_row(daemon: &Daemon) -> Option<Value> {
+pub(crate) fn gpu_row(daemon: &Daemon) -> Option<Value> {
     daemon
         .ctl_json("handlers")
         .into_iter()
@@ -104,7 +104,11 @@ fn gpu_row(daemon: &Daemon) -> Option<Value> {
 }
 
 /// Polls `probe` until it answers, failing with `what`, the last thing seen and the daemon log.
-fn wait_until<T>(daemon: &Daemon, what: &str, mut probe: impl FnMut() -> (Option<T>, String)) -> T {
+pub(crate) fn wait_until<T>(
+    daemon: &Daemon,
+    what: &str,
+    mut probe: impl FnMut() -> (Option<T>, String),
+) -> T {
     let start = Instant::now();
     loop {
         let (got, last) = probe();
@@ -123,7 +127,7 @@ fn wait_until<T>(daemon: &Daemon, what: &str, mut probe: impl FnMut() -> (Option
 }
 
 /// Waits until the gpu row satisfies `pred`.
-fn wait_gpu_row(daemon: &Daemon, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+pub(crate) fn wait_gpu_row(daemon: &Daemon, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     wait_until(daemon, &format!("{GPU} handler {what}"), || {
         let row = gpu_row(daemon);
         let seen = format!("{row:?}");
@@ -132,7 +136,7 @@ fn wait_gpu_row(daemon: &Daemon, what: &str, pred: impl Fn(&Value) -> bool) -> V
 }
 
 /// Waits until the gpu slot serves the module with `sha`.
-fn wait_gpu_sha(daemon: &Daemon, sha: &str) -> Value {
+pub(crate) fn wait_gpu_sha(daemon: &Daemon, sha: &str) -> Value {
     wait_gpu_row(daemon, &format!("to serve sha256 {sha}"), |r| {
         r["sha256"] == sha
     })
