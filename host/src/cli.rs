@@ -96,6 +96,14 @@ pub struct RunArgs {
     /// Time allowed for stages to stop on SIGINT/SIGTERM.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// A minisign public key file (as `minisign -G` writes it) whose signatures of handler
+    /// modules (`<module>.minisig`) are trusted; repeat for more keys. A present signature must
+    /// verify by one of them.
+    #[arg(long, value_name = "FILE")]
+    pub trusted_key: Vec<PathBuf>,
+    /// Refuse every configured handler module that is not signed by a trusted key.
+    #[arg(long)]
+    pub require_signatures: bool,
 }
 
 /// Output format of `pluglet ctl`.

@@ -44,6 +44,12 @@ pub enum ConfigError {
     /// A duration that must not be zero is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),
+    /// Signatures are required but no key is trusted.
+    #[error(
+        "--require-signatures needs at least one --trusted-key FILE (a minisign public key) to \
+         check the signatures with"
+    )]
+    NoTrustedKey,
 }
 
 /// Filesystem locations.
@@ -141,6 +147,18 @@ pub struct Config {
     pub node_name: String,
     /// Deadlines and backoff.
     pub timings: Timings,
+    /// Handler module signatures: the trusted public key files and whether a signature is
+    /// required.
+    pub signatures: Signatures,
+}
+
+/// `--trusted-key` and `--require-signatures`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Signatures {
+    /// minisign public key files.
+    pub trusted_keys: Vec<PathBuf>,
+    /// Whether every configured module must be signed by one of them.
+    pub require: bool,
 }
 
 impl Config {
@@ -202,11 +220,18 @@ impl Config {
                 max: timings.backoff_max,
             });
         }
+        if args.require_signatures && args.trusted_key.is_empty() {
+            return Err(ConfigError::NoTrustedKey);
+        }
         Ok(Config {
             paths,
             admin_socket_mode,
             node_name,
             timings,
+            signatures: Signatures {
+                trusted_keys: args.trusted_key.clone(),
+                require: args.require_signatures,
+            },
         })
     }
 }
@@ -291,6 +316,23 @@ mod tests {
             config(&["--node-name", " "]),
             Err(ConfigError::EmptyNodeName)
         ));
+        assert!(matches!(
+            config(&["--require-signatures"]),
+            Err(ConfigError::NoTrustedKey)
+        ));
+        let c = config(&[
+            "--trusted-key",
+            "/k1",
+            "--trusted-key",
+            "/k2",
+            "--require-signatures",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.signatures.trusted_keys,
+            [Path::new("/k1"), Path::new("/k2")]
+        );
+        assert!(c.signatures.require);
         assert_eq!(
             config(&["--admin-socket-mode", "0660"])
                 .unwrap()

@@ -16,14 +16,14 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use pluglet_core::PluginType;
 use pluglet_handler_runtime::{Runtime, RuntimeConfig};
-use pluglet_handlers::{Builtins, Handlers};
+use pluglet_handlers::{Builtins, Handlers, Trust, TrustedKey};
 use pluglet_registration::Pipeline;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::admin::server::{AdminService, bind_and_serve};
-use crate::config::Config;
+use crate::config::{Config, Signatures};
 use crate::plugin_manager::{PluginManager, PluginManagerConfig};
 use crate::plugin_types::csi::CsiKind;
 
@@ -97,16 +97,42 @@ impl StateLock {
     }
 }
 
+/// Reads the trusted public keys of `signatures` (a key file that cannot be used fails the
+/// start).
+pub fn trust(signatures: &Signatures) -> anyhow::Result<Trust> {
+    let keys = signatures
+        .trusted_keys
+        .iter()
+        .map(|path| TrustedKey::read(path))
+        .collect::<Result<Vec<_>, _>>()
+        .context("cannot use a --trusted-key")?;
+    for key in &keys {
+        tracing::info!(
+            key_id = key.id(),
+            "trusting handler module signatures by key"
+        );
+    }
+    Ok(Trust {
+        keys,
+        require: signatures.require,
+    })
+}
+
 /// Loads the handler set from `dir` over the built-ins, with rollback decisions kept in
-/// `state_dir` (compiles modules: CPU-bound, off the reactor).
-pub async fn load_handlers(dir: &Path, state_dir: Option<&Path>) -> anyhow::Result<Handlers> {
+/// `state_dir` and signatures checked against `trust` (compiles modules: CPU-bound, off the
+/// reactor).
+pub async fn load_handlers(
+    dir: &Path,
+    state_dir: Option<&Path>,
+    trust: Trust,
+) -> anyhow::Result<Handlers> {
     let dir = dir.to_owned();
     let state_dir = state_dir.map(Path::to_path_buf);
     tokio::task::spawn_blocking(move || -> anyhow::Result<Handlers> {
         let runtime =
             Runtime::new(RuntimeConfig::default()).context("cannot start the WASM runtime")?;
         let builtins = Builtins::embedded(&runtime).context("built-in handler failed to load")?;
-        Handlers::load(runtime, &dir, state_dir.as_deref(), builtins)
+        Handlers::load(runtime, &dir, state_dir.as_deref(), builtins, trust)
             .with_context(|| format!("cannot load handlers from {}", dir.display()))
     })
     .await
@@ -131,7 +157,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
 
-    let handlers = load_handlers(&paths.handlers_dir, Some(&paths.state_dir)).await?;
+    let trust = trust(&config.signatures)?;
+    let handlers = load_handlers(&paths.handlers_dir, Some(&paths.state_dir), trust).await?;
     for slot in handlers.status().slots {
         info!(
             slot = %slot.slot,

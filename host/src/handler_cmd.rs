@@ -11,6 +11,9 @@
 //!   case of a vectors file ([`pluglet_handlers::Vectors`]) and prints each (passed or failed,
 //!   expected and got, call time, fuel used), then `N passed, N failed`; exit status 1 when a
 //!   case fails.
+//! - `pluglet handler verify MODULE --key PUB [--signature FILE]`: verifies the module's detached
+//!   minisign signature (`MODULE.minisig` unless given) with the public key, as the daemon does
+//!   with `--trusted-key`; prints the key id and the trusted comment, or fails with the reason.
 //!
 //! `MODULE` is a `.wasm` path, or `builtin:csi` / `builtin:device-plugin` for the handlers
 //! embedded in this binary. The event JSON is [`pluglet_handlers::Event`]'s: a plugin as
@@ -25,12 +28,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 use pluglet_handler_runtime::{
     CallContext, GuestLog, HandlerError, Hook, Limits, LoadError, ModuleSource, Runtime,
     RuntimeConfig,
 };
-use pluglet_handlers::{CaseResult, Event, Outcome, Vectors, run_hook};
+use pluglet_handlers::{CaseResult, Event, Outcome, TrustedKey, Vectors, run_hook};
 use serde::Serialize;
 
 /// Arguments of `pluglet handler`.
@@ -48,6 +51,22 @@ pub enum HandlerCommand {
     Check(CheckArgs),
     /// Run one hook of a module on an event read from JSON.
     Test(TestArgs),
+    /// Verify a module's minisign signature with a public key; print the key id and the
+    /// trusted comment.
+    Verify(VerifyArgs),
+}
+
+/// Arguments of `pluglet handler verify`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct VerifyArgs {
+    /// The module file.
+    pub module: PathBuf,
+    /// A minisign public key file (as `minisign -G` writes it); repeat to accept any of several.
+    #[arg(long = "key", value_name = "PUB", required = true)]
+    pub keys: Vec<PathBuf>,
+    /// The signature file [default: MODULE.minisig].
+    #[arg(long, value_name = "FILE")]
+    pub signature: Option<PathBuf>,
 }
 
 /// Arguments of `pluglet handler check`.
@@ -130,7 +149,39 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
     match args.command {
         HandlerCommand::Check(args) => check(args),
         HandlerCommand::Test(args) => test(args),
+        HandlerCommand::Verify(args) => verify(args),
     }
+}
+
+fn verify(args: VerifyArgs) -> anyhow::Result<()> {
+    let keys = args
+        .keys
+        .iter()
+        .map(|path| TrustedKey::read(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    let bytes = std::fs::read(&args.module)
+        .with_context(|| format!("cannot read the module {}", args.module.display()))?;
+    let signature_path = args
+        .signature
+        .unwrap_or_else(|| pluglet_handlers::signature_path(&args.module));
+    let signature = std::fs::read_to_string(&signature_path).with_context(|| {
+        format!(
+            "cannot read the signature {}; sign the module with `minisign -Sm {}`",
+            signature_path.display(),
+            args.module.display()
+        )
+    })?;
+    let info = pluglet_handlers::verify(&keys, &bytes, &signature).with_context(|| {
+        format!(
+            "{} does not vouch for {}",
+            signature_path.display(),
+            args.module.display()
+        )
+    })?;
+    println!("signature verified: {}", args.module.display());
+    println!("key id:           {}", info.key_id);
+    println!("trusted comment:  {}", info.trusted_comment);
+    Ok(())
 }
 
 fn module_source(module: &str) -> anyhow::Result<ModuleSource> {

@@ -84,7 +84,7 @@ pub(crate) fn handlers_toml(root: &TestRoot, guests: &[(&str, &str)], body: &str
 }
 
 /// `ctl handlers -o json`, whole.
-fn handlers(daemon: &Daemon) -> Value {
+pub(crate) fn handlers(daemon: &Daemon) -> Value {
     let out = daemon.ctl(&["handlers", "-o", "json"]);
     assert!(
         out.status.success(),

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `pluglet run` binary on a temporary root, the example plugins as
 //! separate processes, and `pluglet ctl` to observe. One module per user story; shared harness in
-//! `support/`. Build the binaries first: `cargo build --workspace --bins && cargo test --workspace`.
+//! `support/`. Run them with `bash scripts/test.sh`: it builds the binaries first and installs
+//! the `minisign` program the signature tests use.
 
 mod support;
 
@@ -14,6 +15,7 @@ mod device_property;
 mod device_restart;
 mod device_support;
 mod devices;
+mod handler_integrity;
 mod handler_swap;
 mod handler_vectors;
 mod sync_pods;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use pluglet_device_manager::stub::{Stub, devices};
 use pluglet_device_manager::{Config, DeviceManager, Durability};
 use pluglet_handler_runtime::{Runtime, RuntimeConfig};
-use pluglet_handlers::{Builtins, Handlers};
+use pluglet_handlers::{Builtins, Handlers, Trust};
 use pluglet_proto::v1beta1;
 use tokio_util::sync::CancellationToken;
 
@@ -265,8 +265,14 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let wasm = Runtime::new(RuntimeConfig::default()).expect("wasm runtime");
     let builtins = Builtins::embedded(&wasm).expect("built-in handlers");
-    let handlers =
-        Handlers::load(wasm, Path::new("/nonexistent"), None, builtins).expect("handlers");
+    let handlers = Handlers::load(
+        wasm,
+        Path::new("/nonexistent"),
+        None,
+        builtins,
+        Trust::default(),
+    )
+    .expect("handlers");
     println!(
         "{:<34} {:>12} {:>12} {:>10}",
         "operation (median)", "fsync", "no fsync", "kubelet"

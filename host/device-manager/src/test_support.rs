@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use pluglet_handler_runtime::{PluginInfo, Runtime, RuntimeConfig};
-use pluglet_handlers::{Builtins, Handlers};
+use pluglet_handlers::{Builtins, Handlers, Trust};
 use pluglet_registration::{Candidate, Door, Pipeline, Registration};
 
 /// The built-in handlers, compiled once per test binary.
@@ -14,7 +14,14 @@ pub fn handlers() -> Handlers {
     SET.get_or_init(|| {
         let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
         let builtins = Builtins::embedded(&runtime).unwrap();
-        Handlers::load(runtime, Path::new("/nonexistent"), None, builtins).unwrap()
+        Handlers::load(
+            runtime,
+            Path::new("/nonexistent"),
+            None,
+            builtins,
+            Trust::default(),
+        )
+        .unwrap()
     })
     .clone()
 }

@@ -14,7 +14,7 @@ use pluglet_device_manager::{
     ResourceInfo, StartError,
 };
 use pluglet_handler_runtime::{PluginInfo, Runtime, RuntimeConfig};
-use pluglet_handlers::{Builtins, Handlers};
+use pluglet_handlers::{Builtins, Handlers, Trust};
 use pluglet_proto::v1beta1;
 use pluglet_registration::{Candidate, Door, EndReason, Pipeline, PipelineEvent};
 use tokio_util::sync::CancellationToken;
@@ -24,7 +24,7 @@ const GPU: &str = "vendor.com/gpu";
 fn load_handlers(dir: &Path) -> Handlers {
     let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
     let builtins = Builtins::embedded(&runtime).unwrap();
-    Handlers::load(runtime, dir, None, builtins).unwrap()
+    Handlers::load(runtime, dir, None, builtins, Trust::default()).unwrap()
 }
 
 /// Built-ins only; compiled once for the whole test binary.

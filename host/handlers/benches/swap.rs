@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pluglet_handler_runtime::{AllocationRequest, CallContext, Device, Runtime, RuntimeConfig};
-use pluglet_handlers::{Builtins, Handlers, HandlersEvent, SlotKey};
+use pluglet_handlers::{Builtins, Handlers, HandlersEvent, SlotKey, Trust};
 use sha2::{Digest, Sha256};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -289,7 +289,7 @@ fn main() {
         format!("[resources.\"{RESOURCE}\"]\nmodule = \"{MODULE}\"\n"),
     )
     .expect("write handlers.toml");
-    let handlers = Handlers::load(wasm, &dir, None, builtins).expect("handlers");
+    let handlers = Handlers::load(wasm, &dir, None, builtins, Trust::default()).expect("handlers");
     assert_eq!(handlers.for_resource(RESOURCE).sha256(), sha256(&misbehave));
     let cancel = CancellationToken::new();
     let watch = {

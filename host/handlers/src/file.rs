@@ -3,6 +3,7 @@
 //! ```toml
 //! [plugin_types.CSIPlugin]           # replaces builtin:csi for CSI drivers
 //! module = "strict-csi.wasm"         # relative to the handlers dir, or absolute
+//! sha256 = "9f86d0…"                 # optional pin: the module's digest (64 lowercase hex)
 //! deadline_ms = 50                   # optional limits
 //! memory_mib = 16
 //! fuel = 50000000
@@ -46,6 +47,7 @@ struct FileConfig {
 #[serde(deny_unknown_fields)]
 struct EntryConfig {
     module: PathBuf,
+    sha256: Option<String>,
     deadline_ms: Option<u64>,
     memory_mib: Option<u32>,
     fuel: Option<u64>,
@@ -80,6 +82,9 @@ impl std::fmt::Display for OnFailure {
 pub struct Entry {
     /// The module file (relative names already joined to the handlers directory).
     pub module: PathBuf,
+    /// `sha256`, if given: the digest the module must have (64 lowercase hex digits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     /// `deadline_ms`, if given.
     pub deadline_ms: Option<u64>,
     /// `memory_mib`, if given.
@@ -134,7 +139,7 @@ pub enum FileError {
     #[error(
         "{path} is not a valid handlers file: {message}; expected [plugin_types.<type>] and \
          [resources.\"<resource>\"] tables with module, settings and optional \
-         deadline_ms/memory_mib/fuel/rollback_after/on_failure"
+         sha256/deadline_ms/memory_mib/fuel/rollback_after/on_failure"
     )]
     Parse {
         /// The file.
@@ -211,6 +216,12 @@ fn check(dir: &Path, path: &Path, slot: &SlotKey, entry: EntryConfig) -> Result<
             "deadline_ms must be at least 1 (leave it out for the default)".into(),
         ));
     }
+    let sha256 = entry
+        .sha256
+        .as_deref()
+        .map(crate::integrity::parse_pin)
+        .transpose()
+        .map_err(invalid)?;
     let module = if entry.module.is_absolute() {
         entry.module
     } else {
@@ -218,6 +229,7 @@ fn check(dir: &Path, path: &Path, slot: &SlotKey, entry: EntryConfig) -> Result<
     };
     Ok(Entry {
         module,
+        sha256,
         deadline_ms: entry.deadline_ms,
         memory_mib: entry.memory_mib,
         fuel: entry.fuel,
@@ -276,5 +288,22 @@ mod tests {
         let err =
             parse_text("[plugin_types.X]\nmodule = \"a\"\nsettings = { l = [1] }\n").unwrap_err();
         assert!(err.to_string().contains("setting l is a array"), "{err}");
+        let err = parse_text("[plugin_types.X]\nmodule = \"a\"\nsha256 = \"ABC\"\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("entry plugin_types.X: sha256 = \"ABC\" is not a sha256 digest"),
+            "{err}"
+        );
+        let pin = "0123456789abcdef".repeat(4);
+        let file = parse_text(&format!(
+            "[plugin_types.X]\nmodule = \"a\"\nsha256 = \"{pin}\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            file.entries[&SlotKey::PluginType("X".into())]
+                .sha256
+                .as_deref(),
+            Some(pin.as_str())
+        );
     }
 }

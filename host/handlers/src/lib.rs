@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! handlers dir ─ watch (inotify, debounced) ─▶ file (handlers.toml parsed)
-//!   ─▶ live: transaction (read, hash, compile and admit what changed; all or nothing)
+//!   ─▶ live: transaction (read, hash, integrity: pin and signature, compile and admit what
+//!      changed; all or nothing)
 //!   ─▶ set (immutable snapshot, swapped in whole through ArcSwap)
 //!   ─▶ served (each hook call: counted; probation; on_failure; rollback) ─▶ state (rollbacks
 //!      kept across restarts)
@@ -21,6 +22,7 @@
 
 mod event;
 mod file;
+mod integrity;
 mod live;
 mod served;
 mod set;
@@ -35,6 +37,10 @@ pub use event::{
 };
 pub use file::{
     DEFAULT_ROLLBACK_AFTER, Entry, FileError, HANDLERS_FILE, HandlersFile, OnFailure, parse, read,
+};
+pub use integrity::{
+    KeyError, SIGNATURE_SUFFIX, SignatureError, SignatureInfo, Trust, TrustedKey, parse_pin,
+    signature_path, verify,
 };
 pub use live::{
     Builtins, ChangeRecord, ChangeState, EntryRefusal, Handlers, HandlersEvent, ReloadOutcome,

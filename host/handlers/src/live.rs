@@ -26,6 +26,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::broadcast;
 
 use crate::file::{self, Entry, FileError, HANDLERS_FILE, HandlersFile};
+use crate::integrity::{self, SignatureInfo, Trust, Verdict};
 use crate::served::{Origin, Served};
 use crate::set::{HandlerSet, SlotState};
 use crate::slot::SlotKey;
@@ -279,6 +280,7 @@ pub(crate) struct Shared {
     runtime: Runtime,
     dir: PathBuf,
     builtins: Builtins,
+    trust: Trust,
     set: ArcSwap<HandlerSet>,
     writer: Mutex<Writer>,
     changes: Mutex<ChangeLog>,
@@ -311,6 +313,7 @@ enum Plan {
         handler: Arc<Handler>,
         version: Version,
         bytes: Option<Arc<[u8]>>,
+        signature: Option<SignatureInfo>,
     },
     /// By the version a rollback decision restored.
     Restore {
@@ -325,12 +328,14 @@ enum Plan {
 impl Handlers {
     /// Loads the set from `dir` at start: the built-ins, then `handlers.toml` if present. Any
     /// entry that cannot be applied fails the start (naming the file, entry and reason).
-    /// `state_dir` keeps rollback decisions across restarts (`None`: not kept).
+    /// `state_dir` keeps rollback decisions across restarts (`None`: not kept). `trust`: the
+    /// keys that sign modules and whether a signature is required.
     pub fn load(
         runtime: Runtime,
         dir: &Path,
         state_dir: Option<&Path>,
         builtins: Builtins,
+        trust: Trust,
     ) -> Result<Handlers, StartError> {
         let store = state_dir
             .map(|state| {
@@ -370,6 +375,7 @@ impl Handlers {
                 runtime,
                 dir: dir.to_path_buf(),
                 builtins,
+                trust,
                 set: ArcSwap::from_pointee(set),
                 writer: Mutex::new(Writer { decisions }),
                 changes: Mutex::new(ChangeLog::default()),
@@ -593,6 +599,12 @@ impl Shared {
             }
         };
         let sha256 = hex::encode(Sha256::digest(&bytes));
+        let in_force = base.slot(slot).map(|s| &*s.current);
+        let signature = match integrity::check(&self.trust, entry, &bytes, &sha256, in_force) {
+            Ok(Verdict::Pass(signature)) => signature,
+            Ok(Verdict::KeepInForce) => return Ok(Plan::Keep),
+            Err(reason) => return Err(refuse(Some(sha256), reason)),
+        };
         let version = Version {
             sha256: sha256.clone(),
             entry: entry.clone(),
@@ -681,6 +693,7 @@ impl Shared {
             handler,
             version,
             bytes: Some(bytes),
+            signature,
         })
     }
 
@@ -767,6 +780,7 @@ impl Shared {
                     handler,
                     version,
                     bytes,
+                    signature,
                 } => {
                     if let (Some(store), Some(bytes)) = (&self.store, bytes)
                         && let Err(e) = store.keep_module(&version.sha256, &bytes)
@@ -796,7 +810,8 @@ impl Shared {
                         builtin,
                         has_target,
                         self.me.clone(),
-                    );
+                    )
+                    .with_signature(signature);
                     (
                         Some(SlotState {
                             current: Arc::new(served),
@@ -994,21 +1009,28 @@ impl Shared {
             return Ok(state.current.clone());
         }
         let builtin = self.builtins.for_slot(slot);
-        let (handler, origin) = match &state.previous {
-            Some(previous) => (previous.handler().clone(), previous.origin().clone()),
+        let (handler, origin, signature) = match &state.previous {
+            Some(previous) => (
+                previous.handler().clone(),
+                previous.origin().clone(),
+                previous.signature().cloned(),
+            ),
             None => match (builtin, state.current.origin()) {
-                (Some(b), Origin::Configured { .. }) => (b.clone(), Origin::Builtin),
+                (Some(b), Origin::Configured { .. }) => (b.clone(), Origin::Builtin, None),
                 _ => return Err(RollbackError::NothingToRollBackTo(slot.clone())),
             },
         };
-        let restored = Arc::new(Served::new(
-            slot.clone(),
-            handler,
-            origin.clone(),
-            builtin,
-            false,
-            self.me.clone(),
-        ));
+        let restored = Arc::new(
+            Served::new(
+                slot.clone(),
+                handler,
+                origin.clone(),
+                builtin,
+                false,
+                self.me.clone(),
+            )
+            .with_signature(signature),
+        );
         let next = base.with_slot(
             slot,
             Some(SlotState {

@@ -16,6 +16,7 @@ use pluglet_handler_runtime::{
 };
 
 use crate::file::{Entry, OnFailure};
+use crate::integrity::SignatureInfo;
 use crate::live::Shared;
 use crate::slot::SlotKey;
 use crate::stats::{CallStats, FailureKind};
@@ -54,6 +55,7 @@ pub struct Served {
     slot: SlotKey,
     handler: Arc<Handler>,
     origin: Origin,
+    signature: Option<SignatureInfo>,
     applied_at: SystemTime,
     fallback: Option<Arc<Handler>>,
     probation: Option<Probation>,
@@ -91,12 +93,24 @@ impl Served {
             slot,
             handler,
             origin,
+            signature: None,
             applied_at: SystemTime::now(),
             fallback,
             probation,
             stats: CallStats::default(),
             owner,
         }
+    }
+
+    /// The same version, vouched for by `signature`.
+    pub(crate) fn with_signature(mut self, signature: Option<SignatureInfo>) -> Served {
+        self.signature = signature;
+        self
+    }
+
+    /// The signature that vouched for the module when it was applied, if one was checked.
+    pub fn signature(&self) -> Option<&SignatureInfo> {
+        self.signature.as_ref()
     }
 
     /// The slot it serves.

@@ -160,6 +160,7 @@ mod tests {
             sha256: sha.into(),
             entry: Entry {
                 module: "/h/p.wasm".into(),
+                sha256: None,
                 deadline_ms: None,
                 memory_mib: None,
                 fuel: None,

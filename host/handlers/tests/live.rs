@@ -11,6 +11,7 @@ use pluglet_handler_runtime::{
 };
 use pluglet_handlers::{
     Builtins, ChangeState, Handlers, HandlersEvent, Origin, ReloadOutcome, SlotKey, StartError,
+    Trust,
 };
 
 const GPU: &str = "vendor.com/gpu";
@@ -29,7 +30,7 @@ fn runtime() -> Runtime {
 fn load(dir: &Path, state: Option<&Path>) -> Result<Handlers, StartError> {
     let runtime = runtime();
     let builtins = Builtins::embedded(&runtime).expect("built-ins");
-    Handlers::load(runtime, dir, state, builtins)
+    Handlers::load(runtime, dir, state, builtins, Trust::default())
 }
 
 fn cx() -> CallContext {

@@ -27,7 +27,13 @@ fn runtime() -> Runtime {
 fn load(dir: &Path) -> Result<Handlers, StartError> {
     let runtime = runtime();
     let builtins = Builtins::embedded(&runtime).expect("built-ins");
-    Handlers::load(runtime, dir, None, builtins)
+    Handlers::load(
+        runtime,
+        dir,
+        None,
+        builtins,
+        pluglet_handlers::Trust::default(),
+    )
 }
 
 fn write_file(dir: &Path, name: &str, body: &str) {

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use pluglet_core::{PluginKey, PluginType};
 use pluglet_handler_runtime::{PluginInfo, RefusalKind, RegistrationFacts, Runtime, RuntimeConfig};
-use pluglet_handlers::{Builtins, Handlers};
+use pluglet_handlers::{Builtins, Handlers, Trust};
 use pluglet_registration::{
     Candidate, Door, EndReason, Facts, KindError, Pipeline, PipelineEvent, PluginKind,
     Registration, Stage,
@@ -20,6 +20,7 @@ fn pipeline() -> Pipeline {
         Path::new("/nonexistent-handlers-dir"),
         None,
         builtins,
+        Trust::default(),
     )
     .unwrap();
     Pipeline::new(handlers, "node-1")
@@ -316,7 +317,7 @@ async fn one_registration_is_decided_by_the_handler_version_it_started_with() {
     .unwrap();
     let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
     let builtins = Builtins::embedded(&runtime).unwrap();
-    let handlers = Handlers::load(runtime, dir.path(), None, builtins).unwrap();
+    let handlers = Handlers::load(runtime, dir.path(), None, builtins, Trust::default()).unwrap();
     let pipeline = Pipeline::new(handlers.clone(), "node-1");
     let foo = PluginType::parse("FooPlugin");
     pipeline.set_kind(

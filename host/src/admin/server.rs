@@ -186,6 +186,10 @@ pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
         rollback_after: entry.map_or(0, |e| e.rollback_after),
         on_failure: entry.map(|e| e.on_failure.to_string()).unwrap_or_default(),
         on_probation: s.current.on_probation(),
+        signature: s.current.signature().map(|sig| pb::HandlerSignature {
+            key_id: sig.key_id.clone(),
+            trusted_comment: sig.trusted_comment.clone(),
+        }),
     }
 }
 

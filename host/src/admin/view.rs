@@ -159,6 +159,18 @@ pub struct HandlerView {
     pub on_failure: Option<String>,
     /// Whether the module is still on probation.
     pub on_probation: bool,
+    /// The minisign signature that vouched for the module when it was applied (`None`: none
+    /// was checked).
+    pub signature: Option<SignatureView>,
+}
+
+/// A minisign signature that verified.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignatureView {
+    /// The id of the key that made it, hex, as minisign prints it.
+    pub key_id: String,
+    /// Its trusted comment.
+    pub trusted_comment: String,
 }
 
 /// A module and its digest.
@@ -258,6 +270,10 @@ impl From<&pb::HandlerInfo> for HandlerView {
             rollback_after: (!h.on_failure.is_empty()).then_some(h.rollback_after),
             on_failure: non_empty(&h.on_failure),
             on_probation: h.on_probation,
+            signature: h.signature.as_ref().map(|sig| SignatureView {
+                key_id: sig.key_id.clone(),
+                trusted_comment: sig.trusted_comment.clone(),
+            }),
         }
     }
 }
@@ -652,7 +668,14 @@ impl Table for HandlerView {
         vec![
             self.key(),
             self.module.clone(),
-            self.sha256.chars().take(12).collect(),
+            match &self.signature {
+                Some(sig) => format!(
+                    "{} signed:{}",
+                    self.sha256.chars().take(12).collect::<String>(),
+                    sig.key_id
+                ),
+                None => self.sha256.chars().take(12).collect(),
+            },
             self.calls.to_string(),
             failed.to_string(),
             self.p99_us
@@ -1124,7 +1147,8 @@ mod tests {
                 "refusals",
                 "resource",
                 "rollback_after",
-                "sha256"
+                "sha256",
+                "signature"
             ]
         );
         assert_eq!(
@@ -1168,6 +1192,34 @@ mod tests {
         assert_eq!(
             first,
             ["CSIPlugin", "resource vendor.com/gpu", "(default policy)"]
+        );
+    }
+
+    #[test]
+    fn a_verified_signature_shows_its_key_id_and_trusted_comment() {
+        let signed = pb::HandlerInfo {
+            resource: "vendor.com/gpu".into(),
+            module: "/h/spread.wasm".into(),
+            sha256: "cd".repeat(32),
+            signature: Some(pb::HandlerSignature {
+                key_id: "745C5BF2302F34A".into(),
+                trusted_comment: "spread-policy 1.2.0".into(),
+            }),
+            ..Default::default()
+        };
+        let view = HandlerView::from(&signed);
+        assert_eq!(
+            serde_json::to_value(&view).unwrap()["signature"],
+            serde_json::json!({"key_id": "745C5BF2302F34A", "trusted_comment": "spread-policy 1.2.0"})
+        );
+        assert!(
+            table(&[view]).contains("cdcdcdcdcdcd signed:745C5BF2302F34A"),
+            "{}",
+            table(&[HandlerView::from(&signed)])
+        );
+        assert_eq!(
+            serde_json::to_value(&handlers()[0]).unwrap()["signature"],
+            Value::Null
         );
     }
 }

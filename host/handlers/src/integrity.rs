@@ -1,0 +1,386 @@
+//! Integrity of a configured module, checked before it is compiled: the digest pin of its entry
+//! (`sha256 = "<hex>"` in `handlers.toml`) and its detached minisign signature
+//! (`<module>.minisig`, as `minisign -Sm <module>` writes it) against the keys the daemon trusts.
+//!
+//! For a pinned entry `handlers.toml` is the commit point: a module file that changes while the
+//! pin still names the version in force is not a refusal, the version in force keeps serving
+//! until the pin names the new digest.
+//!
+//! Signatures are verified by `minisign-verify`; this module only reads the key id out of the
+//! key and signature lines to name them.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use minisign_verify::{PublicKey, Signature};
+
+use crate::file::Entry;
+use crate::served::{Origin, Served};
+
+/// The file name suffix of a detached signature: `spread.wasm.minisig`.
+pub const SIGNATURE_SUFFIX: &str = ".minisig";
+
+/// The detached signature file of `module`.
+pub fn signature_path(module: &Path) -> PathBuf {
+    let mut name = module.as_os_str().to_owned();
+    name.push(SIGNATURE_SUFFIX);
+    PathBuf::from(name)
+}
+
+/// Checks a pin as written in `handlers.toml`: 64 lowercase hex digits.
+pub fn parse_pin(text: &str) -> Result<String, String> {
+    if text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "sha256 = \"{text}\" is not a sha256 digest; write the 64 lowercase hex digits that \
+             `sha256sum <module>` prints"
+        ))
+    }
+}
+
+/// A public key the daemon trusts (a minisign public key file, as `minisign -G` writes it).
+#[derive(Clone, Debug)]
+pub struct TrustedKey {
+    id: String,
+    key: PublicKey,
+}
+
+/// Why a public key file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The file could not be read.
+    #[error("cannot read the public key file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a minisign public key.
+    #[error(
+        "{path} is not a minisign public key ({message}); give the .pub file `minisign -G` wrote \
+         (an `untrusted comment:` line, then the base64 key line)"
+    )]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl TrustedKey {
+    /// Reads a minisign public key file.
+    pub fn read(path: &Path) -> Result<TrustedKey, KeyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| KeyError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        TrustedKey::decode(&text).map_err(|message| KeyError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    /// Parses the text of a minisign public key file.
+    pub fn decode(text: &str) -> Result<TrustedKey, String> {
+        let mut lines = text.lines();
+        let comment = lines.next().unwrap_or_default();
+        if !comment.starts_with("untrusted comment:") {
+            return Err("the first line is not an `untrusted comment:` line".to_owned());
+        }
+        let line = lines.next().unwrap_or_default().trim();
+        let key = PublicKey::from_base64(line).map_err(|e| e.to_string())?;
+        let id = key_id(line).ok_or_else(|| "the key line is too short".to_owned())?;
+        Ok(TrustedKey { id, key })
+    }
+
+    /// The key id, hex, as minisign prints it.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// The key id in a base64 key or signature line (bytes 2..10, a little-endian number), as
+/// minisign prints it.
+fn key_id(line: &str) -> Option<String> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(line.trim())
+        .ok()?;
+    let id: [u8; 8] = bytes.get(2..10)?.try_into().ok()?;
+    Some(format!("{:X}", u64::from_le_bytes(id)))
+}
+
+/// The trust the daemon puts in signatures: the keys given by `--trusted-key` and whether
+/// every configured module must be signed by one of them (`--require-signatures`).
+#[derive(Clone, Debug, Default)]
+pub struct Trust {
+    /// The trusted keys.
+    pub keys: Vec<TrustedKey>,
+    /// Whether a configured module without a valid signature by a trusted key is refused.
+    pub require: bool,
+}
+
+/// A signature that verified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SignatureInfo {
+    /// The id of the key that made it, hex, as minisign prints it.
+    pub key_id: String,
+    /// Its trusted comment.
+    pub trusted_comment: String,
+}
+
+/// Why a signature does not vouch for a module.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    /// The text is not a minisign signature.
+    #[error("the signature file is not a minisign signature ({0}); write it with `minisign -S`")]
+    Malformed(String),
+    /// Made by a key that is not trusted.
+    #[error(
+        "signed by key {key_id}, which is not trusted; sign the module with a key given to \
+         --trusted-key, or trust this key"
+    )]
+    UntrustedKey {
+        /// The key that made it.
+        key_id: String,
+    },
+    /// Made by a trusted key, but not over these bytes.
+    #[error(
+        "the signature by key {key_id} does not verify: the module (or the signature) was \
+         changed after signing; sign the module again"
+    )]
+    Invalid {
+        /// The key that made it.
+        key_id: String,
+    },
+}
+
+/// Verifies the text of a detached signature over `bytes` with one of `keys`.
+pub fn verify(
+    keys: &[TrustedKey],
+    bytes: &[u8],
+    signature: &str,
+) -> Result<SignatureInfo, SignatureError> {
+    let parsed =
+        Signature::decode(signature).map_err(|e| SignatureError::Malformed(e.to_string()))?;
+    let key_id =
+        signature.lines().nth(1).and_then(key_id).ok_or_else(|| {
+            SignatureError::Malformed("the signature line is too short".to_owned())
+        })?;
+    let Some(key) = keys.iter().find(|k| k.id == key_id) else {
+        return Err(SignatureError::UntrustedKey { key_id });
+    };
+    match key.key.verify(bytes, &parsed, false) {
+        Ok(()) => Ok(SignatureInfo {
+            key_id,
+            trusted_comment: parsed.trusted_comment().to_owned(),
+        }),
+        Err(_) => Err(SignatureError::Invalid { key_id }),
+    }
+}
+
+/// What the checks decided for one entry.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    /// The module may be applied; the signature that vouched for it, if any.
+    Pass(Option<SignatureInfo>),
+    /// The file changed but the pin still names the version in force: keep serving it.
+    KeepInForce,
+}
+
+/// The pin and signature checks of `entry`, whose module file holds `bytes` (digest `sha256`);
+/// `in_force` is the version serving the slot. `Err`: the reason to refuse the entry.
+pub(crate) fn check(
+    trust: &Trust,
+    entry: &Entry,
+    bytes: &[u8],
+    sha256: &str,
+    in_force: Option<&Served>,
+) -> Result<Verdict, String> {
+    if let Some(pin) = &entry.sha256
+        && pin != sha256
+    {
+        let pin_in_force = in_force.is_some_and(|served| {
+            matches!(served.origin(), Origin::Configured { entry: e, sha256: digest } if e == entry && digest == pin)
+        });
+        if pin_in_force {
+            tracing::info!(
+                module = %entry.module.display(),
+                file_sha256 = sha256,
+                "module file changed but handlers.toml still pins sha256 {pin}; keeping the \
+                 version in force until the pin names the new digest"
+            );
+            return Ok(Verdict::KeepInForce);
+        }
+        return Err(format!(
+            "module sha256 {sha256} does not match the pin {pin} in handlers.toml; if this module \
+             is the one to run, set sha256 = \"{sha256}\" in the entry, else put back the module \
+             the pin names"
+        ));
+    }
+    if trust.keys.is_empty() && !trust.require {
+        return Ok(Verdict::Pass(None));
+    }
+    let path = signature_path(&entry.module);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if trust.require {
+                return Err(format!(
+                    "no signature: {} is missing and signatures are required \
+                     (--require-signatures); sign the module with a trusted key \
+                     (`minisign -S -s <key> -m {}`)",
+                    path.display(),
+                    entry.module.display()
+                ));
+            }
+            return Ok(Verdict::Pass(None));
+        }
+        Err(e) => {
+            return Err(format!(
+                "cannot read the signature file {}: {e}; check its permissions",
+                path.display()
+            ));
+        }
+    };
+    verify(&trust.keys, bytes, &text)
+        .map(|info| Verdict::Pass(Some(info)))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MODULE: &[u8] = include_bytes!("../tests/fixtures/module.bin");
+    const TRUSTED_PUB: &str = include_str!("../tests/fixtures/trusted.pub");
+    const OTHER_PUB: &str = include_str!("../tests/fixtures/other.pub");
+    const SIGNED_BY_TRUSTED: &str = include_str!("../tests/fixtures/module.bin.minisig");
+    const SIGNED_BY_OTHER: &str = include_str!("../tests/fixtures/other.minisig");
+
+    fn trusted() -> Vec<TrustedKey> {
+        vec![TrustedKey::decode(TRUSTED_PUB).unwrap()]
+    }
+
+    #[test]
+    fn pins_are_64_lowercase_hex_digits() {
+        let digest = "a".repeat(64);
+        assert_eq!(parse_pin(&digest).unwrap(), digest);
+        for bad in [
+            "A".repeat(64),
+            "a".repeat(63),
+            "g".repeat(64),
+            String::new(),
+        ] {
+            let err = parse_pin(&bad).unwrap_err();
+            assert!(err.contains("is not a sha256 digest"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_pin_that_differs_is_refused_with_both_digests() {
+        let entry = entry(Some("b".repeat(64)), Path::new("/nonexistent/m.wasm"));
+        let actual = "c".repeat(64);
+        let err = check(&Trust::default(), &entry, b"x", &actual, None).unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "module sha256 {actual} does not match the pin {} in handlers.toml;",
+                "b".repeat(64)
+            )),
+            "{err}"
+        );
+        let same = entry.sha256.clone().unwrap();
+        assert!(matches!(
+            check(&Trust::default(), &entry, b"x", &same, None),
+            Ok(Verdict::Pass(None))
+        ));
+    }
+
+    #[test]
+    fn key_ids_read_as_minisign_prints_them() {
+        let key = TrustedKey::decode(TRUSTED_PUB).unwrap();
+        assert!(TRUSTED_PUB.contains(&format!("minisign public key {}", key.id())));
+        let err = TrustedKey::decode("untrusted comment: x\nnot base64\n").unwrap_err();
+        assert!(!err.is_empty());
+        assert!(TrustedKey::decode("RWQ\n").is_err());
+    }
+
+    #[test]
+    fn a_signature_by_a_trusted_key_verifies_with_its_trusted_comment() {
+        let info = verify(&trusted(), MODULE, SIGNED_BY_TRUSTED).unwrap();
+        assert_eq!(info.trusted_comment, "spread-policy 1.2.0");
+        assert_eq!(info.key_id, trusted()[0].id());
+    }
+
+    #[test]
+    fn untrusted_tampered_and_malformed_signatures_are_told_apart() {
+        let other = TrustedKey::decode(OTHER_PUB).unwrap();
+        assert_eq!(
+            verify(&trusted(), MODULE, SIGNED_BY_OTHER),
+            Err(SignatureError::UntrustedKey {
+                key_id: other.id().to_owned()
+            })
+        );
+        let mut tampered = MODULE.to_vec();
+        tampered[0] ^= 1;
+        assert_eq!(
+            verify(&trusted(), &tampered, SIGNED_BY_TRUSTED),
+            Err(SignatureError::Invalid {
+                key_id: trusted()[0].id().to_owned()
+            })
+        );
+        assert!(matches!(
+            verify(&trusted(), MODULE, "untrusted comment: x\n"),
+            Err(SignatureError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn signatures_are_required_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let module = dir.path().join("m.wasm");
+        std::fs::write(&module, MODULE).unwrap();
+        let entry = entry(None, &module);
+        let sha = "0".repeat(64);
+        let keys_only = Trust {
+            keys: trusted(),
+            require: false,
+        };
+        assert!(matches!(
+            check(&keys_only, &entry, MODULE, &sha, None),
+            Ok(Verdict::Pass(None))
+        ));
+        let required = Trust {
+            keys: trusted(),
+            require: true,
+        };
+        let err = check(&required, &entry, MODULE, &sha, None).unwrap_err();
+        assert!(err.starts_with("no signature:"), "{err}");
+        std::fs::write(signature_path(&module), SIGNED_BY_OTHER).unwrap();
+        let err = check(&keys_only, &entry, MODULE, &sha, None).unwrap_err();
+        assert!(err.contains("which is not trusted"), "{err}");
+        std::fs::write(signature_path(&module), SIGNED_BY_TRUSTED).unwrap();
+        match check(&required, &entry, MODULE, &sha, None) {
+            Ok(Verdict::Pass(Some(info))) => {
+                assert_eq!(info.trusted_comment, "spread-policy 1.2.0")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn entry(sha256: Option<String>, module: &Path) -> Entry {
+        Entry {
+            module: module.to_path_buf(),
+            sha256,
+            deadline_ms: None,
+            memory_mib: None,
+            fuel: None,
+            settings: Default::default(),
+            rollback_after: 3,
+            on_failure: Default::default(),
+        }
+    }
+}

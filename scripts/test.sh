@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The test command: installs the programs the tests need, adds the WASM target the built-in
+# handlers are compiled to, builds the binaries the end-to-end tests start, and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages the tests run: `minisign` makes the keys and signatures of the handler
+# signature tests.
+packages=(minisign)
+missing=()
+for package in "${packages[@]}"; do
+    command -v "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -eq 0 ]]; then
+        echo "installing ${missing[*]} (needed by the tests)"
+        if ! apt-get install -y -q "${missing[@]}"; then
+            apt-get update -q
+            apt-get install -y -q "${missing[@]}"
+        fi
+    else
+        echo "error: the tests need the Debian package(s): ${missing[*]}" >&2
+        echo "       install them (sudo apt-get install -y ${missing[*]}) or run this script as root." >&2
+        exit 1
+    fi
+fi
+
+rustup target add wasm32-wasip2
+
+cargo build --workspace --bins
+cargo test --workspace
