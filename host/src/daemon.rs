@@ -2,20 +2,21 @@
 //! SIGINT/SIGTERM (exit status 0, admin socket removed).
 //!
 //! Start order: directories → state lock (a second daemon on the same state directory is refused
-//! with the holder's pid) → handler modules (then their directory is watched: changes apply as
-//! transactions) → plugin manager (watch in place and start-up scan done)
+//! with the holder's pid) → handler modules, compiled or taken from the compile cache in the state
+//! directory (then their directory is watched: changes apply as transactions) → plugin manager (watch in place and start-up scan done)
 //! → admin socket. Once the admin socket answers, the daemon is fully up.
 
 use std::fs::File;
 use std::io::{Read as _, Seek as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::Context as _;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use pluglet_core::PluginType;
-use pluglet_handler_runtime::{Runtime, RuntimeConfig};
+use pluglet_handler_runtime::{CompileCache, LoadError, Runtime, RuntimeConfig};
 use pluglet_handlers::{Builtins, Handlers, Trust, TrustedKey};
 use pluglet_registration::Pipeline;
 use tokio::signal::unix::{SignalKind, signal};
@@ -119,8 +120,8 @@ pub fn trust(signatures: &Signatures) -> anyhow::Result<Trust> {
 }
 
 /// Loads the handler set from `dir` over the built-ins, with rollback decisions kept in
-/// `state_dir` and signatures checked against `trust` (compiles modules: CPU-bound, off the
-/// reactor).
+/// `state_dir`, compiled modules cached in `<state_dir>/handler-cache` and signatures checked
+/// against `trust` (compiles modules: CPU-bound, off the reactor).
 pub async fn load_handlers(
     dir: &Path,
     state_dir: Option<&Path>,
@@ -129,14 +130,45 @@ pub async fn load_handlers(
     let dir = dir.to_owned();
     let state_dir = state_dir.map(Path::to_path_buf);
     tokio::task::spawn_blocking(move || -> anyhow::Result<Handlers> {
-        let runtime =
-            Runtime::new(RuntimeConfig::default()).context("cannot start the WASM runtime")?;
+        let started = Instant::now();
+        let runtime = runtime(state_dir.as_deref()).context("cannot start the WASM runtime")?;
         let builtins = Builtins::embedded(&runtime).context("built-in handler failed to load")?;
-        Handlers::load(runtime, &dir, state_dir.as_deref(), builtins, trust)
-            .with_context(|| format!("cannot load handlers from {}", dir.display()))
+        let handlers = Handlers::load(runtime.clone(), &dir, state_dir.as_deref(), builtins, trust)
+            .with_context(|| format!("cannot load handlers from {}", dir.display()))?;
+        let ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3);
+        match runtime.cache_stats() {
+            Some(cache) => info!(
+                ms = %ms,
+                from_cache = cache.hits,
+                compiled = cache.compiled,
+                untrusted = cache.untrusted,
+                "handler modules loaded"
+            ),
+            None => info!(ms = %ms, "handler modules loaded (no compile cache)"),
+        }
+        Ok(handlers)
     })
     .await
     .context("handler loading panicked")?
+}
+
+/// The WASM runtime, with the compile cache under `state_dir` when there is one; a cache that
+/// cannot be used (another owner, a symlink, an I/O error) is logged and left out.
+fn runtime(state_dir: Option<&Path>) -> Result<Runtime, LoadError> {
+    let config = RuntimeConfig::default();
+    let Some(state_dir) = state_dir else {
+        return Runtime::new(config);
+    };
+    match CompileCache::open(state_dir) {
+        Ok(cache) => Runtime::with_cache(config, cache),
+        Err(e) => {
+            warn!(
+                error = %e,
+                "compile cache not used: handler modules are compiled at every start"
+            );
+            Runtime::new(config)
+        }
+    }
 }
 
 /// Runs the daemon until SIGINT or SIGTERM.
@@ -165,6 +197,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             module = slot.current.module(),
             sha256 = slot.current.sha256(),
             contract = slot.current.handler().contract_version(),
+            from_cache = slot.current.handler().from_cache(),
+            load_ms = %format!("{:.1}", slot.current.handler().compile_time().as_secs_f64() * 1e3),
             "handler in force"
         );
     }

@@ -10,6 +10,7 @@ mod isolation;
 mod refusal;
 mod registration;
 
+mod compile_cache;
 mod device_authority;
 mod device_property;
 mod device_restart;

@@ -2,7 +2,7 @@
 //! loading (compile + admission) of modules into [`Handler`]s.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use crate::admission::{self, ExportProblem};
 use crate::bindings::{self, CONTRACT_MAJOR, CONTRACT_VERSION};
+use crate::cache::{ActiveCache, CacheStats, CompileCache};
 use crate::call_state::CallState;
 use crate::error::LoadError;
 use crate::handler::{ExportIndices, Handler};
@@ -183,6 +184,7 @@ pub(crate) struct RuntimeInner {
     pub(crate) linker: Linker<CallState>,
     pub(crate) gate: Gate,
     pub(crate) config: RuntimeConfig,
+    cache: Option<ActiveCache>,
 }
 
 /// One wasmtime `Engine` + `Linker` + epoch ticker + call gate. Cheap to clone; the ticker
@@ -203,7 +205,20 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     /// Creates the engine (pooling allocator sized by `pool_size`, epoch interruption, fuel,
     /// no component-model concurrency), links WASI and the host imports, and starts the ticker.
+    /// Every module is compiled at load; see [`Runtime::with_cache`] for a runtime that keeps
+    /// compiled modules between starts.
     pub fn new(config: RuntimeConfig) -> Result<Runtime, LoadError> {
+        Runtime::build(config, None)
+    }
+
+    /// Like [`Runtime::new`], with a compile cache: every [`Runtime::load`] first looks for the
+    /// module's compiled code in `cache` (checked with the node's key before it is used), and
+    /// writes what it compiles there.
+    pub fn with_cache(config: RuntimeConfig, cache: CompileCache) -> Result<Runtime, LoadError> {
+        Runtime::build(config, Some(cache))
+    }
+
+    fn build(config: RuntimeConfig, cache: Option<CompileCache>) -> Result<Runtime, LoadError> {
         let engine_err = |reason: &str| {
             let reason = reason.to_owned();
             move |e: wasmtime::Error| LoadError::Engine {
@@ -255,12 +270,14 @@ impl Runtime {
             .map_err(link_err())?;
 
         spawn_ticker(&engine, config.epoch_tick)?;
+        let cache = cache.map(|cache| ActiveCache::new(cache, &engine));
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
                 engine,
                 linker,
                 gate: Gate::new(config.pool_size),
                 config,
+                cache,
             }),
         })
     }
@@ -270,9 +287,20 @@ impl Runtime {
         &self.inner.config
     }
 
-    /// Compiles and admits one module: refuses non-components, components of another contract and
-    /// components with imports outside the allow-list; reads its families and contract version
-    /// from its exports. `limits`: `None` uses the runtime's defaults.
+    /// The compile cache's directory, if this runtime has one.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.inner.cache.as_ref().map(ActiveCache::dir)
+    }
+
+    /// What the compile cache did so far, if this runtime has one.
+    pub fn cache_stats(&self) -> Option<CacheStats> {
+        self.inner.cache.as_ref().map(ActiveCache::stats)
+    }
+
+    /// Compiles (or, with a compile cache, takes from the cache) and admits one module: refuses
+    /// non-components, components of another contract and components with imports outside the
+    /// allow-list; reads its families and contract version from its exports. `limits`: `None`
+    /// uses the runtime's defaults.
     pub fn load(
         &self,
         source: ModuleSource,
@@ -297,15 +325,34 @@ impl Runtime {
         if let Some(found) = admission::describe_non_component(bytes) {
             return Err(LoadError::NotAComponent { module, found });
         }
-        let sha256 = hex::encode(Sha256::digest(bytes));
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
+        let sha256 = hex::encode(digest);
 
         let started = Instant::now();
-        let component =
+        let compile = || {
             Component::new(&self.inner.engine, bytes).map_err(|e| LoadError::Compile {
                 module: module.clone(),
                 source: e.into(),
-            })?;
+            })
+        };
+        let (component, from_cache) = match &self.inner.cache {
+            Some(cache) => cache.component(&self.inner.engine, &module, &digest, compile)?,
+            None => (compile()?, false),
+        };
         let compile_time = started.elapsed();
+        if from_cache {
+            tracing::info!(
+                module,
+                ms = %format!("{:.1}", compile_time.as_secs_f64() * 1e3),
+                "handler loaded from the compile cache"
+            );
+        } else {
+            tracing::debug!(
+                module,
+                ms = %format!("{:.1}", compile_time.as_secs_f64() * 1e3),
+                "handler compiled"
+            );
+        }
 
         let ty = component.component_type();
         let engine = &self.inner.engine;
@@ -355,6 +402,7 @@ impl Runtime {
             contract_version: contract.version,
             families: contract.families.keys().copied().collect(),
             compile_time,
+            from_cache,
             pre,
             indices,
             settings: Arc::new(settings),

@@ -94,6 +94,7 @@ pub(crate) struct HandlerParts {
     pub contract_version: String,
     pub families: Vec<Family>,
     pub compile_time: Duration,
+    pub from_cache: bool,
     pub pre: InstancePre<CallState>,
     pub indices: ExportIndices,
     pub settings: Arc<BTreeMap<String, String>>,
@@ -110,6 +111,7 @@ pub struct Handler {
     contract_version: String,
     families: Vec<Family>,
     compile_time: Duration,
+    from_cache: bool,
     pre: InstancePre<CallState>,
     indices: ExportIndices,
     settings: Arc<BTreeMap<String, String>>,
@@ -152,6 +154,7 @@ impl Handler {
             contract_version: parts.contract_version,
             families: parts.families,
             compile_time: parts.compile_time,
+            from_cache: parts.from_cache,
             pre: parts.pre,
             indices: parts.indices,
             settings: parts.settings,
@@ -178,6 +181,7 @@ impl Handler {
             contract_version: self.contract_version.clone(),
             families: self.families.clone(),
             compile_time: Duration::ZERO,
+            from_cache: self.from_cache,
             pre: self.pre.clone(),
             indices: self.indices.clone(),
             settings: Arc::new(settings),
@@ -210,9 +214,15 @@ impl Handler {
         self.families.contains(&family)
     }
 
-    /// How long compiling the component took.
+    /// How long compiling the component took; when it came from the compile cache
+    /// ([`Handler::from_cache`]), how long reading, checking and deserialising it took.
     pub fn compile_time(&self) -> Duration {
         self.compile_time
+    }
+
+    /// Whether the compiled component came from the runtime's compile cache (no compile).
+    pub fn from_cache(&self) -> bool {
+        self.from_cache
     }
 
     /// The limits every call of this handler runs under.

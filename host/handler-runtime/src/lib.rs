@@ -11,6 +11,10 @@
 //! swapping them while the daemon runs, is the host's business (crate `pluglet-handlers`), not
 //! this mechanism's.
 //!
+//! [`Runtime::with_cache`] keeps compiled components between starts in a private on-disk
+//! [`CompileCache`] under the state directory, each entry checked with the node's secret key
+//! before it is deserialised; [`Handler::from_cache`] tells whether a load came from it.
+//!
 //! Lifetimes (after Spin): engine and linker once ([`engine`]); a compiled component per module
 //! ([`Handler`]); call state per invocation (`call_state`), granting only that call's WASI
 //! context, limits, node name and settings.
@@ -37,6 +41,7 @@
 
 mod admission;
 mod bindings;
+mod cache;
 mod call_state;
 pub mod engine;
 mod error;
@@ -44,6 +49,7 @@ mod handler;
 mod types;
 
 pub use bindings::CONTRACT_VERSION;
+pub use cache::{CACHE_DIR, CacheError, CacheStats, CompileCache, KEY_FILE};
 pub use engine::{Limits, MAX_MEMORY_MIB, ModuleSource, Runtime, RuntimeConfig};
 pub use error::{BoxError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;
