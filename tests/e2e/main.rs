@@ -16,6 +16,7 @@ mod device_property;
 mod device_restart;
 mod device_support;
 mod devices;
+mod guide;
 mod handler_integrity;
 mod handler_swap;
 mod handler_vectors;
