@@ -551,12 +551,14 @@ impl Shared {
             }
             let (next, changed) = self.build(&base, plans);
             // Decisions whose slot no longer names the rejected version are void.
+            let decided = writer.decisions.len();
             writer.decisions.retain(|d| {
                 file.entries
                     .get(&d.slot)
                     .is_some_and(|e| *e == d.rejected.entry && next_names(&next, d))
             });
-            self.persist(&writer.decisions, &next);
+            let decisions_changed = writer.decisions.len() != decided;
+            self.persist(&writer.decisions, decisions_changed, &next);
             self.set.store(Arc::new(next));
             let generation = self.set.load().generation;
             drop(writer);
@@ -885,10 +887,10 @@ impl Shared {
         (next, changed)
     }
 
-    /// Saves the decisions and drops kept modules nothing refers to any more.
-    fn persist(&self, decisions: &[Decision], set: &HandlerSet) {
+    /// Saves the decisions (when they changed) and drops kept modules nothing refers to any more.
+    fn persist(&self, decisions: &[Decision], decisions_changed: bool, set: &HandlerSet) {
         let Some(store) = &self.store else { return };
-        if let Err(e) = store.save_decisions(decisions) {
+        if decisions_changed && let Err(e) = store.save_decisions(decisions) {
             tracing::warn!(error = %e, "cannot save handler rollback decisions; a rollback will not survive a restart");
         }
         let mut keep: HashSet<String> = HashSet::new();
@@ -1057,7 +1059,7 @@ impl Shared {
                 at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             });
         }
-        self.persist(&writer.decisions, &next);
+        self.persist(&writer.decisions, true, &next);
         self.set.store(Arc::new(next));
         drop(writer);
         tracing::warn!(
