@@ -3,7 +3,8 @@
 //!
 //! Start order: directories → state lock (a second daemon on the same state directory is refused
 //! with the holder's pid) → handler modules, compiled or taken from the compile cache in the state
-//! directory (then their directory is watched: changes apply as transactions) → plugin manager (watch in place and start-up scan done)
+//! directory (then their directory is watched: changes apply as transactions) → plugin manager
+//! (watch in place and start-up scan done)
 //! → admin socket. Once the admin socket answers, the daemon is fully up.
 
 use std::fs::File;
