@@ -28,6 +28,9 @@ pub enum Command {
     Ctl(CtlArgs),
     /// Check or exercise a handler module without a daemon.
     Handler(HandlerArgs),
+    /// The daemon's compiler process: a component on stdin, its compiled artifact on stdout.
+    #[command(hide = true)]
+    CompileHandler,
 }
 
 /// Parses a duration such as `500ms`, `2m2s` or `10s`.

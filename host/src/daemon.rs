@@ -17,7 +17,7 @@ use anyhow::Context as _;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use pluglet_core::PluginType;
-use pluglet_handler_runtime::{CompileCache, LoadError, Runtime, RuntimeConfig};
+use pluglet_handler_runtime::{CompileCache, Compiler, LoadError, Runtime, RuntimeConfig};
 use pluglet_handlers::{Builtins, Handlers, Trust, TrustedKey};
 use pluglet_registration::Pipeline;
 use tokio::signal::unix::{SignalKind, signal};
@@ -155,21 +155,29 @@ pub async fn load_handlers(
 
 /// The WASM runtime, with the compile cache under `state_dir` when there is one; a cache that
 /// cannot be used (another owner, a symlink, an I/O error) is logged and left out.
+/// Modules the cache lacks are compiled in a child process (`compile_child`), so the daemon
+/// never keeps the compiler's memory (BENCHMARKS.md, "Memory").
 fn runtime(state_dir: Option<&Path>) -> Result<Runtime, LoadError> {
-    let config = RuntimeConfig::default();
-    let Some(state_dir) = state_dir else {
-        return Runtime::new(config);
+    let compiler = Compiler::ThisExecutable {
+        args: crate::compile_child::ARGS.iter().map(Into::into).collect(),
     };
-    match CompileCache::open(state_dir) {
-        Ok(cache) => Runtime::with_cache(config, cache),
+    let cache = state_dir.and_then(|state_dir| match CompileCache::open(state_dir) {
+        Ok(cache) => Some(cache),
         Err(e) => {
             warn!(
                 error = %e,
                 "compile cache not used: handler modules are compiled at every start"
             );
-            Runtime::new(config)
+            None
         }
-    }
+    });
+    Runtime::with_options(runtime_config(), cache, compiler)
+}
+
+/// The WASM runtime's configuration: the daemon's, and its compiler child's (whose artifacts
+/// must fit the daemon's engine).
+pub fn runtime_config() -> RuntimeConfig {
+    RuntimeConfig::default()
 }
 
 /// Runs the daemon until SIGINT or SIGTERM.

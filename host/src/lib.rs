@@ -26,6 +26,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod compile_child;
 pub mod config;
 pub mod daemon;
 pub mod handler_cmd;

@@ -8,7 +8,9 @@ use pluglet::cli::{Cli, Command, UsageError};
 use pluglet::config::{Config, ConfigError, hostname};
 
 /// mimalloc: a ListAndWatch update of 10,000 devices is tens of thousands of small allocations,
-/// several times cheaper than with the system allocator (BENCHMARKS.md).
+/// several times cheaper than with the system allocator (BENCHMARKS.md). Built with `no_thp`:
+/// otherwise it advises its arenas `MADV_HUGEPAGE`, and every 2 MiB range touched once stays
+/// resident as a whole huge page (57 of the 86 MiB of heap at idle; BENCHMARKS.md, "Memory").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
             finish(tokio_runtime().and_then(|rt| rt.block_on(pluglet::admin::ctl::run(args))))
         }
         Command::Handler(args) => finish(pluglet::handler_cmd::run(args)),
+        Command::CompileHandler => pluglet::compile_child::run(),
     }
 }
 

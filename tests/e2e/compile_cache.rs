@@ -143,3 +143,57 @@ fn a_restart_loads_handlers_from_the_cache_and_a_corrupt_entry_is_recompiled() {
     assert!(lines(&log, "not trusted").is_empty(), "{log}");
     assert!(fourth.terminate().success());
 }
+
+#[test]
+fn a_cold_start_compiles_in_a_compiler_process_not_in_the_daemon() {
+    let root = TestRoot::new();
+    let daemon = Daemon::start(&root.path(), &[]);
+    let log = daemon.log_text();
+    let compiled = lines(&log, "handler compiled by a compiler process");
+    assert_eq!(compiled.len(), 2, "both built-ins, each in a child: {log}");
+    assert!(lines(&log, "compiler process failed").is_empty(), "{log}");
+    // What the children compiled serves: a CSI driver registers through the built-in handler.
+    csi_registers(&root, &daemon, "csi.child.example.com");
+    assert!(daemon.terminate().success());
+}
+
+/// Runs the hidden compiler command with `stdin`; its exit code, stdout and stderr.
+fn compile_handler(stdin: &[u8]) -> (Option<i32>, Vec<u8>, String) {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(crate::support::daemon::pluglet())
+        .arg("compile-handler")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start pluglet compile-handler");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_compiler_process_answers_an_artifact_or_why_the_module_does_not_compile() {
+    let (code, artifact, stderr) = compile_handler(pluglet_wasm_guests::CSI);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        artifact.starts_with(b"\x7fELF"),
+        "wasmtime's artifact is an ELF image: {} bytes",
+        artifact.len()
+    );
+
+    let mut broken = b"\0asm\x0d\0\x01\0".to_vec();
+    broken.extend_from_slice(&[0xff; 64]);
+    let (code, artifact, stderr) = compile_handler(&broken);
+    assert_eq!(
+        code,
+        Some(65),
+        "EX_DATAERR for a module that does not compile"
+    );
+    assert!(artifact.is_empty());
+    assert!(!stderr.trim().is_empty(), "the reason is on stderr");
+}

@@ -68,3 +68,38 @@ fn bad_usage_exits_64_and_errors_go_to_stderr() {
     );
     assert!(out.stdout.is_empty());
 }
+
+/// The daemon's heap and handler memories must not be backed by transparent huge pages: one
+/// touched byte would make 2 MiB resident (BENCHMARKS.md, "Memory"). Where the kernel's THP mode
+/// is `madvise`, an area becomes huge only when advised with `MADV_HUGEPAGE`, which the kernel
+/// shows as the `hg` flag in `smaps`; no area of the daemon may carry it.
+#[test]
+fn no_memory_is_advised_to_use_huge_pages() {
+    let root = TestRoot::new();
+    // Started: the built-in handlers are compiled and loaded, the admin API answers.
+    let daemon = Daemon::start(&root.path(), &[]);
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", daemon.pid()))
+        .expect("read the daemon's /proc/PID/smaps");
+    let mut area = "";
+    let advised: Vec<&str> = smaps
+        .lines()
+        .filter_map(|line| {
+            if line.split_whitespace().next().is_some_and(|first| {
+                first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+            }) {
+                area = line;
+            }
+            let flags = line.strip_prefix("VmFlags:")?;
+            flags.split_whitespace().any(|f| f == "hg").then_some(area)
+        })
+        .collect();
+    assert!(
+        smaps.contains("VmFlags:"),
+        "this kernel's smaps shows no VmFlags; the check cannot run"
+    );
+    assert!(
+        advised.is_empty(),
+        "areas advised MADV_HUGEPAGE: {advised:#?}"
+    );
+    assert!(daemon.terminate().success());
+}

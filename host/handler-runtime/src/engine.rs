@@ -14,6 +14,7 @@ use crate::admission::{self, ExportProblem};
 use crate::bindings::{self, CONTRACT_MAJOR, CONTRACT_VERSION};
 use crate::cache::{ActiveCache, CacheStats, CompileCache};
 use crate::call_state::CallState;
+use crate::compiler::{ChildOutcome, Compiler, compile_in_child};
 use crate::error::LoadError;
 use crate::handler::{ExportIndices, Handler};
 
@@ -185,6 +186,7 @@ pub(crate) struct RuntimeInner {
     pub(crate) gate: Gate,
     pub(crate) config: RuntimeConfig,
     cache: Option<ActiveCache>,
+    compiler: Compiler,
 }
 
 /// One wasmtime `Engine` + `Linker` + epoch ticker + call gate. Cheap to clone; the ticker
@@ -208,17 +210,24 @@ impl Runtime {
     /// Every module is compiled at load; see [`Runtime::with_cache`] for a runtime that keeps
     /// compiled modules between starts.
     pub fn new(config: RuntimeConfig) -> Result<Runtime, LoadError> {
-        Runtime::build(config, None)
+        Runtime::with_options(config, None, Compiler::InProcess)
     }
 
     /// Like [`Runtime::new`], with a compile cache: every [`Runtime::load`] first looks for the
     /// module's compiled code in `cache` (checked with the node's key before it is used), and
     /// writes what it compiles there.
     pub fn with_cache(config: RuntimeConfig, cache: CompileCache) -> Result<Runtime, LoadError> {
-        Runtime::build(config, Some(cache))
+        Runtime::with_options(config, Some(cache), Compiler::InProcess)
     }
 
-    fn build(config: RuntimeConfig, cache: Option<CompileCache>) -> Result<Runtime, LoadError> {
+    /// A runtime with an optional compile cache that compiles what the cache lacks where
+    /// `compiler` says (a long-running daemon: [`Compiler::ThisExecutable`], see
+    /// [`crate::compiler`]).
+    pub fn with_options(
+        config: RuntimeConfig,
+        cache: Option<CompileCache>,
+        compiler: Compiler,
+    ) -> Result<Runtime, LoadError> {
         let engine_err = |reason: &str| {
             let reason = reason.to_owned();
             move |e: wasmtime::Error| LoadError::Engine {
@@ -226,12 +235,6 @@ impl Runtime {
                 source: Some(e.into()),
             }
         };
-        if config.pool_size == 0 {
-            return Err(LoadError::Engine {
-                reason: "pool_size must be at least 1".into(),
-                source: None,
-            });
-        }
         if config.epoch_tick.is_zero() {
             return Err(LoadError::Engine {
                 reason: "epoch_tick must be longer than zero".into(),
@@ -240,25 +243,8 @@ impl Runtime {
         }
         check_limits("default", &config.default_limits)?;
 
-        let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(config.pool_size)
-            .total_core_instances(config.pool_size * CORE_INSTANCES_PER_COMPONENT)
-            .total_memories(config.pool_size * MEMORIES_PER_COMPONENT)
-            .total_tables(config.pool_size * TABLES_PER_COMPONENT)
-            .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
-            .max_memories_per_component(MEMORIES_PER_COMPONENT)
-            .max_tables_per_component(TABLES_PER_COMPONENT)
-            .max_memory_size((MAX_MEMORY_MIB as usize) << 20)
-            .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT)
-            .table_keep_resident(TABLE_KEEP_RESIDENT)
-            .pagemap_scan(wasmtime::Enabled::Auto);
-
-        let mut cfg = Config::new();
-        cfg.epoch_interruption(true)
-            .consume_fuel(true)
-            .concurrency_support(false)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&cfg).map_err(engine_err("wasmtime refused the configuration"))?;
+        let engine = Engine::new(&engine_config(&config)?)
+            .map_err(engine_err("wasmtime refused the configuration"))?;
 
         let mut linker = Linker::<CallState>::new(&engine);
         let link_err = || engine_err("the host imports could not be linked");
@@ -278,6 +264,7 @@ impl Runtime {
                 gate: Gate::new(config.pool_size),
                 config,
                 cache,
+                compiler,
             }),
         })
     }
@@ -329,12 +316,7 @@ impl Runtime {
         let sha256 = hex::encode(digest);
 
         let started = Instant::now();
-        let compile = || {
-            Component::new(&self.inner.engine, bytes).map_err(|e| LoadError::Compile {
-                module: module.clone(),
-                source: e.into(),
-            })
-        };
+        let compile = || self.compile(&module, bytes);
         let (component, from_cache) = match &self.inner.cache {
             Some(cache) => cache.component(&self.inner.engine, &module, &digest, compile)?,
             None => (compile()?, false),
@@ -410,6 +392,74 @@ impl Runtime {
         });
         Ok(Arc::new(handler))
     }
+}
+
+impl Runtime {
+    /// Compiles `bytes` where the runtime's [`Compiler`] says.
+    fn compile(&self, module: &str, bytes: &[u8]) -> Result<Component, LoadError> {
+        let in_process = || {
+            Component::new(&self.inner.engine, bytes).map_err(|e| LoadError::Compile {
+                module: module.to_owned(),
+                source: e.into(),
+            })
+        };
+        let Compiler::ThisExecutable { args } = &self.inner.compiler else {
+            return in_process();
+        };
+        let started = Instant::now();
+        match compile_in_child(&self.inner.engine, args, bytes) {
+            ChildOutcome::Compiled(component) => {
+                tracing::info!(
+                    module,
+                    ms = %format!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
+                    "handler compiled by a compiler process"
+                );
+                Ok(component)
+            }
+            ChildOutcome::DoesNotCompile(reason) => Err(LoadError::Compile {
+                module: module.to_owned(),
+                source: reason.into(),
+            }),
+            ChildOutcome::Failed(reason) => {
+                tracing::warn!(
+                    module,
+                    reason,
+                    "the compiler process failed; compiling in the daemon instead (its memory stays resident)"
+                );
+                in_process()
+            }
+        }
+    }
+}
+
+/// The engine configuration of a runtime of `config`: the daemon's engine and a compiler child
+/// ([`crate::compiler::precompile`]) build theirs here, so the child's artifacts fit.
+pub(crate) fn engine_config(config: &RuntimeConfig) -> Result<Config, LoadError> {
+    if config.pool_size == 0 {
+        return Err(LoadError::Engine {
+            reason: "pool_size must be at least 1".into(),
+            source: None,
+        });
+    }
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(config.pool_size)
+        .total_core_instances(config.pool_size * CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(config.pool_size * MEMORIES_PER_COMPONENT)
+        .total_tables(config.pool_size * TABLES_PER_COMPONENT)
+        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+        .max_memories_per_component(MEMORIES_PER_COMPONENT)
+        .max_tables_per_component(TABLES_PER_COMPONENT)
+        .max_memory_size((MAX_MEMORY_MIB as usize) << 20)
+        .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT)
+        .table_keep_resident(TABLE_KEEP_RESIDENT)
+        .pagemap_scan(wasmtime::Enabled::Auto);
+
+    let mut cfg = Config::new();
+    cfg.epoch_interruption(true)
+        .consume_fuel(true)
+        .concurrency_support(false)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Ok(cfg)
 }
 
 /// Refuses limits the pool cannot honour.

@@ -14,6 +14,8 @@
 //! [`Runtime::with_cache`] keeps compiled components between starts in a private on-disk
 //! [`CompileCache`] under the state directory, each entry checked with the node's secret key
 //! before it is deserialised; [`Handler::from_cache`] tells whether a load came from it.
+//! [`Runtime::with_options`] can also compile in a child process ([`compiler`]), so that a
+//! long-running daemon never keeps the compiler's memory.
 //!
 //! Lifetimes (after Spin): engine and linker once ([`engine`]); a compiled component per module
 //! ([`Handler`]); call state per invocation (`call_state`), granting only that call's WASI
@@ -43,6 +45,7 @@ mod admission;
 mod bindings;
 mod cache;
 mod call_state;
+pub mod compiler;
 pub mod engine;
 mod error;
 mod handler;
@@ -50,6 +53,7 @@ mod types;
 
 pub use bindings::CONTRACT_VERSION;
 pub use cache::{CACHE_DIR, CacheError, CacheStats, CompileCache, KEY_FILE};
+pub use compiler::Compiler;
 pub use engine::{Limits, MAX_MEMORY_MIB, ModuleSource, Runtime, RuntimeConfig};
 pub use error::{BoxError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;
