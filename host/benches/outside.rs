@@ -641,16 +641,18 @@ mod bench {
                 let stubs = home.join("stubs");
                 std::fs::create_dir_all(&stubs).expect("stubs dir");
                 let protos = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/proto");
-                run_setup(Command::new(&python)
-                    .args(["-m", "grpc_tools.protoc", "-I"])
-                    .arg(&protos)
-                    .arg(format!("--python_out={}", stubs.display()))
-                    .arg(format!("--grpc_python_out={}", stubs.display()))
-                    .args([
-                        "deviceplugin.proto",
-                        "pluginregistration.proto",
-                        "csi.proto",
-                    ]));
+                run_setup(
+                    Command::new(&python)
+                        .args(["-m", "grpc_tools.protoc", "-I"])
+                        .arg(&protos)
+                        .arg(format!("--python_out={}", stubs.display()))
+                        .arg(format!("--grpc_python_out={}", stubs.display()))
+                        .args([
+                            "deviceplugin.proto",
+                            "pluginregistration.proto",
+                            "csi.proto",
+                        ]),
+                );
                 println!("peer: Python ({})", python.display());
                 Some((python, stubs))
             })
@@ -696,14 +698,23 @@ mod bench {
         Duration::from_nanos(to.saturating_sub(from))
     }
 
-    /// A fresh root under /tmp, with `cache` (a `state/handler-cache` directory) copied in.
+    /// A fresh root under /tmp, with the compile cache of the state dir `cache` (the directory
+    /// `handler-cache` and its key `handler-cache.key`) copied in, so its start is warm.
     fn fresh_root(cache: Option<&Path>) -> tempfile::TempDir {
         let root = tempfile::Builder::new()
             .prefix("poutside")
             .tempdir_in("/tmp")
             .expect("tempdir");
-        if let Some(cache) = cache {
-            copy_dir(cache, &root.path().join("state/handler-cache"));
+        if let Some(state) = cache {
+            copy_dir(
+                &state.join("handler-cache"),
+                &root.path().join("state/handler-cache"),
+            );
+            std::fs::copy(
+                state.join("handler-cache.key"),
+                root.path().join("state/handler-cache.key"),
+            )
+            .expect("copy the cache key");
         }
         root
     }
@@ -880,7 +891,7 @@ mod bench {
 
     fn print_rows(rows: &mut [Row]) {
         println!(
-            "\n{:<36} {:>5} {:>9} {:>9} {:>9} {:>7}   {:>17} {:>13}",
+            "\n{:<42} {:>5} {:>9} {:>9} {:>9} {:>7}   {:>17} {:>13}",
             "row (ms)",
             "n",
             "p50",
@@ -910,13 +921,21 @@ mod bench {
                 None => ("—".into(), "—".into()),
             };
             println!(
-                "{:<36} {:>5} {:>9.3} {:>9.3} {:>9.3} {:>7.2}   {:>17} {:>13}",
+                "{:<42} {:>5} {:>9.3} {:>9.3} {:>9} {:>7}   {:>17} {:>13}",
                 row.name,
                 row.samples.len(),
                 p50,
                 p99,
-                floor,
-                p50 / floor,
+                if floor.is_nan() {
+                    "—".to_string()
+                } else {
+                    format!("{floor:.3}")
+                },
+                if floor.is_nan() {
+                    "—".to_string()
+                } else {
+                    format!("{:.2}", p50 / floor)
+                },
                 kubelet,
                 ratio
             );
@@ -995,7 +1014,15 @@ mod bench {
             mb(rss_more),
             mb(hwm_more)
         ));
-        let handler_cache = cache_root.path().join("state/handler-cache");
+        node.register(&mut peer, "bench.com/m10k", "m10k.sock", "n", 10_000);
+        let (rss_10k, hwm_10k) = node.settle_and_read();
+        note(format!(
+            "one more plugin of 10,000 devices on that daemon: +{:.1} MB (RSS {}, HWM {})",
+            (rss_10k as f64 - rss_more as f64) / 1000.0,
+            mb(rss_10k),
+            mb(hwm_10k)
+        ));
+        let handler_cache = cache_root.path().join("state");
         drop(peer);
         node.daemon.stop();
         drop(node.events);
@@ -1034,18 +1061,19 @@ mod bench {
             let floor =
                 peer_rt(&node.rt, &mut client) + peer_rt(&node.rt, &mut client) + sync.sample();
             first.floor.push(floor);
-            if run == 0 {
-                println!(
-                    "first registration daemon: checkpoint with 10,001 devices is {size} bytes"
-                );
-            }
+            println!(
+                "first registration daemon {run}: ready in {:.0} ms, checkpoint with 10,001 devices {size} bytes, RSS before {} after {}",
+                node.start_to_ready.as_secs_f64() * 1e3,
+                mb(before),
+                mb(after)
+            );
             drop(peer);
             node.daemon.stop();
         }
         per_10k.sort();
         if !per_10k.is_empty() {
             note(format!(
-                "per 10,000 devices (one plugin, settled, median of {}): +{:.1} MB (range {:.1} to {:.1})",
+                "per 10,000 devices on a fresh daemon (one plugin, settled, median of {}): {:+.1} MB (range {:+.1} to {:+.1})",
                 per_10k.len(),
                 per_10k[per_10k.len() / 2] as f64 / 1000.0,
                 per_10k[0] as f64 / 1000.0,
@@ -1095,6 +1123,13 @@ mod bench {
         let mut floor_client = dial("a8.sock");
         let mut a1024_client = dial("a1024.sock");
         let mut dp_sync = SyncFloor::new(&node.dp_dir, 64);
+        // The floors' parts, printed as rows of their own.
+        let mut part_peer = Row::new("  part: peer RT (GetDevicePluginOptions)", None);
+        let mut part_dp_sync = Row::new("  part: fsync 64 B, device plugins dir", None);
+        let mut part_state_sync = Row::new("  part: fsync 64 B, state dir", None);
+        let mut part_big_sync = Row::new("  part: fsync checkpoint-size file", None);
+        let mut part_alloc_1 = Row::new("  part: peer Allocate RT, 1 id", None);
+        let mut part_alloc_1024 = Row::new("  part: peer Allocate RT, 1,024 ids", None);
         let mut state_sync = SyncFloor::new(&node.state, 64);
 
         // Warm-up, not counted.
@@ -1106,7 +1141,9 @@ mod bench {
         // Admin bare round trip (no allocations).
         for _ in 0..iters {
             admin_row.samples.push(node.admin_rt());
-            admin_row.floor.push(peer_rt(&rt, &mut floor_client));
+            let part = peer_rt(&rt, &mut floor_client);
+            part_peer.samples.push(part);
+            admin_row.floor.push(part);
         }
 
         // Register → visible: one resource, re-registered on a new socket with new ids.
@@ -1119,11 +1156,11 @@ mod bench {
                 8,
             );
             register.samples.push(ns_between(sent, visible));
-            register.floor.push(
-                peer_rt(&rt, &mut floor_client)
-                    + peer_rt(&rt, &mut floor_client)
-                    + dp_sync.sample(),
-            );
+            let sync = dp_sync.sample();
+            part_dp_sync.samples.push(sync);
+            register
+                .floor
+                .push(peer_rt(&rt, &mut floor_client) + peer_rt(&rt, &mut floor_client) + sync);
         }
 
         // Allocations and releases: one new pod each time, released right after.
@@ -1158,6 +1195,11 @@ mod bench {
                     (&mut a1024_client, &ids_1024)
                 };
                 let peer_part = peer_allocate(&rt, client, ids);
+                if count == 1 {
+                    part_alloc_1.samples.push(peer_part);
+                } else {
+                    part_alloc_1024.samples.push(peer_part);
+                }
 
                 let t = Instant::now();
                 node.rt
@@ -1170,6 +1212,7 @@ mod bench {
 
                 let admin_part = node.admin_rt();
                 let sync_part = state_sync.sample();
+                part_state_sync.samples.push(sync_part);
                 row.floor.push(admin_part + peer_part + sync_part);
                 release.floor.push(admin_part + state_sync.sample());
             }
@@ -1191,7 +1234,9 @@ mod bench {
                 t.contains("\"u-1\"") && t.contains("\"u-0\"") != unhealthy
             });
             update.samples.push(ns_between(sent, visible));
-            update.floor.push(big_sync.sample());
+            let sync = big_sync.sample();
+            part_big_sync.samples.push(sync);
+            update.floor.push(sync);
         }
 
         // The watcher: one new CSI driver socket each time.
@@ -1219,7 +1264,21 @@ mod bench {
         }
 
         vec![
-            register, update, a1_8, a1_1024, a1024, release, admin_row, get_info, created,
+            register,
+            update,
+            a1_8,
+            a1_1024,
+            a1024,
+            release,
+            admin_row,
+            get_info,
+            created,
+            part_peer,
+            part_alloc_1,
+            part_alloc_1024,
+            part_dp_sync,
+            part_state_sync,
+            part_big_sync,
         ]
     }
 }
