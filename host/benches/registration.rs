@@ -6,7 +6,9 @@
 //!
 //! Run: `cargo bench -p pluglet --bench registration` (release). Prints p50/p99 over sequential
 //! registrations and the time until a burst of 1,000 sockets created after start is registered.
-//! `PLUGLET_BENCH_SEQUENTIAL` and `PLUGLET_BENCH_BURST` change the counts.
+//! `PLUGLET_BENCH_SEQUENTIAL` and `PLUGLET_BENCH_BURST` change the counts; `PLUGLET_BIN` runs
+//! another build's daemon. The part from GetInfo's arrival at the plugin to NotifyRegistrationStatus
+//! is printed too.
 
 #![allow(missing_docs)]
 
@@ -22,12 +24,13 @@ use pluglet_proto::pluginregistration::registration_server::{Registration, Regis
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-/// What the plugin received in NotifyRegistrationStatus, and when.
-type Notified = (Instant, bool, String);
+/// What the plugin received in NotifyRegistrationStatus, and when; and when GetInfo arrived.
+type Notified = (Instant, bool, String, Option<Instant>);
 
 struct Plugin {
     name: String,
     notified: Mutex<Option<oneshot::Sender<Notified>>>,
+    get_info_at: Mutex<Option<Instant>>,
 }
 
 /// The plugin's gRPC services (one state shared by both).
@@ -40,6 +43,7 @@ impl Registration for Service {
         &self,
         _: Request<reg::InfoRequest>,
     ) -> Result<Response<reg::PluginInfo>, Status> {
+        *self.0.get_info_at.lock().unwrap() = Some(Instant::now());
         Ok(Response::new(reg::PluginInfo {
             r#type: "CSIPlugin".into(),
             name: self.0.name.clone(),
@@ -55,7 +59,8 @@ impl Registration for Service {
         let now = Instant::now();
         let s = request.into_inner();
         if let Some(tx) = self.0.notified.lock().unwrap().take() {
-            let _ = tx.send((now, s.plugin_registered, s.error));
+            let got_info = *self.0.get_info_at.lock().unwrap();
+            let _ = tx.send((now, s.plugin_registered, s.error, got_info));
         }
         Ok(Response::new(reg::RegistrationStatusResponse {}))
     }
@@ -81,6 +86,7 @@ fn start_plugin(path: &Path, name: String) -> (Instant, oneshot::Receiver<Notifi
     let plugin = Service(std::sync::Arc::new(Plugin {
         name,
         notified: Mutex::new(Some(tx)),
+        get_info_at: Mutex::new(None),
     }));
     let t0 = Instant::now();
     let listener = tokio::net::UnixListener::bind(path).expect("bind plugin socket");
@@ -132,14 +138,17 @@ fn main() {
     let registry: PathBuf = root.path().join("plugins_registry");
     let admin = root.path().join("pluglet.sock");
     let daemon = DaemonProcess(
-        Command::new(env!("CARGO_BIN_EXE_pluglet"))
-            .args(["run", "--root"])
-            .arg(root.path())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn pluglet run"),
+        Command::new(
+            std::env::var("PLUGLET_BIN")
+                .unwrap_or_else(|_| env!("CARGO_BIN_EXE_pluglet").to_owned()),
+        )
+        .args(["run", "--root"])
+        .arg(root.path())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn pluglet run"),
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -159,16 +168,18 @@ fn main() {
         // Warm-up (first connections, first handler instances), not counted.
         for i in 0..20 {
             let (_, rx) = start_plugin(&registry.join(format!("warm{i}.sock")), format!("warm{i}.example.com"));
-            let (_, ok, err) = rx.await.expect("notified");
+            let (_, ok, err, _) = rx.await.expect("notified");
             assert!(ok, "warm-up registration refused: {err}");
         }
 
         let mut latencies = Vec::with_capacity(sequential);
+        let mut info_to_notify = Vec::with_capacity(sequential);
         for i in 0..sequential {
             let (t0, rx) = start_plugin(&registry.join(format!("seq{i}.sock")), format!("seq{i}.example.com"));
-            let (t1, ok, err) = rx.await.expect("notified");
+            let (t1, ok, err, got_info) = rx.await.expect("notified");
             assert!(ok, "registration refused: {err}");
             latencies.push(t1 - t0);
+            info_to_notify.push(t1 - got_info.expect("GetInfo was asked"));
         }
         latencies.sort();
         let mean = latencies.iter().sum::<Duration>() / latencies.len() as u32;
@@ -181,6 +192,12 @@ fn main() {
             ms(latencies[0]),
             ms(*latencies.last().unwrap()),
         );
+        info_to_notify.sort();
+        println!(
+            "  of which GetInfo answered -> NotifyRegistrationStatus received: p50 {}  p99 {}",
+            ms(percentile(&info_to_notify, 0.50)),
+            ms(percentile(&info_to_notify, 0.99)),
+        );
 
         let t0 = Instant::now();
         let mut waits = Vec::with_capacity(burst);
@@ -191,7 +208,7 @@ fn main() {
         let created = t0.elapsed();
         let mut last = t0;
         for rx in waits {
-            let (t, ok, err) = rx.await.expect("notified");
+            let (t, ok, err, _) = rx.await.expect("notified");
             assert!(ok, "burst registration refused: {err}");
             last = last.max(t);
         }

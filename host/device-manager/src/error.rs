@@ -49,6 +49,9 @@ pub enum StartError {
     /// `kubelet.sock` could not be bound.
     #[error("cannot serve the device plugin registration socket")]
     Bind(#[source] UdsError),
+    /// The checkpoint writer's thread could not be started.
+    #[error("cannot start the checkpoint writer thread")]
+    Writer(#[source] io::Error),
     /// The device plugins directory could not be watched for removed plugin sockets.
     #[error(
         "cannot watch {dir} for removed device plugin sockets: raise fs.inotify.max_user_watches / max_user_instances"

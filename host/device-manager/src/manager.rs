@@ -190,10 +190,13 @@ impl DeviceManager {
         let (removed_tx, removed_rx) = mpsc::channel(1024);
         let watcher =
             crate::registration_server::watch_directory(&config.device_plugins_dir, removed_tx)?;
-        tasks.spawn(persistence.clone().run_writer(
-            snapshot_source(&registry, &allocator, &handlers),
-            cancel.clone(),
-        ));
+        persistence
+            .spawn_writer(
+                snapshot_source(&registry, &allocator, &handlers),
+                cancel.clone(),
+                &tasks,
+            )
+            .map_err(StartError::Writer)?;
         tasks.spawn(run_loop(
             registry.clone(),
             pipeline.clone(),

@@ -56,6 +56,14 @@ pub trait PluginKind: Send + Sync + 'static {
     /// Gathers what the register hook is shown. An error refuses the registration.
     async fn gather_facts(&self, candidate: &Candidate) -> Result<Facts, KindError>;
 
+    /// Whether [`PluginKind::gather_facts`] may run while the validate hook does (it needs
+    /// nothing the hook decides). Then its first request goes out before the hook is called,
+    /// so a plugin the hook refuses may have been asked for its facts; they are dropped and the
+    /// refusal stands. Default: no, facts are gathered only for a validated plugin.
+    fn facts_alongside_validate(&self) -> bool {
+        false
+    }
+
     /// Starts what follows an accepted registration (a device plugin's endpoint is dialed and
     /// its devices watched). An error refuses the registration; the pipeline then runs the
     /// deregister hook, so the handler sees every register it accepted undone.

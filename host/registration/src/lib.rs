@@ -16,7 +16,8 @@
 //! The hooks belong to the handler module in force for the plugin type (WASM, in
 //! `pluglet-handler-runtime`); the native steps around them belong to the plugin type's
 //! [`PluginKind`] (CSI asks the driver's `NodeGetInfo`; a device plugin is connected to the
-//! device manager). The pipeline knows neither: it orders the steps, keeps the plugin
+//! device manager); a kind whose facts need nothing the validate hook decides has them gathered
+//! while the hook runs ([`PluginKind::facts_alongside_validate`]). The pipeline knows neither: it orders the steps, keeps the plugin
 //! registered under each type and name (the `existing` its validate hook is shown), and ends
 //! every registration exactly once.
 //!

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::Poll;
 use std::time::{Instant, SystemTime};
 
 use pluglet_core::{Generation, PluginKey, PluginType, SocketPath};
@@ -379,18 +380,30 @@ impl Pipeline {
         let module = handler.module().to_owned();
 
         let existing = current.as_ref().map(|r| r.as_existing());
-        let validated = run_in_place(|| handler.validate(&cx, &candidate.info, existing.as_ref()));
-        let accepted = hook_outcome(validated, Stage::Validate, &key, &module)?;
-        let validated_at = start.elapsed();
-
-        let facts =
-            kind.gather_facts(&candidate)
-                .await
-                .map_err(|source| RegisterError::Native {
-                    stage: Stage::Facts,
-                    key: key.clone(),
-                    source,
-                })?;
+        let (accepted, validated_at, facts) = {
+            let mut facts = std::pin::pin!(kind.gather_facts(&candidate));
+            // Polled once before the hook when the kind allows: its request to the plugin is
+            // then on its way while the hook runs.
+            let early = if kind.facts_alongside_validate() {
+                std::future::poll_fn(|task| Poll::Ready(facts.as_mut().poll(task))).await
+            } else {
+                Poll::Pending
+            };
+            let validated =
+                run_in_place(|| handler.validate(&cx, &candidate.info, existing.as_ref()));
+            let accepted = hook_outcome(validated, Stage::Validate, &key, &module)?;
+            let validated_at = start.elapsed();
+            let facts = match early {
+                Poll::Ready(facts) => facts,
+                Poll::Pending => facts.await,
+            }
+            .map_err(|source| RegisterError::Native {
+                stage: Stage::Facts,
+                key: key.clone(),
+                source,
+            })?;
+            (accepted, validated_at, facts)
+        };
         let facts_at = start.elapsed();
 
         let registered = run_in_place(|| handler.register(&cx, &candidate.info, &facts.hook));

@@ -31,6 +31,7 @@ fn pipeline() -> Pipeline {
 struct Recorder {
     log: Mutex<Vec<String>>,
     fail_activation: Mutex<bool>,
+    alongside: bool,
 }
 
 impl Recorder {
@@ -55,6 +56,10 @@ impl PluginKind for Recorder {
             ..Default::default()
         };
         Ok(Facts::with_detail(hook, candidate.info.endpoint.clone()))
+    }
+
+    fn facts_alongside_validate(&self) -> bool {
+        self.alongside
     }
 
     async fn activate(&self, registration: &Arc<Registration>) -> Result<(), KindError> {
@@ -144,6 +149,35 @@ async fn two_registrations_of_one_name_at_once_are_validated_one_after_the_other
     assert_eq!(
         ok.facts.detail::<String>().map(String::as_str),
         Some("/a.sock")
+    );
+    let key = PluginKey::new(PluginType::Csi, "hostpath.csi.k8s.io");
+    assert_eq!(pipeline.current(&key).await.map(|r| r.id), Some(ok.id));
+}
+
+#[tokio::test]
+async fn facts_gathered_alongside_validate_never_override_its_refusal() {
+    let pipeline = pipeline();
+    let kind = Arc::new(Recorder {
+        alongside: true,
+        ..Default::default()
+    });
+    pipeline.set_kind(PluginType::Csi, kind.clone());
+    let ok = pipeline.register(csi("/a.sock")).await.unwrap();
+    assert_eq!(
+        ok.facts.detail::<String>().map(String::as_str),
+        Some("/a.sock")
+    );
+    // Same name and version again: the validate hook refuses, whatever the facts said.
+    let refused = pipeline.register(csi("/b.sock")).await.unwrap_err();
+    assert_eq!(refused.stage(), Stage::Validate, "{refused}");
+    assert_eq!(
+        kind.take(),
+        [
+            "facts hostpath.csi.k8s.io".to_string(),
+            format!("activate {}", ok.id),
+            "facts hostpath.csi.k8s.io".to_string(),
+        ],
+        "the refused one was asked for its facts, and went no further"
     );
     let key = PluginKey::new(PluginType::Csi, "hostpath.csi.k8s.io");
     assert_eq!(pipeline.current(&key).await.map(|r| r.id), Some(ok.id));

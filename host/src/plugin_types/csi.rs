@@ -62,6 +62,11 @@ impl PluginKind for CsiKind {
         Ok(Facts::with_detail(hook, info))
     }
 
+    /// NodeGetInfo needs nothing the validate hook decides: it is asked while the hook runs.
+    fn facts_alongside_validate(&self) -> bool {
+        true
+    }
+
     async fn activate(&self, _registration: &Arc<Registration>) -> Result<(), KindError> {
         Ok(())
     }
