@@ -154,7 +154,9 @@ fn trapping_handler_refuses_its_plugin_and_the_next_plugin_still_registers() {
     std::fs::write(
         root.handlers().join("handlers.toml"),
         format!(
-            "[plugin_types.CSIPlugin]\nmodule = {:?}\nsettings = {{ mode = \"panic\" }}\n",
+            // Retries of the refused plugin must not roll the handler back: this story is the
+            // refusal, not the rollback (handler_swap.rs has that).
+            "[plugin_types.CSIPlugin]\nmodule = {:?}\nsettings = {{ mode = \"panic\" }}\nrollback_after = 1000\n",
             misbehave.display().to_string()
         ),
     )
