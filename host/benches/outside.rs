@@ -53,11 +53,16 @@
 //!   (device plugins dir for the checkpoint rows, state dir for the allocation journal); for the
 //!   10,000-device rows, a file of the checkpoint's size;
 //! - admin RT: `ListAllocations` with no allocations.
+//! - peer delivery (10k): the peer flips device 0 of another plugin of 10,000 devices that it
+//!   serves without registering (`serve`), and a bare ListAndWatch receiver in the bench (a
+//!   codec that reads only the message's length) times from the peer's `SENT` to the last byte
+//!   in: what any receiver waits before it can start on such an update (the peer clones,
+//!   encodes and writes 10,000 devices; the daemon pays that too).
 //!
 //! | row | from → to | floor |
 //! |---|---|---|
 //! | Register → visible | peer sends `Register` (8 new device ids for one resource, re-registered on a new socket each time) → checkpoint rename carrying them | 2 × peer RT + fsync |
-//! | 10k update → visible | peer sends one ListAndWatch update of 10,000 devices (device 0's health flipped) → checkpoint rename reflecting it | fsync (checkpoint size) |
+//! | 10k update → visible | peer sends one ListAndWatch update of 10,000 devices (device 0's health flipped) → checkpoint rename reflecting it | peer delivery (10k) + fsync (checkpoint size) |
 //! | first registration of 10k | `Register` of a new resource of 10,000 devices on a freshly started daemon (warm compile cache) → visible | 2 × peer RT + fsync (checkpoint size) |
 //! | allocate k of n | admin `Allocate` round trip (one new pod each time) | admin RT + peer Allocate RT + fsync |
 //! | release | admin `Release` of that pod | admin RT + fsync |
@@ -315,14 +320,8 @@ mod peer {
         }
     }
 
-    /// Binds `socket`, serves the device plugin, calls `Register`; prints `REG <sent> <answered>`.
-    async fn device_plugin(
-        kubelet: &Path,
-        resource: &str,
-        socket: &Path,
-        prefix: &str,
-        n: usize,
-    ) -> Arc<Devices> {
+    /// Binds `socket` and serves a device plugin of `n` devices `<prefix>-<k>` on it.
+    fn serve_devices(socket: &Path, prefix: &str, n: usize) -> Arc<Devices> {
         let devices = Arc::new(Devices {
             prefix: prefix.into(),
             n,
@@ -336,6 +335,18 @@ mod peer {
                 .add_service(DevicePluginServer::new(DeviceService(devices.clone())))
                 .serve_with_incoming(pluglet_uds::incoming(listener)),
         );
+        devices
+    }
+
+    /// Binds `socket`, serves the device plugin, calls `Register`; prints `REG <sent> <answered>`.
+    async fn device_plugin(
+        kubelet: &Path,
+        resource: &str,
+        socket: &Path,
+        prefix: &str,
+        n: usize,
+    ) -> Arc<Devices> {
+        let devices = serve_devices(socket, prefix, n);
         let channel = pluglet_uds::connect(kubelet, Duration::from_secs(10))
             .await
             .expect("dial kubelet.sock");
@@ -394,6 +405,12 @@ mod peer {
                         )
                         .await;
                         plugins.insert((*socket).to_string(), devices);
+                    }
+                    ["serve", socket, prefix, n] => {
+                        let devices =
+                            serve_devices(Path::new(socket), prefix, n.parse().expect("count"));
+                        plugins.insert((*socket).to_string(), devices);
+                        println!("SERVING {}", now_ns());
                     }
                     ["flip", socket] => {
                         let devices = &plugins[*socket];
@@ -865,6 +882,82 @@ mod bench {
         t.elapsed()
     }
 
+    /// A ListAndWatch codec that reads nothing of a message but its length: the floor's bare
+    /// receiver, which has an update once its last byte is in.
+    #[derive(Clone, Copy, Default)]
+    struct LengthOnly;
+
+    impl tonic::codec::Codec for LengthOnly {
+        type Encode = v1beta1::Empty;
+        type Decode = usize;
+        type Encoder = LengthOnly;
+        type Decoder = LengthOnly;
+
+        fn encoder(&mut self) -> LengthOnly {
+            LengthOnly
+        }
+
+        fn decoder(&mut self) -> LengthOnly {
+            LengthOnly
+        }
+    }
+
+    impl tonic::codec::Encoder for LengthOnly {
+        type Item = v1beta1::Empty;
+        type Error = tonic::Status;
+
+        fn encode(
+            &mut self,
+            _: v1beta1::Empty,
+            _: &mut tonic::codec::EncodeBuf<'_>,
+        ) -> Result<(), tonic::Status> {
+            Ok(())
+        }
+    }
+
+    impl tonic::codec::Decoder for LengthOnly {
+        type Item = usize;
+        type Error = tonic::Status;
+
+        fn decode(
+            &mut self,
+            buf: &mut tonic::codec::DecodeBuf<'_>,
+        ) -> Result<Option<usize>, tonic::Status> {
+            use prost::bytes::Buf as _;
+            let len = buf.remaining();
+            buf.advance(len);
+            Ok(Some(len))
+        }
+    }
+
+    /// Opens a ListAndWatch stream of its own on `socket` and reads its first update.
+    fn bare_watch(
+        rt: &tokio::runtime::Runtime,
+        socket: &Path,
+    ) -> tonic::Streaming<usize> {
+        rt.block_on(async {
+            let channel = pluglet_uds::connect(socket, TIMEOUT)
+                .await
+                .expect("dial the peer");
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.expect("peer ready");
+            let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+                "/v1beta1.DevicePlugin/ListAndWatch",
+            );
+            let mut stream = grpc
+                .server_streaming(tonic::Request::new(v1beta1::Empty {}), path, LengthOnly)
+                .await
+                .expect("open ListAndWatch")
+                .into_inner();
+            stream
+                .message()
+                .await
+                .expect("first update")
+                .expect("a first update");
+            stream
+        })
+    }
+
     /// One printed row.
     struct Row {
         name: &'static str,
@@ -1130,6 +1223,7 @@ mod bench {
         let mut part_big_sync = Row::new("  part: fsync checkpoint-size file", None);
         let mut part_alloc_1 = Row::new("  part: peer Allocate RT, 1 id", None);
         let mut part_alloc_1024 = Row::new("  part: peer Allocate RT, 1,024 ids", None);
+        let mut part_delivery = Row::new("  part: peer delivers a 10k update", None);
         let mut state_sync = SyncFloor::new(&node.state, 64);
 
         // Warm-up, not counted.
@@ -1225,6 +1319,12 @@ mod bench {
             .unwrap_or(1);
         let mut big_sync = SyncFloor::new(&node.dp_dir, size);
         let socket = node.dp_dir.join("u10k.sock");
+        // The floor's delivery part: the same 10,000 devices served by the peer on a socket the
+        // daemon does not know, read by a bare receiver of the bench's own.
+        let bare_socket = node.dp_dir.join("f10k.sock");
+        peer.send(&format!("serve {} f 10000", bare_socket.display()));
+        peer.expect("SERVING");
+        let mut bare = bare_watch(&rt, &bare_socket);
         for i in 0..iters {
             let unhealthy = i % 2 == 0;
             node.events.drain();
@@ -1236,8 +1336,16 @@ mod bench {
             update.samples.push(ns_between(sent, visible));
             let sync = big_sync.sample();
             part_big_sync.samples.push(sync);
-            update.floor.push(sync);
+            peer.send(&format!("flip {}", bare_socket.display()));
+            let sent: u64 = peer.expect("SENT")[1].parse().expect("SENT time");
+            rt.block_on(bare.message())
+                .expect("the bare receiver's update")
+                .expect("an update");
+            let delivered = ns_between(sent, now_ns());
+            part_delivery.samples.push(delivered);
+            update.floor.push(delivered + sync);
         }
+        drop(bare);
 
         // The watcher: one new CSI driver socket each time.
         for i in 0..iters {
@@ -1279,6 +1387,7 @@ mod bench {
             part_dp_sync,
             part_state_sync,
             part_big_sync,
+            part_delivery,
         ]
     }
 }

@@ -5,6 +5,8 @@ wall-clock timestamps (ns since the epoch) on stdout.
 
 - `dp <resource> <socket> <prefix> <n>`: serve v1beta1.DevicePlugin on <socket> with n devices
   `<prefix>-<k>`, call Register on kubelet.sock; prints `REG <sent> <answered>`.
+- `serve <socket> <prefix> <n>`: the same device plugin without calling Register; prints
+  `SERVING <t>`.
 - `flip <socket>`: flip device 0's health of that plugin and send the full list on its
   ListAndWatch streams; prints `SENT <t>`.
 - `csi <socket> <name>`: serve pluginregistration.Registration + csi.v1.Node on <socket>; prints
@@ -141,6 +143,16 @@ def server():
     return grpc.server(futures.ThreadPoolExecutor(max_workers=8))
 
 
+def serve_devices(servers, socket, prefix, n):
+    devices = Devices(prefix, n)
+    s = server()
+    dp_grpc.add_DevicePluginServicer_to_server(devices, s)
+    s.add_insecure_port("unix://" + socket)
+    s.start()
+    servers.append(s)
+    return devices
+
+
 def main():
     plugins = {}
     servers = []
@@ -149,15 +161,13 @@ def main():
         words = line.split()
         if not words:
             continue
-        if words[0] == "dp":
+        if words[0] == "serve":
+            socket, prefix, n = words[1], words[2], int(words[3])
+            plugins[socket] = serve_devices(servers, socket, prefix, n)
+            say("SERVING %d" % now_ns())
+        elif words[0] == "dp":
             resource, socket, prefix, n = words[1], words[2], words[3], int(words[4])
-            devices = Devices(prefix, n)
-            s = server()
-            dp_grpc.add_DevicePluginServicer_to_server(devices, s)
-            s.add_insecure_port("unix://" + socket)
-            s.start()
-            servers.append(s)
-            plugins[socket] = devices
+            plugins[socket] = serve_devices(servers, socket, prefix, n)
             stub = dp_grpc.RegistrationStub(kubelet)
             request = dp.RegisterRequest(
                 version="v1beta1",

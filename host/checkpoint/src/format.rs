@@ -255,6 +255,15 @@ pub(crate) fn put_json_string(out: &mut Vec<u8>, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let bytes = s.as_bytes();
     out.push(b'"');
+    // Device ids are plain ASCII as a rule: copy them whole when nothing needs escaping.
+    if bytes
+        .iter()
+        .all(|&b| (0x20..0x80).contains(&b) && !matches!(b, b'"' | b'\\' | b'<' | b'>' | b'&'))
+    {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
     let mut start = 0;
     let mut i = 0;
     while i < bytes.len() {

@@ -134,6 +134,33 @@ impl DeviceSet {
         true
     }
 
+    /// Applies an update that kept the ids and their order (the ListAndWatch decoder's `Changed`):
+    /// `changes` holds each changed device by position, `len` the update's device count.
+    /// Returns whether anything changed, or `None` (and changes nothing) when the set does not
+    /// hold those `len` devices in that order, so the positions do not name its devices.
+    pub fn apply_changes(&mut self, len: usize, changes: Vec<(usize, Device)>) -> Option<bool> {
+        let in_step = self.devices.len() == len
+            && self.index.len() == len
+            && changes
+                .iter()
+                .all(|(at, d)| self.devices.get(*at).is_some_and(|old| old.id == d.id));
+        if !in_step {
+            return None;
+        }
+        if changes.is_empty() {
+            return Some(false);
+        }
+        let devices = Arc::make_mut(&mut self.devices);
+        for (at, device) in changes {
+            devices[at] = device;
+        }
+        self.healthy = devices
+            .iter()
+            .filter(|d| d.health == Health::Healthy)
+            .count();
+        Some(true)
+    }
+
     /// Turns every device unhealthy at once (the plugin's stream ended or its socket went).
     pub fn mark_all_unhealthy(&mut self) {
         for device in Arc::make_mut(&mut self.devices) {
@@ -217,6 +244,37 @@ mod tests {
         assert_eq!(set.get("a").unwrap().numa, [0]);
         assert!(set.get("c").unwrap().numa.is_empty());
         assert_eq!(set.healthy_ids(), ["a"]);
+    }
+
+    #[test]
+    fn changes_apply_only_to_the_devices_they_name() {
+        let device = |id: &str, health| Device {
+            id: id.into(),
+            health,
+            numa: vec![],
+        };
+        let mut set = DeviceSet::new(vec![
+            device("a", Health::Healthy),
+            device("b", Health::Healthy),
+        ]);
+        assert_eq!(
+            set.apply_changes(2, vec![(1, device("b", Health::Unhealthy))]),
+            Some(true)
+        );
+        assert_eq!(set.allocatable(), 1);
+        assert_eq!(set.healthy_ids(), ["a"]);
+        assert_eq!(set.apply_changes(2, vec![]), Some(false));
+        assert_eq!(
+            set.apply_changes(3, vec![]),
+            None,
+            "another count: out of step"
+        );
+        assert_eq!(
+            set.apply_changes(2, vec![(0, device("b", Health::Healthy))]),
+            None,
+            "another id at that position: out of step"
+        );
+        assert_eq!(set.allocatable(), 1, "nothing changed");
     }
 
     #[test]

@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use pluglet_core::{Generation, ResourceName};
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
-use pluglet_proto::v1beta1::{DevicePluginOptions, Empty, ListAndWatchResponse};
+use pluglet_proto::v1beta1::{DevicePluginOptions, Empty};
 use pluglet_uds::{Channel, RpcError};
 use tokio_util::sync::CancellationToken;
 
-use crate::devices::Device;
+use crate::device_list::{DeviceListCodec, DeviceUpdate};
 use crate::error::ConnectError;
 use crate::registry::Registry;
 
@@ -48,8 +48,9 @@ pub(crate) struct Endpoint {
     pub cancel: CancellationToken,
 }
 
-/// A ListAndWatch call as opened by [`Endpoint::connect`]: the stream, or why it did not open.
-pub(crate) type Opened = Result<tonic::Streaming<ListAndWatchResponse>, tonic::Status>;
+/// A ListAndWatch call as opened by [`Endpoint::connect`]: the stream of device lists, or why
+/// it did not open.
+pub(crate) type Opened = Result<tonic::Streaming<DeviceUpdate>, tonic::Status>;
 
 impl Endpoint {
     /// Dials `path`, asks GetDevicePluginOptions (within `timeout`) and opens ListAndWatch.
@@ -74,11 +75,10 @@ impl Endpoint {
                 endpoint: path.clone(),
                 source,
             })?;
-        let mut client = DevicePluginClient::new(channel);
-        let mut watch_client = client.clone();
+        let mut client = DevicePluginClient::new(channel.clone());
         let (options, opened) = tokio::join!(
             pluglet_uds::with_deadline(timeout, client.get_device_plugin_options(Empty {})),
-            watch_client.list_and_watch(Empty {}),
+            list_and_watch(channel),
         );
         let options = options.map_err(|status| ConnectError::Options {
             resource: resource.clone(),
@@ -95,6 +95,22 @@ impl Endpoint {
         };
         Ok((endpoint, opened.map(tonic::Response::into_inner)))
     }
+}
+
+/// Opens ListAndWatch with the codec that reads each update straight into devices
+/// ([`crate::device_list`]); the generated client would decode into the wire types first.
+async fn list_and_watch(
+    channel: Channel,
+) -> Result<tonic::Response<tonic::Streaming<DeviceUpdate>>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("the plugin's connection failed: {e}")))?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/v1beta1.DevicePlugin/ListAndWatch",
+    );
+    grpc.server_streaming(tonic::Request::new(Empty {}), path, DeviceListCodec)
+        .await
 }
 
 /// The endpoint's task: applies every update of the ListAndWatch stream [`Endpoint::connect`]
@@ -123,10 +139,13 @@ pub(crate) async fn run(
         };
         let reason = match message {
             Ok(Some(update)) => {
-                let devices = update.devices.into_iter().map(Device::from_wire).collect();
                 tracing::debug!(%resource, %generation, "ListAndWatch update");
-                registry.apply_devices(&resource, generation, devices);
-                continue;
+                if registry.apply_devices(&resource, generation, update) {
+                    continue;
+                }
+                "the device list fell out of step with the plugin's stream (a Pluglet bug); \
+                 register the plugin again"
+                    .to_owned()
             }
             Ok(None) => "ListAndWatch stream ended".to_owned(),
             Err(status) => format!("ListAndWatch stream failed: {}", RpcError(status)),

@@ -19,11 +19,12 @@
 //! ```
 //!
 //! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task
-//! per connected plugin), [`devices`] (health, capacity, allocatable), [`allocator`] and
+//! per connected plugin; `device_list` reads its ListAndWatch updates), [`devices`] (health, capacity, allocatable), [`allocator`] and
 //! [`pod_devices`] (who holds what), [`persistence`] (the files), [`registration_server`]
 //! (`kubelet.sock` and start-up), `kind` (the device plugin type's pipeline steps), [`error`].
 
 pub mod allocator;
+mod device_list;
 pub mod devices;
 pub mod endpoint;
 pub mod error;

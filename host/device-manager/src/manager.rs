@@ -33,7 +33,9 @@ use crate::error::{AllocateError, ReleaseError, StartError};
 use crate::kind::DevicePluginKind;
 use crate::persistence::files::{SideResource, SideState, kubelet_data};
 use crate::persistence::restore::RestoreReport;
-use crate::persistence::{JOURNAL_FILE_NAME, Paths, Persistence, SIDE_FILE_NAME, Snapshot};
+use crate::persistence::{
+    JOURNAL_FILE_NAME, Paths, Persistence, SIDE_FILE_NAME, SideSource, Snapshot,
+};
 use crate::pod_devices::HolderKey;
 use crate::registry::{Registry, ResourceInfo, Timings};
 
@@ -371,17 +373,23 @@ fn snapshot_source(
         let resources = registry.device_sets();
         let pods = allocator.snapshot();
         let data = kubelet_data(resources.iter().map(|(k, d)| (k, d)), &pods);
-        let side = with_side.then(|| SideState {
-            resources: resources
+        let side = with_side.then(|| {
+            let policies: Vec<(String, String)> = resources
                 .iter()
-                .map(|(name, devices)| {
+                .map(|(name, _)| {
                     let policy = handlers.for_resource(name.as_str());
-                    (
-                        name.clone(),
-                        SideResource::of(devices, policy.module(), policy.sha256()),
-                    )
+                    (policy.module().to_owned(), policy.sha256().to_owned())
                 })
-                .collect(),
+                .collect();
+            Box::new(move || SideState {
+                resources: resources
+                    .iter()
+                    .zip(policies)
+                    .map(|((name, devices), (module, sha256))| {
+                        (name.clone(), SideResource::of(devices, &module, &sha256))
+                    })
+                    .collect(),
+            }) as SideSource
         });
         (data, side)
     }

@@ -28,6 +28,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::device_list::DeviceUpdate;
 use crate::devices::{Device, DeviceSet};
 use crate::endpoint::{self, Endpoint, Flow};
 use crate::error::{AllocateError, ConnectError};
@@ -242,14 +243,16 @@ impl Registry {
         Ok(())
     }
 
-    /// Applies one ListAndWatch update (the full new list) if `generation` is still the
-    /// resource's endpoint: visible at once, the checkpoint follows.
-    pub fn apply_devices(
+    /// Applies one ListAndWatch update if `generation` is still the resource's endpoint:
+    /// visible at once, the checkpoint follows. Returns `false` only when a
+    /// [`DeviceUpdate::Changed`] does not fit the devices held (the positions it names are not
+    /// the stream's last list); nothing is changed then.
+    pub(crate) fn apply_devices(
         &self,
         resource: &ResourceName,
         generation: Generation,
-        devices: Vec<Device>,
-    ) {
+        update: DeviceUpdate,
+    ) -> bool {
         let changed = {
             let mut resources = self.lock();
             match resources.get_mut(resource) {
@@ -259,7 +262,15 @@ impl Registry {
                         .as_ref()
                         .is_some_and(|e| e.generation == generation) =>
                 {
-                    entry.devices.replace(devices)
+                    match update {
+                        DeviceUpdate::List(devices) => entry.devices.replace(devices),
+                        DeviceUpdate::Changed { len, changes } => {
+                            match entry.devices.apply_changes(len, changes) {
+                                Some(changed) => changed,
+                                None => return false,
+                            }
+                        }
+                    }
                 }
                 _ => false,
             }
@@ -268,6 +279,7 @@ impl Registry {
             self.changed();
             self.inner.writes.devices_changed();
         }
+        true
     }
 
     /// Marks `resource` disconnected if `generation` is still its endpoint: its devices turn
@@ -512,7 +524,7 @@ mod tests {
         }
 
         // News from an endpoint that is not (or no longer) the resource's is ignored.
-        registry.apply_devices(&gpu, Generation(999), Vec::new());
+        registry.apply_devices(&gpu, Generation(999), DeviceUpdate::List(Vec::new()));
         registry.disconnect(&gpu, Generation(999), "an old stream ended");
         assert_eq!(registry.counts(GPU), Some((3, 3)));
         let offer = registry.offer(&gpu).unwrap();

@@ -136,28 +136,32 @@ pub fn decode_journal(payload: &[u8]) -> Option<(Vec<u64>, CheckpointData)> {
     Some((sums, CheckpointData::decode(file).ok()?))
 }
 
-/// Writes the kubelet checkpoint (`data`: an encoded file), and the side file when given, each
-/// as the kubelet writes its checkpoint (temporary file, fsync, rename); the directory fsyncs
-/// are batched by the writer.
+/// Writes the kubelet checkpoint (`data`: an encoded file), and the side file when given (built
+/// and encoded on a thread of its own beside the checkpoint's write), each as the kubelet writes
+/// its checkpoint (temporary file, fsync, rename); the directory fsyncs are batched by the
+/// writer.
 pub fn write_files(
     checkpoint: &Path,
     side: &Path,
     data: &[u8],
-    side_state: Option<&SideState>,
+    side_source: Option<super::SideSource>,
     durability: Durability,
 ) -> Result<(), CheckpointError> {
-    let Some(side_state) = side_state else {
+    let Some(side_source) = side_source else {
         return pluglet_checkpoint::replace_file(checkpoint, data, durability);
     };
-    let side_bytes =
-        pluglet_checkpoint::encode_side(side_state).map_err(|source| CheckpointError::Encode {
-            path: side.to_path_buf(),
-            source,
-        })?;
     // Two files in two directories: their fsyncs overlap when written side by side.
     std::thread::scope(|scope| {
-        let side_write =
-            scope.spawn(|| pluglet_checkpoint::replace_file(side, &side_bytes, durability));
+        let side_write = scope.spawn(|| {
+            let side_bytes =
+                pluglet_checkpoint::encode_side(&side_source()).map_err(|source| {
+                    CheckpointError::Encode {
+                        path: side.to_path_buf(),
+                        source,
+                    }
+                })?;
+            pluglet_checkpoint::replace_file(side, &side_bytes, durability)
+        });
         let kubelet = pluglet_checkpoint::replace_file(checkpoint, data, durability);
         let side = side_write.join().unwrap_or_else(|_| {
             Err(CheckpointError::Write {

@@ -12,8 +12,10 @@
 //!
 //! Two ways to disk:
 //! - the checkpoint and the side file are written by one writer on a thread of its own
-//!   ([`Persistence::run_writer`], [`Persistence::spawn_writer`]), coalesced: a change asks for a write ([`WriteRequests`]); the writer takes one snapshot
-//!   per write, so a burst of changes costs one write;
+//!   ([`Persistence::run_writer`], [`Persistence::spawn_writer`]), coalesced: a change asks for
+//!   a write ([`WriteRequests`]); the writer takes one snapshot per write, so a burst of changes
+//!   costs one write. A device change is written at once; after allocations and releases alone
+//!   the writer waits a little for more (`ALLOCATION_WRITE_DELAY`);
 //! - allocations and releases must be durable before they are answered. Rather than wait for
 //!   the checkpoint (temporary file, fsync, rename, directory fsync), [`Persistence::commit`]
 //!   writes a journal record first, on the caller's thread, and the checkpoint follows.
@@ -33,6 +35,7 @@ pub mod restore;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pluglet_checkpoint::{CheckpointData, CheckpointError, Durability, Journal, LoadOutcome};
 use pluglet_core::error_chain;
@@ -56,6 +59,12 @@ const DIR_SYNC_AFTER: usize = 4;
 /// How many checkpoint files a journal record names at most (more only while writes keep
 /// failing).
 const MAX_ON_DISK: usize = 16;
+
+/// How long the checkpoint write after an allocation or a release waits for more of them. They
+/// are durable in the journal already; waiting makes a burst of them one write, and keeps the
+/// write's fsyncs from queueing on the disk ahead of the next allocation's journal record. A
+/// device change, a caller waiting for the write, or shutdown ends the wait.
+const ALLOCATION_WRITE_DELAY: Duration = Duration::from_millis(20);
 
 /// Where the three files live.
 #[derive(Clone, Debug)]
@@ -121,6 +130,8 @@ struct Requests {
     requested: AtomicU64,
     /// Devices changed since the side file was last written (allocations alone leave it as is).
     devices_changed: AtomicBool,
+    /// Someone waits for the pending write: no delay.
+    urgent: AtomicBool,
     wake: Notify,
     written: watch::Sender<Written>,
 }
@@ -136,6 +147,7 @@ impl WriteRequests {
         WriteRequests(Arc::new(Requests {
             requested: AtomicU64::new(0),
             devices_changed: AtomicBool::new(false),
+            urgent: AtomicBool::new(false),
             wake: Notify::new(),
             written: watch::Sender::new(Written::default()),
         }))
@@ -159,9 +171,13 @@ impl WriteRequests {
         self.0.requested.load(Ordering::SeqCst)
     }
 
-    /// Waits until the write covering request `seq` is done.
+    /// Waits until the write covering request `seq` is done (asking the writer not to delay it).
     pub async fn flush(&self, seq: u64) -> Result<(), Arc<CheckpointError>> {
         let mut rx = self.0.written.subscribe();
+        if rx.borrow().seq < seq {
+            self.0.urgent.store(true, Ordering::SeqCst);
+            self.0.wake.notify_one();
+        }
         let written = rx
             .wait_for(|w| w.seq >= seq)
             .await
@@ -184,6 +200,24 @@ impl WriteRequests {
         }
     }
 
+    /// Writer side: waits up to `delay` for more requests while only allocations changed;
+    /// returns at once when devices changed, someone waits for the write, or `cancel` fires.
+    async fn settle(&self, delay: Duration, cancel: &CancellationToken) {
+        let deadline = tokio::time::Instant::now() + delay;
+        loop {
+            if self.0.devices_changed.load(Ordering::SeqCst)
+                || self.0.urgent.load(Ordering::SeqCst)
+            {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = self.0.wake.notified() => {}
+                _ = cancel.cancelled() => return,
+            }
+        }
+    }
+
     /// Writer side: whether requests are waiting.
     fn pending(&self) -> bool {
         self.0.requested.load(Ordering::SeqCst) > self.0.written.borrow().seq
@@ -203,8 +237,13 @@ impl WriteRequests {
     }
 }
 
-/// What the writer writes: the kubelet checkpoint, and the side file when asked for.
-pub(crate) type Snapshot = (CheckpointData, Option<SideState>);
+/// What the writer writes: the kubelet checkpoint, and the side file when asked for. The side
+/// file comes as a function that builds it from what the snapshot took (shared device sets), so
+/// that it is built and encoded beside the checkpoint's write, not before it.
+pub(crate) type Snapshot = (CheckpointData, Option<SideSource>);
+
+/// Builds the side file's content of a snapshot.
+pub(crate) type SideSource = Box<dyn FnOnce() -> SideState + Send>;
 
 struct Inner {
     paths: Paths,
@@ -317,15 +356,18 @@ impl Persistence {
     ) {
         let requests = &self.inner.requests;
         loop {
-            let target = tokio::select! {
-                target = requests.next_request() => target,
+            tokio::select! {
+                _ = requests.next_request() => {}
                 _ = cancel.cancelled() => {
                     if !requests.pending() {
                         break;
                     }
-                    requests.next_request().await
                 }
             };
+            requests.settle(ALLOCATION_WRITE_DELAY, &cancel).await;
+            requests.0.urgent.store(false, Ordering::SeqCst);
+            // Every request so far is covered by the snapshot taken below.
+            let target = requests.requested();
             let with_side = requests.take_devices_changed();
             let (bytes, checksum, side) = {
                 // Under the disk lock, so a journal record made after this snapshot names it.
@@ -340,7 +382,7 @@ impl Persistence {
                 &paths.checkpoint,
                 &paths.side,
                 &bytes,
-                side.as_ref(),
+                side,
                 self.inner.durability,
             );
             let result = match result {
@@ -454,7 +496,7 @@ mod tests {
         move |with_side| {
             let pods = pods.lock().unwrap().clone();
             let resources: BTreeMap<ResourceName, crate::devices::DeviceSet> = BTreeMap::new();
-            let side = with_side.then(SideState::default);
+            let side = with_side.then(|| Box::new(SideState::default) as SideSource);
             (files::kubelet_data(resources.iter(), &pods), side)
         }
     }
