@@ -931,10 +931,7 @@ mod bench {
     }
 
     /// Opens a ListAndWatch stream of its own on `socket` and reads its first update.
-    fn bare_watch(
-        rt: &tokio::runtime::Runtime,
-        socket: &Path,
-    ) -> tonic::Streaming<usize> {
+    fn bare_watch(rt: &tokio::runtime::Runtime, socket: &Path) -> tonic::Streaming<usize> {
         rt.block_on(async {
             let channel = pluglet_uds::connect(socket, TIMEOUT)
                 .await

@@ -425,7 +425,11 @@ mod tests {
         decoder.read(&two).unwrap();
         for other in [
             list(&[("a", "Healthy", None)]),
-            list(&[("a", "Healthy", None), ("b", "Healthy", None), ("c", "", None)]),
+            list(&[
+                ("a", "Healthy", None),
+                ("b", "Healthy", None),
+                ("c", "", None),
+            ]),
             list(&[("b", "Healthy", None), ("a", "Healthy", None)]),
         ] {
             let mut fresh = DeviceListDecoder::default();

@@ -106,9 +106,8 @@ async fn list_and_watch(
     grpc.ready()
         .await
         .map_err(|e| tonic::Status::unavailable(format!("the plugin's connection failed: {e}")))?;
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-        "/v1beta1.DevicePlugin/ListAndWatch",
-    );
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/v1beta1.DevicePlugin/ListAndWatch");
     grpc.server_streaming(tonic::Request::new(Empty {}), path, DeviceListCodec)
         .await
 }

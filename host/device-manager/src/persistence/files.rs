@@ -153,13 +153,12 @@ pub fn write_files(
     // Two files in two directories: their fsyncs overlap when written side by side.
     std::thread::scope(|scope| {
         let side_write = scope.spawn(|| {
-            let side_bytes =
-                pluglet_checkpoint::encode_side(&side_source()).map_err(|source| {
-                    CheckpointError::Encode {
-                        path: side.to_path_buf(),
-                        source,
-                    }
-                })?;
+            let side_bytes = pluglet_checkpoint::encode_side(&side_source()).map_err(|source| {
+                CheckpointError::Encode {
+                    path: side.to_path_buf(),
+                    source,
+                }
+            })?;
             pluglet_checkpoint::replace_file(side, &side_bytes, durability)
         });
         let kubelet = pluglet_checkpoint::replace_file(checkpoint, data, durability);

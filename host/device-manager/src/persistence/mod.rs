@@ -205,8 +205,7 @@ impl WriteRequests {
     async fn settle(&self, delay: Duration, cancel: &CancellationToken) {
         let deadline = tokio::time::Instant::now() + delay;
         loop {
-            if self.0.devices_changed.load(Ordering::SeqCst)
-                || self.0.urgent.load(Ordering::SeqCst)
+            if self.0.devices_changed.load(Ordering::SeqCst) || self.0.urgent.load(Ordering::SeqCst)
             {
                 return;
             }
