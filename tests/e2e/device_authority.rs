@@ -1,7 +1,7 @@
 //! Go device plugins dial `kubelet.sock` by its bare path, so their HTTP/2 `:authority` is a
 //! path (docs/kubelet-compatibility.md, "HTTP/2 authority from Go plugins"), which Rust HTTP/2
-//! clients refuse to send. This story writes the frames by
-//! hand, as grpc-go does, and checks the daemon accepts the Register.
+//! clients refuse to send. These stories write the frames by hand, as grpc-go does, and check
+//! that the daemon accepts a Register on `kubelet.sock` and answers its admin API.
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::net::UnixStream;
@@ -102,19 +102,64 @@ fn a_register_with_a_path_like_authority_is_accepted() {
         dp_socket.exists().then_some(())
     });
 
-    let mut stream = UnixStream::connect(&kubelet).unwrap();
+    // What grpc-go 1.27–1.40 sends for a bare-path target: the raw socket path.
+    let authority = kubelet.display().to_string();
+    let body = RegisterRequest {
+        version: "v1beta1".into(),
+        endpoint: "raw.sock".into(),
+        resource_name: "vendor.com/raw".into(),
+        options: None,
+    }
+    .encode_to_vec();
+    assert_eq!(
+        unary(
+            &kubelet,
+            &authority,
+            "/v1beta1.Registration/Register",
+            &body
+        ),
+        Answer::Answered
+    );
+    let r = wait_allocatable(&daemon, "vendor.com/raw", 3);
+    assert_eq!(r["endpoint"], dp_socket.display().to_string());
+}
+
+#[test]
+fn the_admin_api_answers_clients_that_send_the_socket_path_as_authority() {
+    let root = TestRoot::new();
+    let _daemon = Daemon::start(&root.path(), &[]);
+    let admin = root.path().join("pluglet.sock");
+    // grpc-go sends the raw path, grpc-python its percent-encoded form.
+    let raw = admin.display().to_string();
+    let encoded = raw.replace('/', "%2F");
+    for authority in [raw.as_str(), encoded.as_str(), "localhost"] {
+        assert_eq!(
+            unary(
+                &admin,
+                authority,
+                "/pluglet.admin.v1.Admin/ListAllocations",
+                &[]
+            ),
+            Answer::Answered,
+            "with :authority {authority}"
+        );
+    }
+}
+
+/// One unary gRPC call on `socket` written frame by frame, with `authority` as `:authority`
+/// (which Rust HTTP/2 clients refuse to send when it is a path), and what the server did.
+fn unary(socket: &std::path::Path, authority: &str, path: &str, body: &[u8]) -> Answer {
+    let mut stream = UnixStream::connect(socket).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     stream.write_all(PREFACE).unwrap();
     stream.write_all(&frame(SETTINGS, 0, 0, &[])).unwrap();
-    // What grpc-go 1.27–1.40 sends for a bare-path target: the raw socket path.
-    let authority = kubelet.display().to_string();
     let block: Vec<u8> = [
         (":method", "POST"),
         (":scheme", "http"),
-        (":path", "/v1beta1.Registration/Register"),
-        (":authority", authority.as_str()),
+        (":path", path),
+        (":authority", authority),
         ("content-type", "application/grpc"),
         ("te", "trailers"),
     ]
@@ -124,23 +169,13 @@ fn a_register_with_a_path_like_authority_is_accepted() {
     stream
         .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
         .unwrap();
-    let body = RegisterRequest {
-        version: "v1beta1".into(),
-        endpoint: "raw.sock".into(),
-        resource_name: "vendor.com/raw".into(),
-        options: None,
-    }
-    .encode_to_vec();
     let mut message = vec![0];
     message.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
-    message.extend_from_slice(&body);
+    message.extend_from_slice(body);
     stream
         .write_all(&frame(DATA, END_STREAM, 1, &message))
         .unwrap();
-
-    assert_eq!(read_answer(&mut stream), Answer::Answered);
-    let r = wait_allocatable(&daemon, "vendor.com/raw", 3);
-    assert_eq!(r["endpoint"], dp_socket.display().to_string());
+    read_answer(&mut stream)
 }
 
 struct KillOnDrop(std::process::Child);

@@ -88,7 +88,13 @@ pub fn bind_and_serve(
     Ok(async move {
         let result = tonic::transport::Server::builder()
             .add_service(AdminServer::new(service))
-            .serve_with_incoming_shutdown(pluglet_uds::incoming(listener), cancel.cancelled_owned())
+            .serve_with_incoming_shutdown(
+                // grpc-go and grpc-python clients dial a unix socket with its path as
+                // `:authority`; serve them too (docs/kubelet-compatibility.md, "HTTP/2
+                // authority from Go plugins").
+                pluglet_uds::incoming_any_authority(listener),
+                cancel.cancelled_owned(),
+            )
             .await;
         let _ = std::fs::remove_file(&path);
         result.map_err(|source| AdminError::Serve { path, source })

@@ -14,8 +14,8 @@
 //! - the checkpoint and the side file are written by one writer on a thread of its own
 //!   ([`Persistence::run_writer`], [`Persistence::spawn_writer`]), coalesced: a change asks for
 //!   a write ([`WriteRequests`]); the writer takes one snapshot per write, so a burst of changes
-//!   costs one write. A device change is written at once; after allocations and releases alone
-//!   the writer waits a little for more (`ALLOCATION_WRITE_DELAY`);
+//!   costs one write. A device change wakes the writer at once; after allocations and releases
+//!   alone it is woken a little later (`ALLOCATION_WRITE_DELAY`);
 //! - allocations and releases must be durable before they are answered. Rather than wait for
 //!   the checkpoint (temporary file, fsync, rename, directory fsync), [`Persistence::commit`]
 //!   writes a journal record first, on the caller's thread, and the checkpoint follows.
@@ -60,10 +60,11 @@ const DIR_SYNC_AFTER: usize = 4;
 /// failing).
 const MAX_ON_DISK: usize = 16;
 
-/// How long the checkpoint write after an allocation or a release waits for more of them. They
-/// are durable in the journal already; waiting makes a burst of them one write, and keeps the
-/// write's fsyncs from queueing on the disk ahead of the next allocation's journal record. A
-/// device change, a caller waiting for the write, or shutdown ends the wait.
+/// How long after an allocation or a release the checkpoint writer is woken. They are durable in
+/// the journal already; waiting makes a burst of them one write, keeps the write's fsyncs from
+/// queueing on the disk ahead of the next allocation's journal record, and keeps the writer
+/// thread's wake-up off the allocation's path. A device change, a caller waiting for the write,
+/// or shutdown wakes it sooner.
 const ALLOCATION_WRITE_DELAY: Duration = Duration::from_millis(20);
 
 /// Where the three files live.
@@ -130,8 +131,8 @@ struct Requests {
     requested: AtomicU64,
     /// Devices changed since the side file was last written (allocations alone leave it as is).
     devices_changed: AtomicBool,
-    /// Someone waits for the pending write: no delay.
-    urgent: AtomicBool,
+    /// A delayed wake of the writer is pending.
+    wake_armed: AtomicBool,
     wake: Notify,
     written: watch::Sender<Written>,
 }
@@ -147,23 +148,39 @@ impl WriteRequests {
         WriteRequests(Arc::new(Requests {
             requested: AtomicU64::new(0),
             devices_changed: AtomicBool::new(false),
-            urgent: AtomicBool::new(false),
+            wake_armed: AtomicBool::new(false),
             wake: Notify::new(),
             written: watch::Sender::new(Written::default()),
         }))
     }
 
-    /// Asks for a write of the checkpoint (allocations changed); returns its number.
+    /// Asks for a write of the checkpoint (allocations changed), made within
+    /// `ALLOCATION_WRITE_DELAY`; returns its number.
     pub fn allocations_changed(&self) -> u64 {
         let seq = self.0.requested.fetch_add(1, Ordering::SeqCst) + 1;
-        self.0.wake.notify_one();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                if !self.0.wake_armed.swap(true, Ordering::SeqCst) {
+                    let requests = self.0.clone();
+                    runtime.spawn(async move {
+                        tokio::time::sleep(ALLOCATION_WRITE_DELAY).await;
+                        requests.wake_armed.store(false, Ordering::SeqCst);
+                        requests.wake.notify_one();
+                    });
+                }
+            }
+            Err(_) => self.0.wake.notify_one(),
+        }
         seq
     }
 
-    /// Asks for a write of both files (devices or resources changed); returns its number.
+    /// Asks for a write of both files (devices or resources changed) at once; returns its
+    /// number.
     pub fn devices_changed(&self) -> u64 {
         self.0.devices_changed.store(true, Ordering::SeqCst);
-        self.allocations_changed()
+        let seq = self.0.requested.fetch_add(1, Ordering::SeqCst) + 1;
+        self.0.wake.notify_one();
+        seq
     }
 
     /// The number of the latest request.
@@ -171,11 +188,10 @@ impl WriteRequests {
         self.0.requested.load(Ordering::SeqCst)
     }
 
-    /// Waits until the write covering request `seq` is done (asking the writer not to delay it).
+    /// Waits until the write covering request `seq` is done (waking the writer at once).
     pub async fn flush(&self, seq: u64) -> Result<(), Arc<CheckpointError>> {
         let mut rx = self.0.written.subscribe();
         if rx.borrow().seq < seq {
-            self.0.urgent.store(true, Ordering::SeqCst);
             self.0.wake.notify_one();
         }
         let written = rx
@@ -197,23 +213,6 @@ impl WriteRequests {
                 return target;
             }
             self.0.wake.notified().await;
-        }
-    }
-
-    /// Writer side: waits up to `delay` for more requests while only allocations changed;
-    /// returns at once when devices changed, someone waits for the write, or `cancel` fires.
-    async fn settle(&self, delay: Duration, cancel: &CancellationToken) {
-        let deadline = tokio::time::Instant::now() + delay;
-        loop {
-            if self.0.devices_changed.load(Ordering::SeqCst) || self.0.urgent.load(Ordering::SeqCst)
-            {
-                return;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => return,
-                _ = self.0.wake.notified() => {}
-                _ = cancel.cancelled() => return,
-            }
         }
     }
 
@@ -363,8 +362,6 @@ impl Persistence {
                     }
                 }
             };
-            requests.settle(ALLOCATION_WRITE_DELAY, &cancel).await;
-            requests.0.urgent.store(false, Ordering::SeqCst);
             // Every request so far is covered by the snapshot taken below.
             let target = requests.requested();
             let with_side = requests.take_devices_changed();
