@@ -137,6 +137,17 @@ struct Requests {
     written: watch::Sender<Written>,
 }
 
+/// A pending delayed wake of the writer: wakes it when dropped, also when its timer task is
+/// dropped unfinished (a runtime shutting down), so a wake is never lost.
+struct DelayedWake(Arc<Requests>);
+
+impl Drop for DelayedWake {
+    fn drop(&mut self) {
+        self.0.wake_armed.store(false, Ordering::SeqCst);
+        self.0.wake.notify_one();
+    }
+}
+
 /// The narrow handle the parts that change the state hold: they ask for a checkpoint write
 /// after a change (with their own lock released), nothing more.
 #[derive(Clone, Debug)]
@@ -161,11 +172,10 @@ impl WriteRequests {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 if !self.0.wake_armed.swap(true, Ordering::SeqCst) {
-                    let requests = self.0.clone();
+                    let wake = DelayedWake(self.0.clone());
                     runtime.spawn(async move {
                         tokio::time::sleep(ALLOCATION_WRITE_DELAY).await;
-                        requests.wake_armed.store(false, Ordering::SeqCst);
-                        requests.wake.notify_one();
+                        drop(wake);
                     });
                 }
             }
@@ -554,6 +564,35 @@ mod tests {
         disk.written(4);
         disk.written(4);
         assert!(disk.needs_dir_sync(), "every fourth rename");
+    }
+
+    #[test]
+    fn a_delayed_wake_dropped_with_its_runtime_still_wakes_the_writer() {
+        let requests = WriteRequests::new();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            requests.allocations_changed();
+        });
+        assert!(
+            requests.0.wake_armed.load(Ordering::SeqCst),
+            "a wake is pending"
+        );
+        drop(runtime);
+        assert!(!requests.0.wake_armed.load(Ordering::SeqCst), "disarmed");
+        let woken = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(async {
+                tokio::select! {
+                    biased;
+                    _ = requests.0.wake.notified() => true,
+                    _ = std::future::ready(()) => false,
+                }
+            });
+        assert!(woken, "the writer's wake was not lost");
     }
 
     #[tokio::test]
