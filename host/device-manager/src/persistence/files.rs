@@ -136,10 +136,13 @@ pub fn decode_journal(payload: &[u8]) -> Option<(Vec<u64>, CheckpointData)> {
     Some((sums, CheckpointData::decode(file).ok()?))
 }
 
-/// Writes the kubelet checkpoint (`data`: an encoded file), and the side file when given (built
-/// and encoded on a thread of its own beside the checkpoint's write), each as the kubelet writes
-/// its checkpoint (temporary file, fsync, rename); the directory fsyncs are batched by the
-/// writer.
+/// Writes the kubelet checkpoint (`data`: an encoded file), and the side file when given, each
+/// as the kubelet writes its checkpoint (temporary file, fsync, rename); the directory fsyncs
+/// are batched by the writer.
+///
+/// The side file is encoded before either write starts, so that the two writes end close
+/// together: the writer counts the checkpoint as in place only once both have ended, and until
+/// then journal records still name the checkpoint it replaces.
 pub fn write_files(
     checkpoint: &Path,
     side: &Path,
@@ -150,17 +153,16 @@ pub fn write_files(
     let Some(side_source) = side_source else {
         return pluglet_checkpoint::replace_file(checkpoint, data, durability);
     };
+    let side_bytes = pluglet_checkpoint::encode_side(&side_source()).map_err(|source| {
+        CheckpointError::Encode {
+            path: side.to_path_buf(),
+            source,
+        }
+    })?;
     // Two files in two directories: their fsyncs overlap when written side by side.
     std::thread::scope(|scope| {
-        let side_write = scope.spawn(|| {
-            let side_bytes = pluglet_checkpoint::encode_side(&side_source()).map_err(|source| {
-                CheckpointError::Encode {
-                    path: side.to_path_buf(),
-                    source,
-                }
-            })?;
-            pluglet_checkpoint::replace_file(side, &side_bytes, durability)
-        });
+        let side_write =
+            scope.spawn(|| pluglet_checkpoint::replace_file(side, &side_bytes, durability));
         let kubelet = pluglet_checkpoint::replace_file(checkpoint, data, durability);
         let side = side_write.join().unwrap_or_else(|_| {
             Err(CheckpointError::Write {

@@ -247,7 +247,7 @@ impl WriteRequests {
 
 /// What the writer writes: the kubelet checkpoint, and the side file when asked for. The side
 /// file comes as a function that builds it from what the snapshot took (shared device sets), so
-/// that it is built and encoded beside the checkpoint's write, not before it.
+/// that it is built after the disk lock is released.
 pub(crate) type Snapshot = (CheckpointData, Option<SideSource>);
 
 /// Builds the side file's content of a snapshot.
