@@ -107,6 +107,10 @@ pub struct RunArgs {
     /// Refuse every configured handler module that is not signed by a trusted key.
     #[arg(long)]
     pub require_signatures: bool,
+    /// Serve `/metrics`, `/healthz` and `/readyz` over HTTP on ADDR:PORT (off unless set; the
+    /// shipped unit and config use 127.0.0.1:9810).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Output format of `pluglet ctl`.

@@ -150,6 +150,8 @@ pub struct Config {
     /// Handler module signatures: the trusted public key files and whether a signature is
     /// required.
     pub signatures: Signatures,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None`: not served.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// `--trusted-key` and `--require-signatures`.
@@ -232,6 +234,7 @@ impl Config {
                 trusted_keys: args.trusted_key.clone(),
                 require: args.require_signatures,
             },
+            metrics_addr: args.metrics_addr,
         })
     }
 }

@@ -30,5 +30,6 @@ pub mod compile_child;
 pub mod config;
 pub mod daemon;
 pub mod handler_cmd;
+pub mod ops;
 pub mod plugin_manager;
 pub mod plugin_types;
