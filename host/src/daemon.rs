@@ -2,10 +2,15 @@
 //! SIGINT/SIGTERM (exit status 0, admin socket removed).
 //!
 //! Start order: directories → state lock (a second daemon on the same state directory is refused
-//! with the holder's pid) → handler modules, compiled or taken from the compile cache in the state
-//! directory (then their directory is watched: changes apply as transactions) → plugin manager
-//! (watch in place and start-up scan done)
-//! → admin socket. Once the admin socket answers, the daemon is fully up.
+//! with the holder's pid) → the metrics/health endpoint when `--metrics-addr` is set (it answers
+//! "not ready" from here on) → handler modules, compiled or taken from the compile cache in the
+//! state directory (then their directory is watched: changes apply as transactions) → device
+//! manager (checkpoint restored, `kubelet.sock` served) → plugin manager (watch in place and
+//! start-up scan done): ready → admin socket. Once the admin socket answers, the daemon is fully
+//! up.
+//!
+//! Every long-running stage runs under [`Supervisor`]: one that ends while the daemon runs
+//! stops the daemon with an error naming it (see [`crate::ops`]).
 
 use std::fs::File;
 use std::io::{Read as _, Seek as _, Write as _};
@@ -26,6 +31,10 @@ use tracing::{error, info, warn};
 
 use crate::admin::server::{AdminService, bind_and_serve};
 use crate::config::{Config, Signatures};
+use crate::ops::health::{Condition, Health};
+use crate::ops::metrics::{self, HandlerChanges, LateRegistry};
+use crate::ops::supervise::Supervisor;
+use crate::ops::{http, notify};
 use crate::plugin_manager::{PluginManager, PluginManagerConfig};
 use crate::plugin_types::csi::CsiKind;
 
@@ -180,7 +189,12 @@ pub fn runtime_config() -> RuntimeConfig {
     RuntimeConfig::default()
 }
 
-/// Runs the daemon until SIGINT or SIGTERM.
+/// For tests only: the path of a FIFO the daemon reads to its end before the registry's
+/// start-up scan, so a test can see the daemon not yet ready.
+pub const HOLD_SCAN_ENV: &str = "PLUGLET_TEST_HOLD_SCAN";
+
+/// Runs the daemon until SIGINT or SIGTERM, or until one of its stages ends (an error naming
+/// the stage: the binary exits non-zero).
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let paths = &config.paths;
     for dir in [
@@ -198,6 +212,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
 
+    let health = Health::new();
+    let cancel = CancellationToken::new();
+    let mut stages = Supervisor::new(health.clone(), cancel.clone());
+    // Health answers from the start, so a probe sees the daemon starting, not refusing.
+    let registry = LateRegistry::default();
+    if let Some(addr) = config.metrics_addr {
+        let listener = http::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
+        info!(addr = %listener.local_addr().unwrap_or(addr), "serving /metrics, /healthz and /readyz");
+        let serving = http::serve(
+            listener,
+            registry.clone(),
+            health.clone(),
+            cancel.child_token(),
+        );
+        stages.spawn("metrics-server", async move {
+            serving.await.map_err(|e| e.to_string())
+        });
+    }
+    tokio::spawn(notify::run(health.clone(), cancel.child_token()));
+
     let trust = trust(&config.signatures)?;
     let handlers = load_handlers(&paths.handlers_dir, Some(&paths.state_dir), trust).await?;
     for slot in handlers.status().slots {
@@ -211,13 +247,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             "handler in force"
         );
     }
+    health.met(Condition::HandlersLoaded);
 
-    let cancel = CancellationToken::new();
     // The handlers directory is watched from here on: a change applies as one transaction.
     let handler_watch = handlers
         .watch(cancel.child_token())
         .context("cannot watch the handlers directory")?;
-    let mut handler_watch = tokio::spawn(handler_watch);
+    stages.spawn("handler-watcher", async move {
+        handler_watch.await;
+        Ok(())
+    });
     let timings = config.timings.clone();
 
     // Device manager: kubelet.sock, endpoints, allocations, checkpoint. It also receives the
@@ -229,6 +268,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     device_config.grace_period = timings.device_grace_period;
     device_config.dial_timeout = timings.dial_timeout;
+    let device_metrics = device_config.metrics.clone();
     // One registration pipeline for both doors: the device manager gives it the device plugin
     // type's steps and serves kubelet.sock through it; the plugin manager feeds it what the
     // watcher finds.
@@ -247,7 +287,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     )
     .await
     .context("cannot start the device manager")?;
+    health.met(Condition::CheckpointRestored);
+    health.met(Condition::KubeletSocketServing);
+    let device_stages = devices.clone();
+    stages.spawn("device-manager", async move {
+        Err(device_stages.stopped().await)
+    });
 
+    if let Some(fifo) = std::env::var_os(HOLD_SCAN_ENV) {
+        hold(fifo.into()).await?;
+    }
+    let pipeline_metrics = pipeline.metrics().clone();
     let manager = PluginManager::start(
         PluginManagerConfig {
             registry_dir: paths.registry_dir.clone(),
@@ -256,14 +306,43 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         pipeline,
         cancel.clone(),
     )?;
+    health.met(Condition::RegistryScanned);
+    let crate::plugin_manager::PluginManager {
+        handle,
+        tasks,
+        counts,
+        latency,
+    } = manager;
+    for (name, task) in tasks {
+        stages.spawn(name, async move { task.await.map_err(|e| e.to_string()) });
+    }
+
+    let handler_changes = HandlerChanges::default();
+    let _ = registry.set(metrics::registry(metrics::Sources {
+        health: &health,
+        devices: &devices,
+        device_metrics: &device_metrics,
+        handlers: &handlers,
+        handler_changes: &handler_changes,
+        pipeline: &pipeline_metrics,
+        plugins: &counts,
+        latency: &latency,
+    }));
+    let counting = handler_changes.run(handlers.clone(), cancel.child_token());
+    stages.spawn("handler-metrics", async move {
+        counting.await;
+        Ok(())
+    });
 
     let admin = bind_and_serve(
         &paths.admin_socket,
         config.admin_socket_mode,
-        AdminService::new(manager.handle.clone(), handlers.clone()).with_devices(devices.clone()),
+        AdminService::new(handle, handlers.clone()).with_devices(devices.clone()),
         cancel.child_token(),
     )?;
-    let mut admin = tokio::spawn(admin);
+    stages.spawn("admin-server", async move {
+        admin.await.map_err(|e| pluglet_core::error_chain(&e))
+    });
     info!(
         registry = %paths.registry_dir.display(),
         admin_socket = %paths.admin_socket.display(),
@@ -275,37 +354,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::select! {
         _ = sigterm.recv() => info!("SIGTERM received, stopping"),
         _ = sigint.recv() => info!("SIGINT received, stopping"),
-        result = &mut handler_watch => {
-            let e = match result {
-                Ok(()) => anyhow::anyhow!("handlers directory watch stopped unexpectedly"),
-                Err(e) => anyhow::Error::new(e).context("handlers directory watch panicked"),
-            };
-            error!(error = %format!("{e:#}"), "stopping");
-            failure = Some(e);
-        }
-        result = &mut admin => {
-            let e = match result {
-                Ok(Ok(())) => anyhow::anyhow!("admin server stopped unexpectedly"),
-                Ok(Err(e)) => anyhow::Error::new(e),
-                Err(e) => anyhow::Error::new(e).context("admin server panicked"),
-            };
-            error!(error = %format!("{e:#}"), "stopping");
-            failure = Some(e);
+        ended = stages.first_failure() => {
+            error!(stage = ended.stage, cause = %ended.cause, "a stage stopped unexpectedly; stopping the daemon");
+            failure = Some(anyhow::Error::new(ended));
         }
     }
 
+    notify::stopping();
     cancel.cancel();
     let stopping = async {
-        if !admin.is_finished() {
-            let _ = (&mut admin).await;
-        }
-        for task in manager.tasks {
-            let _ = task.await;
-        }
+        stages.wait().await;
         devices.shutdown().await;
-        if !handler_watch.is_finished() {
-            let _ = (&mut handler_watch).await;
-        }
     };
     if tokio::time::timeout(timings.shutdown_grace, stopping)
         .await
@@ -319,6 +378,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Reads the FIFO at `path` to its end (see [`HOLD_SCAN_ENV`]).
+async fn hold(path: PathBuf) -> anyhow::Result<()> {
+    info!(fifo = %path.display(), "holding the start-up scan until the FIFO is closed");
+    tokio::task::spawn_blocking(move || {
+        let mut fifo = File::open(&path)
+            .with_context(|| format!("cannot open {HOLD_SCAN_ENV} {}", path.display()))?;
+        std::io::copy(&mut fifo, &mut std::io::sink())?;
+        anyhow::Ok(())
+    })
+    .await
+    .context("holding the scan panicked")?
 }
 
 #[cfg(test)]

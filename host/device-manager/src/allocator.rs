@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::devices::Health;
 use crate::error::{AllocateError, ReleaseError};
+use crate::metrics::Metrics;
 use crate::persistence::Persistence;
 use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices, group_by_numa};
 use crate::registry::Registry;
@@ -118,6 +119,7 @@ struct Inner {
     persistence: Persistence,
     handlers: Handlers,
     node_name: String,
+    metrics: Metrics,
     cancel: CancellationToken,
 }
 
@@ -136,6 +138,7 @@ impl Allocator {
         persistence: Persistence,
         handlers: Handlers,
         node_name: String,
+        metrics: Metrics,
         cancel: CancellationToken,
     ) -> Allocator {
         Allocator {
@@ -147,6 +150,7 @@ impl Allocator {
                 persistence,
                 handlers,
                 node_name,
+                metrics,
                 cancel,
             }),
         }
@@ -154,6 +158,22 @@ impl Allocator {
 
     /// Allocates `count` devices of `resource` to one container (see the module doc).
     pub async fn allocate(&self, key: HolderKey, count: u32) -> Result<Allocation, AllocateError> {
+        let resource = key.resource.clone();
+        let result = self.choose_and_commit(key, count).await;
+        let outcome = match &result {
+            Ok(allocation) if allocation.reused => "reused",
+            Ok(_) => "allocated",
+            Err(_) => "failed",
+        };
+        self.inner.metrics.allocation(resource.as_str(), outcome);
+        result
+    }
+
+    async fn choose_and_commit(
+        &self,
+        key: HolderKey,
+        count: u32,
+    ) -> Result<Allocation, AllocateError> {
         let resource = key.resource.clone();
         if count == 0 {
             return Err(AllocateError::ZeroCount { resource });
@@ -249,7 +269,7 @@ impl Allocator {
         let (client, pre_start) = self.reserve(&key, &chosen, token)?;
         drop(decision);
 
-        match call_plugin(client, pre_start, &key, &chosen).await {
+        match call_plugin(client, pre_start, &key, &chosen, &self.inner.metrics).await {
             Ok(response) => self.commit(key, token, chosen, response).await,
             Err(err) => {
                 self.lock().cancel(&key, token);
@@ -302,6 +322,9 @@ impl Allocator {
             .collect();
         if released.is_empty() {
             return Ok(released);
+        }
+        for entry in &released {
+            self.inner.metrics.released(entry.resource.as_str());
         }
         tracing::info!(
             entries = released.len(),
@@ -509,19 +532,21 @@ async fn call_plugin(
     pre_start: bool,
     key: &HolderKey,
     chosen: &[String],
+    metrics: &Metrics,
 ) -> Result<v1beta1::ContainerAllocateResponse, AllocateError> {
     let request = v1beta1::AllocateRequest {
         container_requests: vec![v1beta1::ContainerAllocateRequest {
             devices_ids: chosen.to_vec(),
         }],
     };
-    let answer = pluglet_uds::with_deadline(ALLOCATE_TIMEOUT, client.allocate(request))
-        .await
-        .map_err(|status| AllocateError::Allocate {
-            resource: key.resource.clone(),
-            devices: chosen.to_vec(),
-            status,
-        })?;
+    let started = std::time::Instant::now();
+    let answer = pluglet_uds::with_deadline(ALLOCATE_TIMEOUT, client.allocate(request)).await;
+    metrics.allocate_call(key.resource.as_str(), started.elapsed());
+    let answer = answer.map_err(|status| AllocateError::Allocate {
+        resource: key.resource.clone(),
+        devices: chosen.to_vec(),
+        status,
+    })?;
     let response = answer
         .container_responses
         .into_iter()
@@ -610,6 +635,7 @@ mod alone {
                 journal: dir.path().join(JOURNAL_FILE_NAME),
             },
             Durability::NoFsync,
+            Metrics::default(),
         )
         .unwrap();
         let cancel = CancellationToken::new();
@@ -643,6 +669,7 @@ mod alone {
             persistence.clone(),
             handlers(),
             "node-1".into(),
+            Metrics::default(),
             cancel,
         );
         let journaled = || std::fs::metadata(dir.path().join(JOURNAL_FILE_NAME)).unwrap();

@@ -62,6 +62,8 @@ pub struct Config {
     pub dial_timeout: Duration,
     /// Whether checkpoint writes fsync ([`Durability::NoFsync`] only for benchmarks).
     pub durability: Durability,
+    /// Where the device manager counts (register [`crate::Metrics`] to export them).
+    pub metrics: crate::Metrics,
 }
 
 impl Config {
@@ -74,6 +76,7 @@ impl Config {
             grace_period: DEFAULT_GRACE_PERIOD,
             dial_timeout: DEFAULT_DIAL_TIMEOUT,
             durability: Durability::Fsync,
+            metrics: crate::Metrics::default(),
         }
     }
 
@@ -115,6 +118,7 @@ struct Inner {
     cancel: CancellationToken,
     tasks: TaskTracker,
     report: RestoreReport,
+    stopped: watch::Receiver<Option<String>>,
 }
 
 /// The device manager: cheap to clone; every clone is the same manager.
@@ -155,7 +159,8 @@ impl DeviceManager {
         crate::registration_server::prepare_directory(&config.device_plugins_dir)?;
         // A few small files, read once before anything is served.
         let (persistence, restored) =
-            Persistence::open(config.paths(), config.durability).map_err(StartError::Restore)?;
+            Persistence::open(config.paths(), config.durability, config.metrics.clone())
+                .map_err(StartError::Restore)?;
         log_restore(&restored.report);
 
         let tasks = TaskTracker::new();
@@ -178,6 +183,7 @@ impl DeviceManager {
             persistence.clone(),
             handlers.clone(),
             config.node_name.clone(),
+            config.metrics.clone(),
             cancel.clone(),
         );
         pipeline.set_kind(
@@ -192,28 +198,41 @@ impl DeviceManager {
         let (removed_tx, removed_rx) = mpsc::channel(1024);
         let watcher =
             crate::registration_server::watch_directory(&config.device_plugins_dir, removed_tx)?;
-        persistence
+        let (stopped_tx, stopped) = watch::channel(None);
+        let stages = Stages {
+            tasks: tasks.clone(),
+            cancel: cancel.clone(),
+            stopped: Arc::new(stopped_tx),
+        };
+        let writer = persistence
             .spawn_writer(
                 snapshot_source(&registry, &allocator, &handlers),
                 cancel.clone(),
-                &tasks,
             )
             .map_err(StartError::Writer)?;
-        tasks.spawn(run_loop(
-            registry.clone(),
-            pipeline.clone(),
-            removed_rx,
-            ended_rx,
-            watcher,
-            cancel.clone(),
-            tasks.clone(),
-        ));
-        tasks.spawn(crate::registration_server::serve(
-            pipeline,
-            listener,
-            kubelet_socket,
-            cancel.clone(),
-        ));
+        stages.spawn("checkpoint writer", writer);
+        stages.spawn(
+            "device manager loop",
+            run_loop(
+                registry.clone(),
+                pipeline.clone(),
+                removed_rx,
+                ended_rx,
+                watcher,
+                cancel.clone(),
+                tasks.clone(),
+            ),
+        );
+        stages.spawn(
+            "kubelet.sock server",
+            crate::registration_server::serve(
+                pipeline,
+                listener,
+                kubelet_socket,
+                config.metrics.clone(),
+                cancel.clone(),
+            ),
+        );
         // The first write of this start, made to survive a power cut at once.
         if let Err(err) = persistence.write_now().await {
             tracing::error!(error = %error_chain(&*err), "cannot write the device manager checkpoint");
@@ -232,8 +251,24 @@ impl DeviceManager {
                 cancel,
                 tasks,
                 report: restored.report,
+                stopped,
             }),
         })
+    }
+
+    /// Resolves when one of the device manager's own tasks (the loop, the `kubelet.sock`
+    /// server, the checkpoint writer) ended before the cancel token fired, with what ended and
+    /// why; pending otherwise.
+    pub async fn stopped(&self) -> String {
+        let mut stopped = self.inner.stopped.clone();
+        let cause = match stopped.wait_for(Option::is_some).await {
+            Ok(cause) => cause.clone(),
+            Err(_) => None,
+        };
+        match cause {
+            Some(cause) => cause,
+            None => std::future::pending().await,
+        }
     }
 
     /// What the start restored, and which corrupt files it set aside.
@@ -392,6 +427,62 @@ fn snapshot_source(
             }) as SideSource
         });
         (data, side)
+    }
+}
+
+/// Spawns the device manager's long-running tasks on its tracker and records the first that
+/// ends before cancellation.
+struct Stages {
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+    stopped: Arc<watch::Sender<Option<String>>>,
+}
+
+/// What a task's end can say.
+trait StageResult {
+    fn cause(self) -> Option<String>;
+}
+
+impl StageResult for () {
+    fn cause(self) -> Option<String> {
+        None
+    }
+}
+
+impl StageResult for Result<(), String> {
+    fn cause(self) -> Option<String> {
+        self.err()
+    }
+}
+
+impl Stages {
+    fn spawn<F>(&self, name: &'static str, task: F)
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: StageResult + Send,
+    {
+        let cancel = self.cancel.clone();
+        let stopped = self.stopped.clone();
+        let task = tokio::spawn(task);
+        self.tasks.spawn(async move {
+            let cause = match task.await {
+                Ok(output) => output.cause(),
+                Err(err) => Some(err.to_string()),
+            };
+            if !cancel.is_cancelled() {
+                let why = match cause {
+                    Some(cause) => format!("{name} ended: {cause}"),
+                    None => format!("{name} ended"),
+                };
+                tracing::error!(stage = name, cause = %why, "device manager task ended");
+                stopped.send_if_modified(|s| {
+                    s.is_none() && {
+                        *s = Some(why);
+                        true
+                    }
+                });
+            }
+        });
     }
 }
 

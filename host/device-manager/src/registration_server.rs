@@ -105,9 +105,10 @@ pub(crate) async fn serve(
     pipeline: Pipeline,
     listener: UnixListener,
     socket: PathBuf,
+    metrics: crate::Metrics,
     cancel: CancellationToken,
 ) {
-    let service = RegistrationServer::new(RegistrationService { pipeline });
+    let service = RegistrationServer::new(RegistrationService { pipeline, metrics });
     let result = tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(
@@ -128,6 +129,7 @@ pub(crate) async fn serve(
 /// `v1beta1.Registration`.
 struct RegistrationService {
     pipeline: Pipeline,
+    metrics: crate::Metrics,
 }
 
 #[tonic::async_trait]
@@ -138,6 +140,7 @@ impl Registration for RegistrationService {
     ) -> Result<tonic::Response<v1beta1::Empty>, tonic::Status> {
         let request = request.into_inner();
         let resource = request.resource_name.clone();
+        self.metrics.registration(&resource);
         let candidate = Candidate {
             info: PluginInfo {
                 plugin_type: DEVICE_PLUGIN.to_owned(),

@@ -162,6 +162,27 @@ impl CallStats {
             .saturating_record(us);
     }
 
+    /// The call times as a cumulative histogram over `bounds` (seconds, ascending): the sum of
+    /// all call times in seconds, the count, and per bound the calls that took at most that
+    /// long (to the histogram's precision, two significant digits).
+    pub fn cumulative(&self, bounds: &[f64]) -> (f64, u64, Vec<(f64, u64)>) {
+        let h = self.latency_us.lock().unwrap_or_else(|e| e.into_inner());
+        let buckets = bounds
+            .iter()
+            .map(|&bound| {
+                let us = (bound * 1e6) as u64;
+                let count = if h.is_empty() || us < 1 {
+                    0
+                } else {
+                    h.count_between(1, us.min(h.high()))
+                };
+                (bound, count)
+            })
+            .collect();
+        let sum = self.total_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        (sum, h.len(), buckets)
+    }
+
     /// A copy of the counters.
     pub fn snapshot(&self) -> StatsSnapshot {
         let calls = self.calls.load(Ordering::Relaxed);
@@ -217,5 +238,9 @@ mod tests {
         let mean = s.mean_us.unwrap();
         assert!((500.0..=501.0).contains(&mean), "{mean}");
         assert_eq!(s.last_failure.unwrap().kind, FailureKind::Deadline);
+        let (sum, count, buckets) = stats.cumulative(&[0.000_005, 0.000_1, 0.01]);
+        assert_eq!(count, 101);
+        assert!((sum - 0.050_505).abs() < 1e-9, "{sum}");
+        assert_eq!(buckets, [(0.000_005, 1), (0.000_1, 11), (0.01, 101)]);
     }
 }

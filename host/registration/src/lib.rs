@@ -25,6 +25,7 @@
 //! ("Registration order" and "Register on the kubelet socket").
 
 pub mod kind;
+pub mod metrics;
 pub mod pipeline;
 
 pub use kind::{Facts, KindError, NoNativeSteps, PluginKind};

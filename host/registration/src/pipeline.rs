@@ -289,6 +289,7 @@ struct Inner {
     /// Per type and name: the registration in force, behind the lock that serialises them.
     slots: Mutex<HashMap<PluginKey, Slot>>,
     events: broadcast::Sender<PipelineEvent>,
+    metrics: crate::metrics::Metrics,
 }
 
 /// The registration pipeline: cheap to clone; every clone is the same pipeline.
@@ -316,6 +317,7 @@ impl Pipeline {
                 kinds: RwLock::new(HashMap::new()),
                 slots: Mutex::new(HashMap::new()),
                 events: broadcast::channel(1024).0,
+                metrics: crate::metrics::Metrics::default(),
             }),
         }
     }
@@ -334,6 +336,11 @@ impl Pipeline {
         &self.inner.handlers
     }
 
+    /// What the pipeline counts (for the daemon's metrics registry).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.inner.metrics
+    }
+
     /// Events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<PipelineEvent> {
         self.inner.events.subscribe()
@@ -349,7 +356,18 @@ impl Pipeline {
     pub async fn register(&self, candidate: Candidate) -> Result<Arc<Registration>, RegisterError> {
         let plugin_type = PluginType::parse(&candidate.info.plugin_type);
         let key = PluginKey::new(plugin_type.clone(), candidate.info.name.clone());
-        let result = self.run_steps(plugin_type, key.clone(), candidate).await;
+        let door = candidate.door.clone();
+        let result = self
+            .run_steps(plugin_type.clone(), key.clone(), candidate)
+            .await;
+        let outcome = match &result {
+            Ok(_) => "registered",
+            Err(err) if err.refusal().is_some() => "refused",
+            Err(_) => "failed",
+        };
+        self.inner
+            .metrics
+            .registration(&plugin_type, &door, outcome);
         if let Err(err) = &result {
             let _ = self.inner.events.send(PipelineEvent::Refused {
                 key,
@@ -436,6 +454,7 @@ impl Pipeline {
         }
         drop(current);
 
+        self.inner.metrics.steps(&key.plugin_type, start.elapsed());
         let us = |d: std::time::Duration| d.as_micros() as u64;
         tracing::info!(
             plugin = %key,
@@ -499,6 +518,9 @@ impl Pipeline {
             %reason,
             "plugin deregistered"
         );
+        self.inner
+            .metrics
+            .deregistration(&registration.key.plugin_type, reason);
         let _ = self.inner.events.send(PipelineEvent::Deregistered {
             key: registration.key.clone(),
             id: registration.id,

@@ -7,7 +7,8 @@
 //! refused by the register step stays here (state [`RegistrationState::Refused`]) so it is not
 //! retried until its socket is re-created.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 
 use super::plugin::{Generation, PluginRecord, SocketPath};
 
@@ -37,12 +38,23 @@ pub struct ActualEntry {
 #[derive(Debug, Default)]
 pub struct ActualState {
     entries: BTreeMap<SocketPath, ActualEntry>,
+    sockets: Arc<Mutex<BTreeSet<SocketPath>>>,
 }
 
 impl ActualState {
     /// An empty actual state.
     pub fn new() -> ActualState {
         ActualState::default()
+    }
+
+    /// The sockets in the actual state, kept up to date for readers outside the reconciler
+    /// (the metrics' `plugin_manager_total_plugins`).
+    pub fn sockets(&self) -> Arc<Mutex<BTreeSet<SocketPath>>> {
+        self.sockets.clone()
+    }
+
+    fn published(&self) -> std::sync::MutexGuard<'_, BTreeSet<SocketPath>> {
+        self.sockets.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Every entry, by socket path.
@@ -62,6 +74,7 @@ impl ActualState {
 
     /// Records a registered plugin.
     pub fn add_registered(&mut self, record: PluginRecord) {
+        self.published().insert(record.socket.clone());
         self.entries.insert(
             record.socket.clone(),
             ActualEntry {
@@ -73,6 +86,7 @@ impl ActualState {
 
     /// Records a plugin the register step refused.
     pub fn add_refused(&mut self, record: PluginRecord, reason: String) {
+        self.published().insert(record.socket.clone());
         self.entries.insert(
             record.socket.clone(),
             ActualEntry {
@@ -87,6 +101,7 @@ impl ActualState {
         if self.generation(socket) != Some(generation) {
             return None;
         }
+        self.published().remove(socket);
         self.entries.remove(socket)
     }
 }

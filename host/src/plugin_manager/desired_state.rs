@@ -29,6 +29,8 @@ pub struct DesiredEntry {
     pub generation: Generation,
     /// File identity when it was seen.
     pub file_id: FileId,
+    /// When this incarnation was first seen (start of the registration latency).
+    pub seen: std::time::Instant,
 }
 
 /// The whole desired state, keyed by socket path.
@@ -101,6 +103,7 @@ impl DesiredStateWriter {
                     DesiredEntry {
                         generation,
                         file_id,
+                        seen: std::time::Instant::now(),
                     },
                 );
                 true
@@ -182,6 +185,15 @@ impl DesiredStateReader {
     /// still wakes [`DesiredStateReader::changed`]).
     pub fn peek_generation(&self, socket: &SocketPath) -> Option<Generation> {
         self.rx.borrow().get(socket).map(|e| e.generation)
+    }
+
+    /// When the current incarnation of `socket` was first seen, if it still has `generation`.
+    pub fn seen(&self, socket: &SocketPath, generation: Generation) -> Option<std::time::Instant> {
+        self.rx
+            .borrow()
+            .get(socket)
+            .filter(|e| e.generation == generation)
+            .map(|e| e.seen)
     }
 
     /// Whether `socket` is desired right now.

@@ -14,6 +14,7 @@
 pub mod actual_state;
 pub mod desired_state;
 pub mod executor;
+pub mod metrics;
 pub mod operation;
 pub mod plugin;
 pub mod reconciler;
@@ -78,8 +79,13 @@ pub struct PluginManagerConfig {
 pub struct PluginManager {
     /// Handle for the admin API.
     pub handle: PluginManagerHandle,
-    /// The watcher and reconciler tasks; they end when the cancel token fires.
-    pub tasks: Vec<JoinHandle<()>>,
+    /// The watcher and reconciler (with its executor) tasks, by stage name; they end when the
+    /// cancel token fires.
+    pub tasks: Vec<(&'static str, JoinHandle<()>)>,
+    /// `plugin_manager_total_plugins`, read from the caches at scrape time.
+    pub counts: metrics::PluginCounts,
+    /// `pluglet_registration_duration_seconds`.
+    pub latency: metrics::RegistrationLatency,
 }
 
 impl PluginManager {
@@ -95,9 +101,15 @@ impl PluginManager {
         let watcher =
             watcher::Watcher::start(&config.registry_dir, writer, config.timings.resync_period)?;
         let actual = actual_state::ActualState::new();
+        let counts = metrics::PluginCounts {
+            desired: reader.clone(),
+            actual: actual.sockets(),
+        };
+        let latency = metrics::RegistrationLatency::default();
         let cx = operation::OperationContext {
             pipeline,
             timings: Arc::new(config.timings),
+            latency: latency.clone(),
         };
         let (queries_tx, queries_rx) = mpsc::channel(16);
         let reconciler = reconciler::Reconciler::new(
@@ -109,14 +121,16 @@ impl PluginManager {
             cancel.child_token(),
         );
         let tasks = vec![
-            tokio::spawn(watcher.run(cancel.child_token())),
-            tokio::spawn(reconciler.run()),
+            ("watcher", tokio::spawn(watcher.run(cancel.child_token()))),
+            ("reconciler", tokio::spawn(reconciler.run())),
         ];
         Ok(PluginManager {
             handle: PluginManagerHandle {
                 queries: queries_tx,
             },
             tasks,
+            counts,
+            latency,
         })
     }
 }

@@ -67,6 +67,8 @@ pub struct OperationContext {
     pub pipeline: Pipeline,
     /// Deadlines.
     pub timings: Arc<Timings>,
+    /// Socket seen → plugin notified, per plugin type.
+    pub latency: super::metrics::RegistrationLatency,
 }
 
 /// How a register operation ended.

@@ -364,6 +364,11 @@ impl Reconciler {
                     record,
                     notify_error,
                 } => {
+                    if let Some(seen) = self.desired.seen(&socket, generation) {
+                        self.cx
+                            .latency
+                            .observe(&record.info.plugin_type, seen.elapsed());
+                    }
                     if is_current {
                         track.last_error = notify_error;
                         track.plugin_type = Some(record.info.plugin_type.clone());
@@ -487,6 +492,7 @@ mod tests {
                     DesiredEntry {
                         generation: Generation(*g),
                         file_id: FileId { dev: 0, ino: *g },
+                        seen: std::time::Instant::now(),
                     },
                 )
             })

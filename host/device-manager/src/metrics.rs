@@ -1,0 +1,209 @@
+//! The device manager's metrics, registered by the daemon into its Prometheus registry.
+//!
+//! Two carry the kubelet's names and meaning, so existing dashboards keep working:
+//! `kubelet_device_plugin_registration_total{resource_name}` (each `kubelet.sock` Register,
+//! counted before validation) and `kubelet_device_plugin_alloc_duration_seconds{resource_name}`
+//! (the plugin's `Allocate` call, Prometheus default buckets). The rest are Pluglet's own, under
+//! `pluglet_`. Label values are bounded: a resource name that is not a valid extended resource
+//! name is counted under `resource_name="invalid"`, so a misbehaving client cannot create series
+//! at will. Capacity and allocatable per resource are read at scrape time by the daemon.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Prometheus' default histogram buckets (seconds), as the kubelet's allocation metric uses.
+pub const DEFAULT_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// `resource_name` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabel {
+    /// The extended resource name, or `invalid`.
+    pub resource_name: String,
+}
+
+/// `resource_name` and `outcome` labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceOutcome {
+    /// The extended resource name.
+    pub resource_name: String,
+    /// `allocated`, `reused` or `failed`.
+    pub outcome: &'static str,
+}
+
+/// `outcome` label of a write.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteOutcome {
+    /// `ok` or `error`.
+    pub outcome: &'static str,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The device manager's metrics; cheap to clone (every clone counts into the same series).
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    registrations: Family<ResourceLabel, Counter>,
+    alloc_duration: Histograms<ResourceLabel>,
+    allocations: Family<ResourceOutcome, Counter>,
+    released: Family<ResourceLabel, Counter>,
+    journal_writes: Family<WriteOutcome, Counter>,
+    journal_duration: Histogram,
+    checkpoint_writes: Family<WriteOutcome, Counter>,
+    checkpoint_duration: Histogram,
+}
+
+fn default_histogram() -> Histogram {
+    Histogram::new(DEFAULT_BUCKETS)
+}
+
+/// 100 µs to ~3.3 s: a journal record or checkpoint write is a fraction of a millisecond to a
+/// few milliseconds on a healthy disk.
+fn disk_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            registrations: Family::default(),
+            alloc_duration: Family::new_with_constructor(default_histogram),
+            allocations: Family::default(),
+            released: Family::default(),
+            journal_writes: Family::default(),
+            journal_duration: disk_histogram(),
+            checkpoint_writes: Family::default(),
+            checkpoint_duration: disk_histogram(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers every metric into `registry` (names without a prefix: each name is whole).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "kubelet_device_plugin_registration",
+            "Device plugin registrations on kubelet.sock, by resource, counted before validation",
+            self.registrations.clone(),
+        );
+        registry.register(
+            "kubelet_device_plugin_alloc_duration_seconds",
+            "Duration of the device plugin's Allocate call, by resource",
+            self.alloc_duration.clone(),
+        );
+        registry.register(
+            "pluglet_device_allocations",
+            "Allocation requests by resource and outcome (allocated, reused, failed)",
+            self.allocations.clone(),
+        );
+        registry.register(
+            "pluglet_device_releases",
+            "Allocations released (one per container and resource), by resource",
+            self.released.clone(),
+        );
+        registry.register(
+            "pluglet_journal_writes",
+            "Allocation journal records written, by outcome",
+            self.journal_writes.clone(),
+        );
+        registry.register(
+            "pluglet_journal_write_duration_seconds",
+            "Time to write one allocation journal record and fdatasync it",
+            self.journal_duration.clone(),
+        );
+        registry.register(
+            "pluglet_checkpoint_writes",
+            "kubelet_internal_checkpoint writes (with the side file), by outcome",
+            self.checkpoint_writes.clone(),
+        );
+        registry.register(
+            "pluglet_checkpoint_write_duration_seconds",
+            "Time to write the checkpoint and the side file (temporary file, fsync, rename)",
+            self.checkpoint_duration.clone(),
+        );
+    }
+
+    pub(crate) fn registration(&self, resource_name: &str) {
+        let resource_name = if looks_like_a_resource_name(resource_name) {
+            resource_name.to_owned()
+        } else {
+            "invalid".to_owned()
+        };
+        self.registrations
+            .get_or_create(&ResourceLabel { resource_name })
+            .inc();
+    }
+
+    pub(crate) fn allocate_call(&self, resource_name: &str, elapsed: Duration) {
+        self.alloc_duration
+            .get_or_create(&ResourceLabel {
+                resource_name: resource_name.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub(crate) fn allocation(&self, resource_name: &str, outcome: &'static str) {
+        self.allocations
+            .get_or_create(&ResourceOutcome {
+                resource_name: resource_name.to_owned(),
+                outcome,
+            })
+            .inc();
+    }
+
+    pub(crate) fn released(&self, resource_name: &str) {
+        self.released
+            .get_or_create(&ResourceLabel {
+                resource_name: resource_name.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn journal_write(&self, ok: bool, elapsed: Duration) {
+        self.journal_writes.get_or_create(&outcome(ok)).inc();
+        self.journal_duration.observe(elapsed.as_secs_f64());
+    }
+
+    pub(crate) fn checkpoint_write(&self, ok: bool, elapsed: Duration) {
+        self.checkpoint_writes.get_or_create(&outcome(ok)).inc();
+        self.checkpoint_duration.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// The shape of an extended resource name (`domain/name`, at most 253 + 1 + 63 characters of
+/// `[A-Za-z0-9._-]`): the handlers decide validity; this only bounds the label's values.
+fn looks_like_a_resource_name(name: &str) -> bool {
+    let Some((domain, rest)) = name.split_once('/') else {
+        return false;
+    };
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    (1..=253).contains(&domain.len())
+        && (1..=63).contains(&rest.len())
+        && domain.chars().all(allowed)
+        && rest.chars().all(allowed)
+}
+
+fn outcome(ok: bool) -> WriteOutcome {
+    WriteOutcome {
+        outcome: if ok { "ok" } else { "error" },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odd_resource_names_share_one_label() {
+        assert!(looks_like_a_resource_name("vendor.com/gpu"));
+        for name in ["gpu", "", "a/b/c", "vendor.com/g pu", &"x".repeat(400)] {
+            assert!(!looks_like_a_resource_name(name), "{name:?}");
+        }
+    }
+}
