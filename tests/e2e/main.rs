@@ -7,6 +7,7 @@ mod support;
 
 mod daemon_lifecycle;
 mod isolation;
+mod ops;
 mod refusal;
 mod registration;
 

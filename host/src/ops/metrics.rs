@@ -228,7 +228,19 @@ impl Collector for HandlerCalls {
             MetricType::Histogram,
         )?;
         for (slot, _, s) in &served {
-            let (sum, count, buckets) = s.stats().cumulative(&HANDLER_BUCKETS);
+            let (sum, count, cumulative) = s.stats().cumulative(&HANDLER_BUCKETS);
+            // The encoder takes each bucket's own count (it sums them up) and a last, +Inf,
+            // bucket.
+            let mut below = 0;
+            let mut buckets: Vec<(f64, u64)> = cumulative
+                .into_iter()
+                .map(|(bound, at_most)| {
+                    let own = at_most.saturating_sub(below);
+                    below = below.max(at_most);
+                    (bound, own)
+                })
+                .collect();
+            buckets.push((f64::INFINITY, count.saturating_sub(below)));
             family
                 .encode_family(&labels(slot, s))?
                 .encode_histogram::<prometheus_client::encoding::NoLabelSet>(

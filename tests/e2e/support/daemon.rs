@@ -51,6 +51,11 @@ impl Daemon {
 
     /// Starts the daemon without waiting.
     pub fn spawn(root: &Path, extra: &[&str]) -> Daemon {
+        Daemon::spawn_with_env(root, extra, &[])
+    }
+
+    /// Starts the daemon without waiting, with `env` added to its environment.
+    pub fn spawn_with_env(root: &Path, extra: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Daemon {
         let log = root.join(format!("pluglet-{}.log", unique()));
         // `extra` wins over the fast defaults.
         let timings: Vec<&str> = FAST_TIMINGS
@@ -66,7 +71,8 @@ impl Daemon {
                 .arg(root)
                 .args(timings)
                 .args(extra)
-                .env("RUST_LOG", "info,pluglet=debug"),
+                .env("RUST_LOG", "info,pluglet=debug")
+                .envs(env.iter().copied()),
             &log,
             STOP_GRACE,
         );
