@@ -24,7 +24,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::admin::server::{AdminService, bind_and_serve};
+use crate::admin::server::{AdminService, bind_and_serve, set_socket_group};
 use crate::config::{Config, Signatures};
 use crate::plugin_manager::{PluginManager, PluginManagerConfig};
 use crate::plugin_types::csi::CsiKind;
@@ -263,6 +263,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         AdminService::new(manager.handle.clone(), handlers.clone()).with_devices(devices.clone()),
         cancel.child_token(),
     )?;
+    set_socket_group(&paths.admin_socket, config.admin_socket_group.as_ref())?;
     let mut admin = tokio::spawn(admin);
     info!(
         registry = %paths.registry_dir.display(),
