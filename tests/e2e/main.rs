@@ -20,4 +20,5 @@ mod guide;
 mod handler_integrity;
 mod handler_swap;
 mod handler_vectors;
+mod node_operations;
 mod sync_pods;
