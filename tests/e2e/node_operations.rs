@@ -334,3 +334,19 @@ fn which(program: &str) -> Option<PathBuf> {
         .map(|dir| dir.join(program))
         .find(|path| path.is_file())
 }
+
+#[test]
+fn container_image_checks_health_on_the_shipped_metrics_address() {
+    let containerfile = std::fs::read_to_string(deploy_file("Containerfile")).unwrap();
+    let config = deploy_file("config.toml").display().to_string();
+    let printed = print_config(&["--config", &config]);
+    let addr = value_of(&printed, "metrics_addr").trim_matches('"');
+    assert!(
+        containerfile.contains(&format!("curl -fsS http://{addr}/healthz")),
+        "the HEALTHCHECK asks /healthz on the shipped metrics_addr {addr}"
+    );
+    assert!(containerfile.contains("ENTRYPOINT [\"pluglet\", \"run\"]"));
+    assert!(containerfile.contains("CMD [\"--config\", \"/etc/pluglet/config.toml\"]"));
+    assert!(containerfile.contains("COPY examples/deploy/config.toml /etc/pluglet/config.toml"));
+    assert!(containerfile.contains("rustup target add wasm32-wasip2"));
+}
