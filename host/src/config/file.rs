@@ -104,7 +104,7 @@ impl ConfigFile {
             let line = e
                 .span()
                 .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
-            let key = line.and_then(|line| key_at(text, line));
+            let key = line.and_then(|line| key_of(text, line, e.message()));
             ConfigError::File {
                 path: path.to_owned(),
                 line,
@@ -155,19 +155,31 @@ impl ConfigFile {
     }
 }
 
-/// The key set on `line` (1-based), or on the nearest line above it that sets one (a value
-/// spanning lines, such as an array).
-fn key_at(text: &str, line: usize) -> Option<String> {
+/// The key an error at `line` (1-based) is about: the unknown key the message names, else the
+/// key set on that line or, for a value spanning lines (an array), on the nearest line above.
+fn key_of(text: &str, line: usize, message: &str) -> Option<String> {
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        return rest.split('`').next().map(str::to_owned);
+    }
     let lines: Vec<&str> = text.lines().collect();
-    lines[..line.min(lines.len())].iter().rev().find_map(|l| {
-        let (key, _) = l.split_once('=')?;
-        let key = key.trim().trim_matches('"');
+    for l in lines[..line.min(lines.len())].iter().rev() {
+        let l = l.trim();
+        if l.starts_with('[') {
+            return Some(l.trim_matches(['[', ']']).trim().to_owned());
+        }
+        let Some((key, _)) = l.split_once('=') else {
+            continue;
+        };
+        let key = key.trim();
         let plain = !key.is_empty()
             && key
                 .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        plain.then(|| key.to_owned())
-    })
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if plain {
+            return Some(key.to_owned());
+        }
+    }
+    None
 }
 
 /// `config` as the TOML file that reproduces it: every key, in [`KEYS`] order; a key with no
@@ -390,6 +402,12 @@ mod tests {
 
         let (line, key, _) = file_error("log_format = \"xml\"\n");
         assert_eq!((line, key.as_deref()), (Some(1), Some("log_format")));
+
+        // Tables and dotted keys are unknown keys of their own.
+        let (line, key, _) = file_error("node_name = \"n\"\n[logging]\nlevel = 1\n");
+        assert_eq!((line, key.as_deref()), (Some(2), Some("logging")));
+        let (line, key, _) = file_error("node_name = \"n\"\nlog.level = 1\n");
+        assert_eq!((line, key.as_deref()), (Some(2), Some("log")));
 
         let err = ConfigFile::parse("node_name = [\n", Path::new("/etc/p.toml")).unwrap_err();
         assert!(err.to_string().contains("/etc/p.toml, line"), "{err}");
