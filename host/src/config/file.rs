@@ -183,7 +183,8 @@ fn key_of(text: &str, line: usize, message: &str) -> Option<String> {
 }
 
 /// `config` as the TOML file that reproduces it: every key, in [`KEYS`] order; a key with no
-/// value (nothing to set) is written as a comment saying so.
+/// value (nothing to set) is written as a comment saying why. `root` is always such a comment:
+/// the paths it would set are written out.
 pub fn to_toml(config: &Config) -> String {
     fn string(s: &str) -> String {
         toml::Value::String(s.to_owned()).to_string()
@@ -203,10 +204,10 @@ pub fn to_toml(config: &Config) -> String {
     let mut line = |key: &str, value: Option<String>, unset: &str| {
         let _ = match value {
             Some(v) => writeln!(out, "{key} = {v}"),
-            None => writeln!(out, "# {key}: not set ({unset})"),
+            None => writeln!(out, "# {key}: {unset}"),
         };
     };
-    line("root", None, "every path below is explicit");
+    line("root", None, "not needed, every path below is explicit");
     line("registry_dir", Some(path(&paths.registry_dir)), "");
     line(
         "device_plugins_dir",
@@ -224,7 +225,7 @@ pub fn to_toml(config: &Config) -> String {
     line(
         "admin_socket_group",
         config.admin_socket_group.as_ref().map(|g| string(&g.name)),
-        "the socket keeps the daemon's group",
+        "not set, the socket keeps the daemon's group",
     );
     line("node_name", Some(string(&config.node_name)), "");
     line("backoff_initial", Some(duration(t.backoff_initial)), "");
@@ -259,7 +260,7 @@ pub fn to_toml(config: &Config) -> String {
     line(
         "metrics_addr",
         config.metrics_addr.map(|a| string(&a.to_string())),
-        "no metrics or health endpoint",
+        "not set, no metrics or health endpoint",
     );
     line("log_format", Some(string(config.log.format.as_str())), "");
     line("log_level", Some(string(&config.log.level)), "");
@@ -451,7 +452,7 @@ mod tests {
             for key in KEYS {
                 assert!(
                     printed.contains(&format!("\n{key} = "))
-                        || printed.contains(&format!("\n# {key}: not set")),
+                        || printed.contains(&format!("\n# {key}: ")),
                     "{key} missing from\n{printed}"
                 );
             }
