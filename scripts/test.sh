@@ -4,13 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the tests run: `minisign` makes the keys and signatures of the handler
-# signature tests.
-packages=(minisign)
+# Debian packages the tests run, as package:program: `minisign` makes the keys and signatures
+# of the handler signature tests; `systemd` brings `systemd-analyze`, which checks the shipped
+# unit file.
+packages=(minisign:minisign systemd:systemd-analyze)
 missing=()
-for package in "${packages[@]}"; do
-    command -v "$package" >/dev/null 2>&1 || missing+=("$package")
+for entry in "${packages[@]}"; do
+    command -v "${entry#*:}" >/dev/null 2>&1 || missing+=("${entry%%:*}")
 done
+# A Python module: the Prometheus project's own parser reads `/metrics` in the metrics tests,
+# with Debian's Python (/usr/bin/python3).
+if ! /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1; then
+    missing+=(python3-prometheus-client)
+fi
 if ((${#missing[@]})); then
     if [[ $(id -u) -eq 0 ]]; then
         echo "installing ${missing[*]} (needed by the tests)"

@@ -38,9 +38,39 @@ fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(s)
 }
 
-/// `pluglet run`.
+/// Format of the daemon's log lines on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line, with the current span's fields and the span list.
+    Json,
+}
+
+impl LogFormat {
+    /// The name used on the command line and in the configuration file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// `pluglet run`. Every option except `--config` and `--print-config` can also be set in the
+/// configuration file, under its name with `_` for `-`; the command line wins over the file.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
+    /// Read settings from this TOML file (keys are the option names with `_` for `-`, e.g.
+    /// `registry_dir`, `backoff_initial = "500ms"`); options given here win over the file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration as TOML (a file that reproduces this run with
+    /// `--config`) and exit.
+    #[arg(long)]
+    pub print_config: bool,
     /// Put every path under DIR: DIR/plugins_registry, DIR/device-plugins, DIR/handlers, DIR/state
     /// and the admin socket DIR/pluglet.sock (for running as a non-root user).
     #[arg(long, value_name = "DIR")]
@@ -67,6 +97,10 @@ pub struct RunArgs {
     /// Permission bits of the admin socket, octal.
     #[arg(long, value_name = "MODE", default_value = "0600")]
     pub admin_socket_mode: String,
+    /// Group given the admin socket after it is bound (with `--admin-socket-mode 0660`, members
+    /// of the group can use `pluglet ctl`) [default: the daemon's own group].
+    #[arg(long, value_name = "NAME")]
+    pub admin_socket_group: Option<String>,
     /// Node name passed to handlers [default: the host name].
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
@@ -111,6 +145,13 @@ pub struct RunArgs {
     /// shipped unit and config use 127.0.0.1:9810).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Format of the log lines on stderr.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Which log lines to write: a tracing filter directive such as `info`, `debug` or
+    /// `info,pluglet=debug` [default: RUST_LOG when set, else info].
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
 }
 
 /// Output format of `pluglet ctl`.

@@ -5,11 +5,20 @@
 //! socket `/run/pluglet/pluglet.sock`); `--root DIR` moves all of them under one directory. Timings
 //! default to the kubelet's values (docs/kubelet-compatibility.md, "Registration timeouts" and
 //! "Retries and backoff").
+//!
+//! `pluglet run --config FILE` reads the same settings from a TOML file ([`file`]); options on
+//! the command line win over the file, the file over the defaults.
+
+mod file;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cli::RunArgs;
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+
+pub use self::file::{ConfigFile, KEYS, to_toml};
+use crate::cli::{LogFormat, RunArgs};
 
 /// Kubelet: `<root-dir>/plugins_registry`.
 pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
@@ -44,6 +53,59 @@ pub enum ConfigError {
     /// A duration that must not be zero is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),
+    /// The admin socket group does not exist.
+    #[error(
+        "admin socket group {0:?} does not exist: create it (groupadd) or name an existing group"
+    )]
+    UnknownGroup(String),
+    /// The group database could not be read.
+    #[error("cannot look up admin socket group {name:?}")]
+    GroupLookup {
+        /// The group asked for.
+        name: String,
+        /// Why.
+        #[source]
+        source: nix::Error,
+    },
+    /// The log level is not a tracing filter directive.
+    #[error(
+        "log level {level:?} is not a filter directive ({reason}); write one such as \"info\", \
+         \"debug\" or \"info,pluglet=debug\""
+    )]
+    LogLevel {
+        /// What was given.
+        level: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// The configuration file could not be read.
+    #[error("cannot read configuration file {path}")]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration file is not valid: bad TOML, an unknown key or a value of the wrong
+    /// type.
+    #[error(
+        "configuration file {}{}{}: {message} (keys are the `pluglet run` option names with `_` \
+         for `-`; `pluglet run --print-config` prints every key)",
+        path.display(),
+        line.map(|l| format!(", line {l}")).unwrap_or_default(),
+        key.as_ref().map(|k| format!(", key `{k}`")).unwrap_or_default()
+    )]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The line of the error, when known.
+        line: Option<usize>,
+        /// The key of that line, when there is one.
+        key: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
     /// Signatures are required but no key is trusted.
     #[error(
         "--require-signatures needs at least one --trusted-key FILE (a minisign public key) to \
@@ -152,6 +214,77 @@ pub struct Config {
     pub signatures: Signatures,
     /// Where `/metrics`, `/healthz` and `/readyz` are served; `None`: not served.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The group the admin socket is given after binding; `None`: the daemon's own.
+    pub admin_socket_group: Option<SocketGroup>,
+    /// Log format and filter.
+    pub log: LogConfig,
+}
+
+/// `--admin-socket-group`: a group that exists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SocketGroup {
+    /// Its name, as given.
+    pub name: String,
+    /// Its id.
+    pub gid: u32,
+}
+
+/// `--log-format` and `--log-level`, resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogConfig {
+    /// Text or JSON lines.
+    pub format: LogFormat,
+    /// The filter directive in force (given, else `RUST_LOG`, else `info`).
+    pub level: String,
+}
+
+impl LogConfig {
+    /// The filter the level describes.
+    pub fn filter(&self) -> tracing_subscriber::EnvFilter {
+        tracing_subscriber::EnvFilter::builder()
+            .parse(&self.level)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_LEVEL))
+    }
+}
+
+/// The log level when neither `--log-level` nor `RUST_LOG` gives one.
+pub const DEFAULT_LOG_LEVEL: &str = "info";
+
+/// The filter directive to log with: `given` when there is one, else `rust_log` (the
+/// environment's `RUST_LOG`) when it is a valid directive, else [`DEFAULT_LOG_LEVEL`].
+pub fn log_level(given: Option<&str>, rust_log: Option<&str>) -> Result<String, ConfigError> {
+    let parse = |level: &str| tracing_subscriber::EnvFilter::builder().parse(level);
+    match given {
+        Some(level) if level.trim().is_empty() => Err(ConfigError::LogLevel {
+            level: level.to_owned(),
+            reason: "it is empty".to_owned(),
+        }),
+        Some(level) => match parse(level) {
+            Ok(_) => Ok(level.to_owned()),
+            Err(e) => Err(ConfigError::LogLevel {
+                level: level.to_owned(),
+                reason: e.to_string(),
+            }),
+        },
+        None => Ok(rust_log
+            .filter(|l| !l.trim().is_empty() && parse(l).is_ok())
+            .unwrap_or(DEFAULT_LOG_LEVEL)
+            .to_owned()),
+    }
+}
+
+fn socket_group(name: &str) -> Result<SocketGroup, ConfigError> {
+    match nix::unistd::Group::from_name(name) {
+        Ok(Some(group)) => Ok(SocketGroup {
+            name: name.to_owned(),
+            gid: group.gid.as_raw(),
+        }),
+        Ok(None) => Err(ConfigError::UnknownGroup(name.to_owned())),
+        Err(source) => Err(ConfigError::GroupLookup {
+            name: name.to_owned(),
+            source,
+        }),
+    }
 }
 
 /// `--trusted-key` and `--require-signatures`.
@@ -164,10 +297,30 @@ pub struct Signatures {
 }
 
 impl Config {
-    /// Builds the configuration from `pluglet run` arguments; `hostname` is the default node name.
+    /// Builds the configuration from `pluglet run` arguments and the configuration file they
+    /// name, if any: the file sets what `matches` (the `run` subcommand's) did not get from
+    /// the command line. `hostname` is the default node name, `rust_log` the environment's
+    /// `RUST_LOG`.
+    pub fn load(
+        args: &RunArgs,
+        matches: &ArgMatches,
+        hostname: impl FnOnce() -> String,
+        rust_log: Option<&str>,
+    ) -> Result<Config, ConfigError> {
+        let mut args = args.clone();
+        if let Some(path) = &args.config {
+            let given = |key: &str| matches.value_source(key) == Some(ValueSource::CommandLine);
+            ConfigFile::read(path)?.fill(&mut args, given);
+        }
+        Config::from_args(&args, hostname, rust_log)
+    }
+
+    /// Builds the configuration from `pluglet run` arguments alone; `hostname` is the default
+    /// node name, `rust_log` the environment's `RUST_LOG`.
     pub fn from_args(
         args: &RunArgs,
         hostname: impl FnOnce() -> String,
+        rust_log: Option<&str>,
     ) -> Result<Config, ConfigError> {
         let mut paths = match &args.root {
             Some(root) => Paths::under_root(root),
@@ -205,12 +358,21 @@ impl Config {
             device_grace_period: args.device_grace_period,
         };
         for (name, d) in [
-            ("--backoff-initial", timings.backoff_initial),
-            ("--dial-timeout", timings.dial_timeout),
-            ("--getinfo-timeout", timings.get_info_timeout),
-            ("--notify-timeout", timings.notify_timeout),
-            ("--nodegetinfo-timeout", timings.node_get_info_timeout),
-            ("--resync-period", timings.resync_period),
+            (
+                "--backoff-initial (backoff_initial)",
+                timings.backoff_initial,
+            ),
+            ("--dial-timeout (dial_timeout)", timings.dial_timeout),
+            (
+                "--getinfo-timeout (getinfo_timeout)",
+                timings.get_info_timeout,
+            ),
+            ("--notify-timeout (notify_timeout)", timings.notify_timeout),
+            (
+                "--nodegetinfo-timeout (nodegetinfo_timeout)",
+                timings.node_get_info_timeout,
+            ),
+            ("--resync-period (resync_period)", timings.resync_period),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::ZeroDuration(name));
@@ -235,6 +397,15 @@ impl Config {
                 require: args.require_signatures,
             },
             metrics_addr: args.metrics_addr,
+            admin_socket_group: args
+                .admin_socket_group
+                .as_deref()
+                .map(socket_group)
+                .transpose()?,
+            log: LogConfig {
+                format: args.log_format,
+                level: log_level(args.log_level.as_deref(), rust_log)?,
+            },
         })
     }
 }
@@ -269,7 +440,7 @@ mod tests {
         let Command::Run(run) = Cli::try_parse_from(argv).unwrap().command else {
             panic!("not run")
         };
-        Config::from_args(&run, || "node-a".to_owned())
+        Config::from_args(&run, || "node-a".to_owned(), None)
     }
 
     #[test]
@@ -342,5 +513,35 @@ mod tests {
                 .admin_socket_mode,
             0o660
         );
+        assert!(matches!(
+            config(&["--admin-socket-group", "no-such-group-here"]),
+            Err(ConfigError::UnknownGroup(g)) if g == "no-such-group-here"
+        ));
+        assert!(matches!(
+            config(&["--log-level", "info,=nonsense=x"]),
+            Err(ConfigError::LogLevel { .. })
+        ));
+        assert!(matches!(
+            config(&["--log-level", ""]),
+            Err(ConfigError::LogLevel { .. })
+        ));
+    }
+
+    #[test]
+    fn an_existing_group_is_resolved_to_its_id() {
+        let group = config(&["--admin-socket-group", "root"])
+            .unwrap()
+            .admin_socket_group
+            .unwrap();
+        assert_eq!((group.name.as_str(), group.gid), ("root", 0));
+    }
+
+    #[test]
+    fn log_level_is_the_option_else_rust_log_else_info() {
+        assert_eq!(log_level(Some("debug"), Some("warn")).unwrap(), "debug");
+        assert_eq!(log_level(None, Some("warn")).unwrap(), "warn");
+        assert_eq!(log_level(None, None).unwrap(), "info");
+        // An unusable RUST_LOG is ignored, as before the option existed.
+        assert_eq!(log_level(None, Some("a=b=c")).unwrap(), "info");
     }
 }

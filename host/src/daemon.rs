@@ -29,7 +29,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::admin::server::{AdminService, bind_and_serve};
+use crate::admin::server::{AdminService, bind_and_serve, set_socket_group};
 use crate::config::{Config, Signatures};
 use crate::ops::health::{Condition, Health};
 use crate::ops::metrics::{self, HandlerChanges, LateRegistry};
@@ -340,6 +340,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         AdminService::new(handle, handlers.clone()).with_devices(devices.clone()),
         cancel.child_token(),
     )?;
+    set_socket_group(&paths.admin_socket, config.admin_socket_group.as_ref())?;
     stages.spawn("admin-server", async move {
         admin.await.map_err(|e| pluglet_core::error_chain(&e))
     });

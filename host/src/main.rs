@@ -3,9 +3,9 @@
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
-use pluglet::cli::{Cli, Command, UsageError};
-use pluglet::config::{Config, ConfigError, hostname};
+use clap::{CommandFactory as _, FromArgMatches as _};
+use pluglet::cli::{Cli, Command, LogFormat, UsageError};
+use pluglet::config::{Config, ConfigError, LogConfig, hostname, log_level, to_toml};
 
 /// mimalloc: a ListAndWatch update of 10,000 devices is tens of thousands of small allocations,
 /// several times cheaper than with the system allocator (BENCHMARKS.md). Built with `no_thp`:
@@ -18,33 +18,61 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const EXIT_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let matches = Cli::command().try_get_matches();
+    let parsed = matches.and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) => {
+            let e = e.format(&mut Cli::command());
             let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
             let _ = e.print();
             return ExitCode::from(code);
         }
     };
-    init_tracing();
+    let rust_log = std::env::var("RUST_LOG").ok();
     match cli.command {
         Command::Run(args) => {
-            let config = match Config::from_args(&args, hostname) {
+            // The configuration decides how to log, so it is read before logging starts; its
+            // errors go to stderr directly.
+            let Some(run_matches) = matches.subcommand_matches("run") else {
+                unreachable!("clap parsed the run subcommand")
+            };
+            let config = match Config::load(&args, run_matches, hostname, rust_log.as_deref()) {
                 Ok(c) => c,
                 Err(e) => return usage_error(&e),
             };
+            if args.print_config {
+                print!("{}", to_toml(&config));
+                return ExitCode::SUCCESS;
+            }
+            init_tracing(&config.log);
             finish(tokio_runtime().and_then(|rt| rt.block_on(pluglet::daemon::run(config))))
         }
         Command::Ctl(args) => {
+            init_tracing(&default_log(rust_log.as_deref()));
             finish(tokio_runtime().and_then(|rt| rt.block_on(pluglet::admin::ctl::run(args))))
         }
-        Command::Handler(args) => finish(pluglet::handler_cmd::run(args)),
-        Command::CompileHandler => pluglet::compile_child::run(),
+        Command::Handler(args) => {
+            init_tracing(&default_log(rust_log.as_deref()));
+            finish(pluglet::handler_cmd::run(args))
+        }
+        Command::CompileHandler => {
+            init_tracing(&default_log(rust_log.as_deref()));
+            pluglet::compile_child::run()
+        }
+    }
+}
+
+/// Logging of the commands other than `run`: text, filtered by `RUST_LOG` (default `info`).
+fn default_log(rust_log: Option<&str>) -> LogConfig {
+    LogConfig {
+        format: LogFormat::Text,
+        level: log_level(None, rust_log).unwrap_or_else(|_| "info".to_owned()),
     }
 }
 
 fn usage_error(e: &ConfigError) -> ExitCode {
-    eprintln!("error: {e}");
+    eprintln!("error: {}", pluglet_core::error_chain(e));
     ExitCode::from(EXIT_USAGE)
 }
 
@@ -68,13 +96,20 @@ fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Logs to stderr; `RUST_LOG` filters (default `info`).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+/// Logs to stderr, filtered by `log.level`: text lines, or one JSON object per line carrying
+/// the current span's fields and the list of spans it is in.
+fn init_tracing(log: &LogConfig) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(log.filter())
+        .with_writer(std::io::stderr);
+    match log.format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
 }

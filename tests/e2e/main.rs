@@ -1,7 +1,8 @@
 //! End-to-end tests: the real `pluglet run` binary on a temporary root, the example plugins as
 //! separate processes, and `pluglet ctl` to observe. One module per user story; shared harness in
 //! `support/`. Run them with `bash scripts/test.sh`: it builds the binaries first and installs
-//! the `minisign` program the signature tests use.
+//! the programs the tests run (`minisign` for the signature tests, `systemd-analyze` for the
+//! unit file).
 
 mod support;
 
@@ -21,4 +22,5 @@ mod guide;
 mod handler_integrity;
 mod handler_swap;
 mod handler_vectors;
+mod node_operations;
 mod sync_pods;

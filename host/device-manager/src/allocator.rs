@@ -29,6 +29,7 @@ use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use pluglet_uds::Channel;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::devices::Health;
 use crate::error::{AllocateError, ReleaseError};
@@ -156,8 +157,23 @@ impl Allocator {
         }
     }
 
-    /// Allocates `count` devices of `resource` to one container (see the module doc).
+    /// Allocates `count` devices of `resource` to one container (see the module doc), in an
+    /// `allocation` span with the pod, container and resource.
     pub async fn allocate(&self, key: HolderKey, count: u32) -> Result<Allocation, AllocateError> {
+        let span = tracing::info_span!(
+            "allocation",
+            pod = %key.pod_uid,
+            container = %key.container,
+            resource = %key.resource,
+        );
+        self.allocate_in_span(key, count).instrument(span).await
+    }
+
+    async fn allocate_in_span(
+        &self,
+        key: HolderKey,
+        count: u32,
+    ) -> Result<Allocation, AllocateError> {
         let resource = key.resource.clone();
         let result = self.choose_and_commit(key, count).await;
         let outcome = match &result {
@@ -279,15 +295,18 @@ impl Allocator {
     }
 
     /// Releases what `pod_uid` holds (only `container`'s when given); returns the
-    /// (container, resource) entries released, once that is durable.
+    /// (container, resource) entries released, once that is durable. Runs in a `release` span
+    /// with the pod and the container.
     pub async fn release(
         &self,
         pod_uid: &str,
         container: Option<&str>,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
+        let span = tracing::info_span!("release", pod = pod_uid, container);
         self.release_where(|key| {
             key.pod_uid == pod_uid && container.is_none_or(|c| key.container == c)
         })
+        .instrument(span)
         .await
     }
 
@@ -495,13 +514,8 @@ impl Allocator {
                 source,
             });
         }
-        tracing::info!(
-            pod_uid = %key.pod_uid,
-            container = %key.container,
-            resource = %key.resource,
-            devices = ?chosen,
-            "devices allocated"
-        );
+        // The pod, container and resource are the fields of the allocation span around this.
+        tracing::info!(devices = ?chosen, "devices allocated");
         Ok(Allocation {
             device_ids: chosen,
             response,

@@ -25,6 +25,7 @@ use pluglet_registration::{Candidate, Door, Pipeline, RegisterError, Stage};
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::error::{ConnectError, StartError};
 
@@ -139,6 +140,23 @@ impl Registration for RegistrationService {
         request: tonic::Request<v1beta1::RegisterRequest>,
     ) -> Result<tonic::Response<v1beta1::Empty>, tonic::Status> {
         let request = request.into_inner();
+        // One span per Register, with the fields of a registration through the plugin watcher;
+        // the socket is the plugin's own (its endpoint in the device plugins directory).
+        let span = tracing::info_span!(
+            "registration",
+            socket = %request.endpoint,
+            plugin_name = %request.resource_name,
+            plugin_type = DEVICE_PLUGIN,
+        );
+        self.register_in_pipeline(request).instrument(span).await
+    }
+}
+
+impl RegistrationService {
+    async fn register_in_pipeline(
+        &self,
+        request: v1beta1::RegisterRequest,
+    ) -> Result<tonic::Response<v1beta1::Empty>, tonic::Status> {
         let resource = request.resource_name.clone();
         self.metrics.registration(&resource);
         let candidate = Candidate {

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::info;
 
+use crate::config::SocketGroup;
 use crate::plugin_manager::{PluginManagerHandle, PluginRecord, SocketStatus};
 use crate::plugin_types::csi::CsiNodeInfo;
 
@@ -27,6 +28,20 @@ pub enum AdminError {
         /// Why.
         #[source]
         source: pluglet_uds::UdsError,
+    },
+    /// The admin socket could not be given to its group.
+    #[error(
+        "cannot give admin socket {path} to group {group}: run the daemon as root, or as a \
+         member of that group"
+    )]
+    Group {
+        /// The socket.
+        path: PathBuf,
+        /// The group's name.
+        group: String,
+        /// Why.
+        #[source]
+        source: nix::Error,
     },
     /// The gRPC server failed.
     #[error("admin server on {path} failed")]
@@ -99,6 +114,25 @@ pub fn bind_and_serve(
         let _ = std::fs::remove_file(&path);
         result.map_err(|source| AdminError::Serve { path, source })
     })
+}
+
+/// Gives the admin socket at `path`, bound by [`bind_and_serve`], to `group` (nothing to do
+/// without one). On failure the socket is removed: the daemon does not start.
+pub fn set_socket_group(path: &Path, group: Option<&SocketGroup>) -> Result<(), AdminError> {
+    let Some(group) = group else {
+        return Ok(());
+    };
+    let gid = nix::unistd::Gid::from_raw(group.gid);
+    if let Err(source) = nix::unistd::chown(path, None, Some(gid)) {
+        let _ = std::fs::remove_file(path);
+        return Err(AdminError::Group {
+            path: path.to_owned(),
+            group: group.name.clone(),
+            source,
+        });
+    }
+    info!(path = %path.display(), group = %group.name, "admin socket group set");
+    Ok(())
 }
 
 /// Wire form of a registered plugin.

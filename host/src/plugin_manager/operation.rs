@@ -16,7 +16,7 @@ use chrono::Utc;
 use pluglet_core::error_chain;
 use pluglet_handler_runtime::PluginInfo;
 use pluglet_registration::{Candidate, Door, EndReason, Pipeline, Stage};
-use tracing::{debug, warn};
+use tracing::{Instrument as _, debug, warn};
 
 use super::plugin::{Generation, PluginRecord, PluginType, SocketPath};
 use super::registration::RegistrationClient;
@@ -97,8 +97,23 @@ pub enum RegisterOutcome {
     },
 }
 
-/// Runs one register operation for `socket` at `generation`.
+/// Runs one register operation for `socket` at `generation`, in a `registration` span with the
+/// socket, and the plugin's name and type once GetInfo told them.
 pub async fn register(
+    cx: OperationContext,
+    socket: SocketPath,
+    generation: Generation,
+) -> RegisterOutcome {
+    let span = tracing::info_span!(
+        "registration",
+        %socket,
+        plugin_name = tracing::field::Empty,
+        plugin_type = tracing::field::Empty,
+    );
+    run_register(cx, socket, generation).instrument(span).await
+}
+
+async fn run_register(
     cx: OperationContext,
     socket: SocketPath,
     generation: Generation,
@@ -135,6 +150,9 @@ pub async fn register(
         supported_versions: wire.supported_versions,
     };
     let got_info = start.elapsed();
+    let span = tracing::Span::current();
+    span.record("plugin_name", plugin.name.as_str());
+    span.record("plugin_type", plugin.plugin_type.as_str());
     debug!(%socket, plugin_type = %plugin.plugin_type, name = %plugin.name, "GetInfo answered");
 
     let candidate = Candidate {
