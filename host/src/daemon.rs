@@ -344,6 +344,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     stages.spawn("admin-server", async move {
         admin.await.map_err(|e| pluglet_core::error_chain(&e))
     });
+    // Bound and listening: a connection from now on is served.
+    health.met(Condition::AdminSocketServing);
     info!(
         registry = %paths.registry_dir.display(),
         admin_socket = %paths.admin_socket.display(),

@@ -298,6 +298,7 @@ fn readyz_waits_for_the_start_up_scan_and_healthz_follows_the_stages() {
         "checkpoint-restored",
         "kubelet-socket-serving",
         "registry-scanned",
+        "admin-socket-serving",
     ] {
         assert!(body.contains(&format!("[+]{check} ok")), "{body}");
     }

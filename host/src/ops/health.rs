@@ -23,15 +23,18 @@ pub enum Condition {
     KubeletSocketServing,
     /// The registry directory's start-up scan is done.
     RegistryScanned,
+    /// The admin socket accepts `pluglet ctl`.
+    AdminSocketServing,
 }
 
 impl Condition {
     /// Every condition, in the order the daemon meets them.
-    pub const ALL: [Condition; 4] = [
+    pub const ALL: [Condition; 5] = [
         Condition::HandlersLoaded,
         Condition::CheckpointRestored,
         Condition::KubeletSocketServing,
         Condition::RegistryScanned,
+        Condition::AdminSocketServing,
     ];
 
     /// Its name in `/readyz` and `ctl status`.
@@ -41,6 +44,7 @@ impl Condition {
             Condition::CheckpointRestored => "checkpoint-restored",
             Condition::KubeletSocketServing => "kubelet-socket-serving",
             Condition::RegistryScanned => "registry-scanned",
+            Condition::AdminSocketServing => "admin-socket-serving",
         }
     }
 }
