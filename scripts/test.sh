@@ -12,11 +12,11 @@ missing=()
 for entry in "${packages[@]}"; do
     command -v "${entry#*:}" >/dev/null 2>&1 || missing+=("${entry%%:*}")
 done
-# A Python module: the Prometheus project's own parser reads `/metrics` in the metrics tests,
-# with Debian's Python (/usr/bin/python3).
-if ! /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1; then
-    missing+=(python3-prometheus-client)
-fi
+# Python modules, for Debian's Python (/usr/bin/python3): the Prometheus project's own parser
+# reads `/metrics` in the metrics tests; grpcio is a stock gRPC client of the admin API.
+for entry in python3-prometheus-client:prometheus_client python3-grpcio:grpc; do
+    /usr/bin/python3 -c "import ${entry#*:}" >/dev/null 2>&1 || missing+=("${entry%%:*}")
+done
 if ((${#missing[@]})); then
     if [[ $(id -u) -eq 0 ]]; then
         echo "installing ${missing[*]} (needed by the tests)"

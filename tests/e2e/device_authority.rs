@@ -146,6 +146,35 @@ fn the_admin_api_answers_clients_that_send_the_socket_path_as_authority() {
     }
 }
 
+/// A real grpcio client (Debian's `python3-grpcio`, installed by `scripts/test.sh`) with its
+/// default channel settings: its `:authority` is the socket path, percent-encoded.
+#[test]
+fn the_admin_api_answers_a_grpcio_client_as_it_comes() {
+    let root = TestRoot::new();
+    let _daemon = Daemon::start(&root.path(), &[]);
+    let admin = root.path().join("pluglet.sock");
+    const SCRIPT: &str = r#"
+import sys, grpc
+channel = grpc.insecure_channel("unix://" + sys.argv[1])
+call = channel.unary_unary("/pluglet.admin.v1.Admin/ListAllocations")
+answer = call(b"", timeout=30)
+print("answered", len(answer))
+"#;
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", SCRIPT])
+        .arg(&admin)
+        .output()
+        .expect("run /usr/bin/python3");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("No module named 'grpc'"),
+        "this test needs grpcio: install the Debian package python3-grpcio (scripts/test.sh \
+         does, as root)"
+    );
+    assert!(out.status.success(), "grpcio call failed: {stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "answered 0");
+}
+
 /// One unary gRPC call on `socket` written frame by frame, with `authority` as `:authority`
 /// (which Rust HTTP/2 clients refuse to send when it is a path), and what the server did.
 fn unary(socket: &std::path::Path, authority: &str, path: &str, body: &[u8]) -> Answer {
