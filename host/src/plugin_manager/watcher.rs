@@ -7,7 +7,11 @@
 //! keeps its generation, see [`super::desired_state::FileId`]). Every directory gets its own watch;
 //! a directory created later is watched first and walked second, so sockets created in it right
 //! after `mkdir` are not missed. Dot-files (and dot-directories) and anything that is not a socket
-//! (`stat`, following symlinks, `S_IFSOCK`) are ignored. Create → add (a new file at a known path
+//! (`stat`, following symlinks, `S_IFSOCK`) are ignored. A symlink to a socket counts as a
+//! socket (under the link's path), as in the kubelet; a symlink to a directory is not followed
+//! (the kubelet's walk does not follow it either), so a link back up the tree cannot make the
+//! walk loop, and a link that cannot be resolved (a loop, a dangling target) is skipped with a
+//! log line. Create → add (a new file at a known path
 //! is a new generation), Remove → forget (a removed directory forgets everything below it). Renames
 //! count as remove + create. Event-driven; the only timer is a slow resync that rescans the tree as
 //! a safety net (and after an inotify queue overflow).
@@ -191,11 +195,20 @@ impl Watcher {
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) => {
-                debug!(path = %path.display(), error = %e, "cannot stat; ignoring");
+                if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+                    warn!(path = %path.display(), error = %e, "symlink that cannot be resolved; ignoring");
+                } else {
+                    debug!(path = %path.display(), error = %e, "cannot stat; ignoring");
+                }
                 return;
             }
         };
         let ft = meta.file_type();
+        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+        if ft.is_dir() && is_link {
+            warn!(path = %path.display(), "symlink to a directory in the registry; not followed");
+            return;
+        }
         if ft.is_dir() {
             if let Err(e) = self.watch_dir(path) {
                 error!(error = %pluglet_core::error_chain(&e), "sub-directory not watched");
@@ -333,6 +346,37 @@ mod tests {
 
         std::fs::remove_file(root.join("sub/nested.sock")).unwrap();
         wait_for(&mut r, |m| !m.contains_key(&nested)).await;
+        cancel.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn symlinks_to_directories_are_not_followed_and_loops_do_not_stop_the_watch() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("registry");
+        std::fs::create_dir(&root).unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let _target = UnixListener::bind(outside.path().join("target.sock")).unwrap();
+        std::os::unix::fs::symlink(&root, root.join("self")).unwrap();
+        std::os::unix::fs::symlink(root.join("loop-b"), root.join("loop-a")).unwrap();
+        std::os::unix::fs::symlink(root.join("loop-a"), root.join("loop-b")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("target.sock"), root.join("link.sock"))
+            .unwrap();
+        let (w, mut r) = desired_state::channel();
+        let watcher = Watcher::start(&root, w, Duration::from_secs(30)).unwrap();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(watcher.run(cancel.clone()));
+        let link = SocketPath::new(root.join("link.sock"));
+        let snap = r.snapshot();
+        assert_eq!(snap.keys().collect::<Vec<_>>(), [&link], "{snap:?}");
+
+        // A link made while watching is handled the same way; new sockets are still seen.
+        std::os::unix::fs::symlink(&root, root.join("self-again")).unwrap();
+        let _late = UnixListener::bind(root.join("late.sock")).unwrap();
+        let late = SocketPath::new(root.join("late.sock"));
+        wait_for(&mut r, |m| m.contains_key(&late)).await;
+        let snap = r.snapshot();
+        assert_eq!(snap.len(), 2, "{snap:?}");
         cancel.cancel();
         task.await.unwrap();
     }
