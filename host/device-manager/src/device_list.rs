@@ -97,7 +97,11 @@ impl DeviceListDecoder {
         }
         let devices = decode_devices(buf)?;
         let mut seen = std::collections::HashSet::with_capacity(devices.len());
-        let unique = devices.iter().all(|d| seen.insert(d.id.as_str()));
+        // An empty id is not served (the device set drops it), so positions in such a list
+        // would not name the set's devices: the next update is read as a whole list again.
+        let unique = devices
+            .iter()
+            .all(|d| !d.id.is_empty() && seen.insert(d.id.as_str()));
         self.previous = unique.then(|| devices.clone());
         Ok(DeviceUpdate::List(devices))
     }

@@ -78,8 +78,31 @@ pub struct DeviceSet {
     healthy: usize,
 }
 
+/// What [`DeviceSet::replace_checked`] did with a list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Replaced {
+    /// Whether the set changed.
+    pub changed: bool,
+    /// Devices left out for an empty id.
+    pub empty_ids: usize,
+    /// Devices whose id an earlier device in the list had (the last one listed is served).
+    pub duplicates: usize,
+    /// The first few duplicated ids, for the message.
+    pub duplicate_ids: Vec<String>,
+}
+
+impl Replaced {
+    /// How many duplicated ids a message names at most.
+    pub const NAMED: usize = 5;
+
+    /// Whether any id was refused.
+    pub fn refused_any(&self) -> bool {
+        self.empty_ids > 0 || self.duplicates > 0
+    }
+}
+
 impl DeviceSet {
-    /// A set holding `devices` (a later duplicate id replaces an earlier one).
+    /// A set holding `devices` (see [`DeviceSet::replace`] for the ids it refuses).
     pub fn new(devices: Vec<Device>) -> DeviceSet {
         let mut set = DeviceSet::default();
         set.replace(devices);
@@ -89,6 +112,13 @@ impl DeviceSet {
     /// Replaces the whole list (one ListAndWatch update): devices absent from `devices` are gone.
     /// Returns whether anything changed.
     pub fn replace(&mut self, devices: Vec<Device>) -> bool {
+        self.replace_checked(devices).changed
+    }
+
+    /// [`DeviceSet::replace`], saying which ids it refused: a device with an empty id is not
+    /// served, and of devices sharing an id only the last one listed is (each id names one
+    /// device, as in the kubelet).
+    pub fn replace_checked(&mut self, devices: Vec<Device>) -> Replaced {
         // The common update (a health flip) keeps the same ids in the same order: keep the
         // index and the id order instead of rebuilding them.
         if devices.len() == self.devices.len()
@@ -102,20 +132,34 @@ impl DeviceSet {
                 .zip(self.devices.iter())
                 .all(|(a, b)| a.health == b.health && a.numa == b.numa)
             {
-                return false;
+                return Replaced::default();
             }
             self.healthy = devices
                 .iter()
                 .filter(|d| d.health == Health::Healthy)
                 .count();
             self.devices = Arc::new(devices);
-            return true;
+            return Replaced {
+                changed: true,
+                ..Replaced::default()
+            };
         }
+        let mut refused = Replaced::default();
         let mut index = HashMap::with_capacity(devices.len());
         let mut list: Vec<Device> = Vec::with_capacity(devices.len());
         for device in devices {
+            if device.id.is_empty() {
+                refused.empty_ids += 1;
+                continue;
+            }
             match index.get(&device.id) {
-                Some(&at) => list[at] = device,
+                Some(&at) => {
+                    if refused.duplicate_ids.len() < Replaced::NAMED {
+                        refused.duplicate_ids.push(device.id.clone());
+                    }
+                    refused.duplicates += 1;
+                    list[at] = device;
+                }
                 None => {
                     index.insert(device.id.clone(), list.len());
                     list.push(device);
@@ -123,7 +167,7 @@ impl DeviceSet {
             }
         }
         if list == *self.devices {
-            return false;
+            return refused;
         }
         let mut by_id: Vec<usize> = (0..list.len()).collect();
         by_id.sort_unstable_by(|&a, &b| list[a].id.cmp(&list[b].id));
@@ -131,7 +175,8 @@ impl DeviceSet {
         self.devices = Arc::new(list);
         self.index = Arc::new(index);
         self.by_id = Arc::new(by_id);
-        true
+        refused.changed = true;
+        refused
     }
 
     /// Applies an update that kept the ids and their order (the ListAndWatch decoder's `Changed`):
@@ -275,6 +320,26 @@ mod tests {
             "another id at that position: out of step"
         );
         assert_eq!(set.allocatable(), 1, "nothing changed");
+    }
+
+    #[test]
+    fn empty_ids_are_not_served_and_a_duplicate_id_is_served_once() {
+        let mut set = DeviceSet::default();
+        let replaced = set.replace_checked(vec![
+            Device::from_wire(wire("", "Healthy", &[0])),
+            Device::from_wire(wire("a", "Healthy", &[0])),
+            Device::from_wire(wire("a", "Unhealthy", &[1])),
+            Device::from_wire(wire("b", "Healthy", &[0])),
+        ]);
+        assert!(replaced.changed && replaced.refused_any());
+        assert_eq!((replaced.empty_ids, replaced.duplicates), (1, 1));
+        assert_eq!(replaced.duplicate_ids, ["a"]);
+        assert_eq!((set.capacity(), set.allocatable()), (2, 1));
+        assert!(set.get("").is_none());
+        assert!(
+            !set.is_healthy("a"),
+            "the last device listed under an id is served"
+        );
     }
 
     #[test]

@@ -263,7 +263,21 @@ impl Registry {
                         .is_some_and(|e| e.generation == generation) =>
                 {
                     match update {
-                        DeviceUpdate::List(devices) => entry.devices.replace(devices),
+                        DeviceUpdate::List(devices) => {
+                            let replaced = entry.devices.replace_checked(devices);
+                            if replaced.refused_any() {
+                                tracing::warn!(
+                                    %resource,
+                                    empty_ids = replaced.empty_ids,
+                                    duplicates = replaced.duplicates,
+                                    duplicated = ?replaced.duplicate_ids,
+                                    "the device plugin listed devices with empty or duplicated \
+                                     ids: a device without an id is not served, and of devices \
+                                     sharing an id only the last one listed is; fix the plugin"
+                                );
+                            }
+                            replaced.changed
+                        }
                         DeviceUpdate::Changed { len, changes } => {
                             match entry.devices.apply_changes(len, changes) {
                                 Some(changed) => changed,
