@@ -290,8 +290,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     health.met(Condition::CheckpointRestored);
     health.met(Condition::KubeletSocketServing);
     let device_stages = devices.clone();
+    let stopping = cancel.clone();
     stages.spawn("device-manager", async move {
-        Err(device_stages.stopped().await)
+        tokio::select! {
+            cause = device_stages.stopped() => Err(cause),
+            _ = stopping.cancelled() => Ok(()),
+        }
     });
 
     if let Some(fifo) = std::env::var_os(HOLD_SCAN_ENV) {
@@ -366,8 +370,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     notify::stopping();
     cancel.cancel();
     let stopping = async {
-        stages.wait().await;
-        devices.shutdown().await;
+        tokio::join!(stages.wait(), devices.shutdown());
     };
     if tokio::time::timeout(timings.shutdown_grace, stopping)
         .await

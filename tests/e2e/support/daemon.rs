@@ -175,6 +175,15 @@ impl Daemon {
             .expect("pluglet did not exit after SIGTERM")
     }
 
+    /// Sends SIGTERM, waits for the exit status, and returns it with the whole log.
+    pub fn terminate_with_log(mut self) -> (ExitStatus, String) {
+        let status = self
+            .child
+            .terminate(DEADLINE)
+            .expect("pluglet did not exit after SIGTERM");
+        (status, self.log_text())
+    }
+
     /// SIGKILLs the daemon (none of its clean-up runs) and reaps it.
     pub fn kill(mut self) {
         self.child.kill();
