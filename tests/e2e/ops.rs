@@ -313,7 +313,14 @@ fn readyz_waits_for_the_start_up_scan_and_healthz_follows_the_stages() {
     ] {
         assert!(body.contains(&format!("[+]{stage} ok")), "{body}");
     }
-    assert!(daemon.terminate().success());
+    // Every stage ends when asked to, none is left to the shutdown grace period.
+    let (status, log) = daemon.terminate_with_log();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("pluglet stopped"), "{log}");
+    assert!(
+        !log.contains("did not stop within the grace period"),
+        "{log}"
+    );
 }
 
 #[test]
