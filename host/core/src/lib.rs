@@ -1,4 +1,5 @@
-//! The vocabulary every part of Pluglet shares, with no dependencies beyond serde and tokio's channels:
+//! The vocabulary every part of Pluglet shares, with no dependencies beyond serde and tokio's
+//! channels:
 //!
 //! - [`names`]: typed names for what crosses module boundaries (resources, pods, containers,
 //!   sockets, plugin types, generations), so a pod UID cannot be passed where a resource name
