@@ -4,13 +4,90 @@
 //! [`PluginView`] back.
 //!
 //! JSON conventions: wire strings as the daemon reports them (`CSIPlugin`, `Healthy`),
-//! snake_case keys, `null` for a value the daemon leaves empty, maps sorted by key.
+//! snake_case keys, `null` for a value the daemon leaves empty, maps sorted by key. Every JSON
+//! output is one [`Envelope`]: `api_version` ([`API_VERSION`]) and `kind` first, then the
+//! object's own fields; a list's kind ends in `List` and its rows are in `items`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
 use pluglet_proto::admin::v1 as pb;
 use serde::{Deserialize, Serialize};
+
+/// The version every JSON output carries, as `api_version`.
+pub const API_VERSION: &str = "pluglet/v1";
+
+/// What every `-o json` output is: the version and the kind, then the fields of `body` (flat,
+/// as `kubectl -o json` prints `apiVersion` and `kind` next to an object's own fields).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    /// [`API_VERSION`].
+    pub api_version: String,
+    /// What the body is: `PluginList`, `Status`, `Event`, ...
+    pub kind: String,
+    /// The object's own fields.
+    #[serde(flatten)]
+    pub body: T,
+}
+
+/// A view printed on its own as JSON, with the kind its envelope names.
+pub trait Kind {
+    /// The envelope's `kind`.
+    const KIND: &'static str;
+}
+
+/// A row type whose list is printed as JSON, with the kind of that list.
+pub trait Listed {
+    /// The list's `kind` (`PluginList` for plugins, ...).
+    const LIST_KIND: &'static str;
+}
+
+/// The body of a list: its rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Items<T> {
+    /// The rows.
+    pub items: Vec<T>,
+}
+
+impl<T: Listed> Kind for Items<T> {
+    const KIND: &'static str = T::LIST_KIND;
+}
+
+impl<T: Kind> Envelope<T> {
+    /// `body` in its envelope.
+    pub fn new(body: T) -> Envelope<T> {
+        Envelope {
+            api_version: API_VERSION.to_owned(),
+            kind: T::KIND.to_owned(),
+            body,
+        }
+    }
+}
+
+/// `value` in its envelope as pretty JSON with a final newline.
+pub fn json_of<T: Serialize + Kind>(value: &T) -> String {
+    json(&enveloped(value))
+}
+
+fn enveloped<T: Kind>(value: &T) -> Envelope<&T> {
+    Envelope {
+        api_version: API_VERSION.to_owned(),
+        kind: T::KIND.to_owned(),
+        body: value,
+    }
+}
+
+/// `value` in its envelope as one line of JSON (JSON lines), with a final newline.
+pub fn json_line_of<T: Serialize + Kind>(value: &T) -> String {
+    let mut s = serde_json::to_string(&enveloped(value)).unwrap_or_else(|_| "null".to_owned());
+    s.push('\n');
+    s
+}
+
+/// `items` as a list in its envelope (pretty JSON).
+pub fn json_list<T: Serialize + Listed>(items: Vec<T>) -> String {
+    json_of(&Items { items })
+}
 
 /// `None` for an empty string: the wire's "unset".
 fn non_empty(s: &str) -> Option<String> {
@@ -609,6 +686,337 @@ impl SyncPodsView {
     }
 }
 
+/// What `ctl handlers rollback` did: the slot as it is served after the rollback.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HandlerRollbackView {
+    /// The slot after the rollback (`None` when the daemon did not say).
+    pub handler: Option<HandlerView>,
+}
+
+/// Something that happened in the daemon (`ctl events`; the last errors of `ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventView {
+    /// Its number in the daemon's log; 0 for a `missed` marker.
+    pub seq: u64,
+    /// When it happened (RFC 3339, UTC).
+    pub at: String,
+    /// What happened: `registered`, `refused`, `allocated`, ... (`missed`: the follower fell
+    /// behind). Named `type` because `kind` is the envelope's.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// What it happened to: a plugin (`TYPE NAME`), a resource, a handler slot.
+    pub subject: String,
+    /// A short message.
+    pub message: String,
+    /// For a `missed` marker: how many events went by unseen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missed: Option<u64>,
+}
+
+impl From<&pb::Event> for EventView {
+    fn from(e: &pb::Event) -> EventView {
+        EventView {
+            seq: e.seq,
+            at: e.at.clone(),
+            event_type: e.kind.clone(),
+            subject: e.subject.clone(),
+            message: e.message.clone(),
+            missed: (e.kind == "missed").then_some(e.missed),
+        }
+    }
+}
+
+impl EventView {
+    /// One line for `ctl events --watch` (columns cannot be aligned on rows not seen yet).
+    pub fn line(&self) -> String {
+        format!(
+            "{}  {:<19}  {}  {}\n",
+            self.at,
+            self.event_type,
+            dash(&self.subject),
+            self.message
+        )
+    }
+}
+
+/// A stage of the daemon (`ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageView {
+    /// Its name.
+    pub name: String,
+    /// Why it ended; `None` while it runs.
+    pub ended: Option<String>,
+}
+
+/// Plugins of one type by state (`ctl status`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginCountView {
+    /// Wire type string.
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    /// Registered.
+    pub registered: u32,
+    /// Refused or retrying.
+    pub failing: u32,
+    /// Pending or in progress.
+    pub waiting: u32,
+}
+
+/// One resource's numbers (`ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceSummaryView {
+    /// Extended resource name.
+    pub resource: String,
+    /// Every device.
+    pub capacity: i64,
+    /// Healthy devices.
+    pub allocatable: i64,
+    /// Devices held by containers.
+    pub allocated: i64,
+    /// Whether a plugin's ListAndWatch stream is live.
+    pub connected: bool,
+}
+
+/// A handler slot's module in force (`ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandlerSummaryView {
+    /// `CSIPlugin`, `resource vendor.com/gpu` or `default policy`.
+    pub slot: String,
+    /// `builtin:<name>` or the module's path.
+    pub module: String,
+    /// The module's sha256, hex.
+    pub sha256: String,
+}
+
+/// The daemon on one screen (`ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusView {
+    /// The daemon's version.
+    pub version: String,
+    /// When it started (RFC 3339, UTC).
+    pub started_at: String,
+    /// Milliseconds since it started.
+    pub uptime_ms: u64,
+    /// No stage has ended.
+    pub live: bool,
+    /// Live and every readiness condition met.
+    pub ready: bool,
+    /// Readiness conditions not met yet.
+    pub waiting_for: Vec<String>,
+    /// The stages started so far.
+    pub stages: Vec<StageView>,
+    /// Plugins per type, by state, sorted by type.
+    pub plugins: Vec<PluginCountView>,
+    /// Device plugin resources; `None` when the daemon runs without a device manager.
+    pub resources: Option<Vec<ResourceSummaryView>>,
+    /// The handler module in force per slot.
+    pub handlers: Vec<HandlerSummaryView>,
+    /// The newest refusals and failures, newest last.
+    pub last_errors: Vec<EventView>,
+}
+
+impl From<&pb::GetStatusResponse> for StatusView {
+    fn from(r: &pb::GetStatusResponse) -> StatusView {
+        let mut plugins: BTreeMap<String, PluginCountView> = BTreeMap::new();
+        for c in &r.plugins {
+            let row = plugins
+                .entry(c.r#type.clone())
+                .or_insert_with(|| PluginCountView {
+                    plugin_type: c.r#type.clone(),
+                    ..PluginCountView::default()
+                });
+            match c.state.as_str() {
+                "registered" => row.registered += c.count,
+                "failing" => row.failing += c.count,
+                _ => row.waiting += c.count,
+            }
+        }
+        StatusView {
+            version: r.version.clone(),
+            started_at: r.started_at.clone(),
+            uptime_ms: r.uptime_ms,
+            live: r.live,
+            ready: r.ready,
+            waiting_for: r.waiting_for.clone(),
+            stages: r
+                .stages
+                .iter()
+                .map(|s| StageView {
+                    name: s.name.clone(),
+                    ended: non_empty(&s.ended),
+                })
+                .collect(),
+            plugins: plugins.into_values().collect(),
+            resources: r.devices.then(|| {
+                r.resources
+                    .iter()
+                    .map(|x| ResourceSummaryView {
+                        resource: x.resource.clone(),
+                        capacity: x.capacity,
+                        allocatable: x.allocatable,
+                        allocated: x.allocated,
+                        connected: x.connected,
+                    })
+                    .collect()
+            }),
+            handlers: r
+                .handlers
+                .iter()
+                .map(|h| HandlerSummaryView {
+                    slot: h.slot.clone(),
+                    module: h.module.clone(),
+                    sha256: h.sha256.clone(),
+                })
+                .collect(),
+            last_errors: r.last_errors.iter().map(EventView::from).collect(),
+        }
+    }
+}
+
+impl StatusView {
+    /// The screen: version and uptime, readiness, then one table per part.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let uptime = std::time::Duration::from_secs(self.uptime_ms / 1000);
+        let _ = writeln!(
+            out,
+            "pluglet {}, up {} (since {})",
+            self.version,
+            humantime::format_duration(uptime),
+            self.started_at
+        );
+        let ended: Vec<String> = self
+            .stages
+            .iter()
+            .filter_map(|s| Some(format!("{} ended: {}", s.name, s.ended.as_deref()?)))
+            .collect();
+        let readiness = match (self.live, self.ready) {
+            (true, true) => "ready".to_owned(),
+            (true, false) => format!("not ready: waiting for {}", self.waiting_for.join(", ")),
+            (false, _) => format!("not live: {}", ended.join("; ")),
+        };
+        let _ = writeln!(out, "{readiness}");
+
+        out.push_str("\nPLUGINS\n");
+        if self.plugins.is_empty() {
+            out.push_str("none\n");
+        } else {
+            out.push_str(&columns(
+                &["TYPE", "REGISTERED", "FAILING", "WAITING"],
+                self.plugins
+                    .iter()
+                    .map(|p| {
+                        vec![
+                            p.plugin_type.clone(),
+                            p.registered.to_string(),
+                            p.failing.to_string(),
+                            p.waiting.to_string(),
+                        ]
+                    })
+                    .collect(),
+            ));
+        }
+
+        out.push_str("\nRESOURCES\n");
+        match &self.resources {
+            None => out.push_str("no device manager\n"),
+            Some(r) if r.is_empty() => out.push_str("none\n"),
+            Some(resources) => out.push_str(&columns(
+                &[
+                    "RESOURCE",
+                    "CAPACITY",
+                    "ALLOCATABLE",
+                    "ALLOCATED",
+                    "CONNECTED",
+                ],
+                resources
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.resource.clone(),
+                            r.capacity.to_string(),
+                            r.allocatable.to_string(),
+                            r.allocated.to_string(),
+                            r.connected.to_string(),
+                        ]
+                    })
+                    .collect(),
+            )),
+        }
+
+        out.push_str("\nHANDLERS\n");
+        out.push_str(&columns(
+            &["SLOT", "MODULE", "SHA256"],
+            self.handlers
+                .iter()
+                .map(|h| {
+                    vec![
+                        h.slot.clone(),
+                        h.module.clone(),
+                        h.sha256.chars().take(12).collect(),
+                    ]
+                })
+                .collect(),
+        ));
+
+        out.push_str("\nLAST ERRORS\n");
+        if self.last_errors.is_empty() {
+            out.push_str("none\n");
+        } else {
+            out.push_str(&table(&self.last_errors));
+        }
+        out
+    }
+}
+
+impl Kind for StatusView {
+    const KIND: &'static str = "Status";
+}
+
+impl Kind for EventView {
+    const KIND: &'static str = "Event";
+}
+
+impl Kind for HandlersView {
+    const KIND: &'static str = "HandlerList";
+}
+
+impl Kind for HandlerRollbackView {
+    const KIND: &'static str = "HandlerRollback";
+}
+
+impl Kind for AllocateResultView {
+    const KIND: &'static str = "AllocateResult";
+}
+
+impl Kind for ReleaseResultView {
+    const KIND: &'static str = "ReleaseResult";
+}
+
+impl Kind for SyncPodsView {
+    const KIND: &'static str = "SyncPodsResult";
+}
+
+impl Listed for PluginView {
+    const LIST_KIND: &'static str = "PluginList";
+}
+
+impl Listed for SocketView {
+    const LIST_KIND: &'static str = "SocketList";
+}
+
+impl Listed for ResourceView {
+    const LIST_KIND: &'static str = "ResourceList";
+}
+
+impl Listed for AllocationView {
+    const LIST_KIND: &'static str = "AllocationList";
+}
+
+impl Listed for EventView {
+    const LIST_KIND: &'static str = "EventList";
+}
+
 /// A view listed one per row by `pluglet ctl`.
 pub trait Table {
     /// Column titles.
@@ -719,6 +1127,18 @@ impl Table for AllocationView {
             self.container.clone(),
             self.resource.clone(),
             self.device_ids.join(","),
+        ]
+    }
+}
+
+impl Table for EventView {
+    const HEADER: &'static [&'static str] = &["TIME", "KIND", "SUBJECT", "MESSAGE"];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.at.clone(),
+            self.event_type.clone(),
+            dash(&self.subject),
+            self.message.clone(),
         ]
     }
 }
