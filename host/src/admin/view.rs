@@ -1642,4 +1642,186 @@ mod tests {
             Value::Null
         );
     }
+
+    fn event(seq: u64, kind: &str, subject: &str) -> pb::Event {
+        pb::Event {
+            seq,
+            at: format!("2026-12-01T00:00:0{seq}.000Z"),
+            kind: kind.into(),
+            subject: subject.into(),
+            message: format!("{kind} {subject}"),
+            missed: 0,
+        }
+    }
+
+    #[test]
+    fn every_json_output_carries_the_version_and_its_kind() {
+        let list: Value = serde_json::from_str(&json_list(plugins())).unwrap();
+        assert_eq!(list["api_version"], "pluglet/v1");
+        assert_eq!(list["kind"], "PluginList");
+        assert_eq!(list["items"].as_array().unwrap().len(), 2);
+        assert_eq!(list["items"][0]["name"], "hostpath.csi.k8s.io");
+        let kinds = [
+            serde_json::from_str::<Value>(&json_list(sockets())).unwrap()["kind"].clone(),
+            serde_json::from_str::<Value>(&json_list(resources())).unwrap()["kind"].clone(),
+            serde_json::from_str::<Value>(&json_list(allocations())).unwrap()["kind"].clone(),
+            serde_json::from_str::<Value>(&json_list(Vec::<EventView>::new())).unwrap()["kind"]
+                .clone(),
+        ];
+        assert_eq!(
+            kinds,
+            ["SocketList", "ResourceList", "AllocationList", "EventList"]
+        );
+
+        let released: Value =
+            serde_json::from_str(&json_of(&ReleaseResultView { released: 2 })).unwrap();
+        assert_eq!(
+            released,
+            json!({"api_version": "pluglet/v1", "kind": "ReleaseResult", "released": 2})
+        );
+        let handlers = HandlersView {
+            items: handlers(),
+            last_change: None,
+        };
+        let back: Envelope<HandlersView> = serde_json::from_str(&json_of(&handlers)).unwrap();
+        assert_eq!(back, Envelope::new(handlers));
+        assert_eq!(back.kind, "HandlerList");
+    }
+
+    #[test]
+    fn a_json_line_is_one_enveloped_object_on_one_line() {
+        let view = EventView::from(&event(1, "allocated", "vendor.com/gpu"));
+        let line = json_line_of(&view);
+        assert!(
+            line.ends_with('\n') && line.trim_end().lines().count() == 1,
+            "{line}"
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&line).unwrap(),
+            json!({
+                "api_version": "pluglet/v1",
+                "kind": "Event",
+                "seq": 1,
+                "at": "2026-12-01T00:00:01.000Z",
+                "type": "allocated",
+                "subject": "vendor.com/gpu",
+                "message": "allocated vendor.com/gpu",
+            })
+        );
+        let missed = EventView::from(&pb::Event {
+            kind: "missed".into(),
+            missed: 7,
+            ..event(0, "missed", "")
+        });
+        assert_eq!(serde_json::to_value(&missed).unwrap()["missed"], 7);
+    }
+
+    #[test]
+    fn events_list_newest_last_as_a_table() {
+        let events: Vec<EventView> = [
+            event(1, "registered", "DevicePlugin gpu"),
+            event(2, "allocated", "vendor.com/gpu"),
+        ]
+        .iter()
+        .map(EventView::from)
+        .collect();
+        check_list(events.clone());
+        let text = table(&events);
+        assert!(text.starts_with("TIME"), "{text}");
+        assert!(text.lines().nth(2).unwrap().contains("allocated"), "{text}");
+    }
+
+    fn status() -> pb::GetStatusResponse {
+        pb::GetStatusResponse {
+            version: "0.1.0".into(),
+            started_at: "2026-12-01T00:00:00.000Z".into(),
+            uptime_ms: 3_723_000,
+            live: true,
+            ready: false,
+            waiting_for: vec!["registry-scanned".into()],
+            stages: vec![pb::StageStatus {
+                name: "watcher".into(),
+                ended: String::new(),
+            }],
+            plugins: vec![
+                pb::PluginCount {
+                    r#type: "CSIPlugin".into(),
+                    state: "registered".into(),
+                    count: 2,
+                },
+                pb::PluginCount {
+                    r#type: "CSIPlugin".into(),
+                    state: "failing".into(),
+                    count: 1,
+                },
+                pb::PluginCount {
+                    r#type: "DevicePlugin".into(),
+                    state: "waiting".into(),
+                    count: 1,
+                },
+            ],
+            resources: vec![pb::ResourceSummary {
+                resource: "vendor.com/gpu".into(),
+                capacity: 4,
+                allocatable: 3,
+                allocated: 2,
+                connected: true,
+            }],
+            handlers: vec![pb::HandlerSummary {
+                slot: "CSIPlugin".into(),
+                module: "builtin:csi".into(),
+                sha256: "ab".repeat(32),
+            }],
+            last_errors: vec![event(3, "refused", "CSIPlugin bad")],
+            devices: true,
+        }
+    }
+
+    #[test]
+    fn status_counts_plugins_per_type_and_shows_every_part() {
+        let view = StatusView::from(&status());
+        assert_eq!(round_trip(&view), view);
+        let v: Value = serde_json::from_str(&json_of(&view)).unwrap();
+        assert_eq!(v["kind"], "Status");
+        assert_eq!(v["api_version"], "pluglet/v1");
+        assert_eq!(
+            v["plugins"],
+            json!([
+                {"type": "CSIPlugin", "registered": 2, "failing": 1, "waiting": 0},
+                {"type": "DevicePlugin", "registered": 0, "failing": 0, "waiting": 1},
+            ])
+        );
+        assert_eq!(v["resources"][0]["allocated"], 2);
+        assert_eq!(v["last_errors"][0]["type"], "refused");
+        let text = view.text();
+        assert!(
+            text.starts_with("pluglet 0.1.0, up 1h 2m 3s (since 2026-12-01T00:00:00.000Z)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("not ready: waiting for registry-scanned\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nCSIPlugin     2           1        0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vendor.com/gpu  4         3            2"),
+            "{text}"
+        );
+        assert!(text.contains("builtin:csi  abababababab\n"), "{text}");
+        assert!(text.contains("refused  CSIPlugin bad"), "{text}");
+
+        let bare = StatusView::from(&pb::GetStatusResponse {
+            devices: false,
+            resources: Vec::new(),
+            ..status()
+        });
+        assert_eq!(
+            serde_json::to_value(&bare).unwrap()["resources"],
+            Value::Null
+        );
+        assert!(bare.text().contains("RESOURCES\nno device manager\n"));
+    }
 }
