@@ -20,4 +20,5 @@ mod guide;
 mod handler_integrity;
 mod handler_swap;
 mod handler_vectors;
+mod status_events;
 mod sync_pods;

@@ -116,7 +116,10 @@ impl Daemon {
     pub fn ctl_json(&self, what: &str) -> Vec<Value> {
         let mut list = self.ctl_object(&[what], None);
         let kind = list["kind"].as_str().unwrap_or_default().to_owned();
-        assert!(kind.ends_with("List"), "ctl {what} -o json printed a {kind}, not a list");
+        assert!(
+            kind.ends_with("List"),
+            "ctl {what} -o json printed a {kind}, not a list"
+        );
         match list["items"].take() {
             Value::Array(items) => items,
             other => panic!("ctl {what} -o json printed items {other}"),
