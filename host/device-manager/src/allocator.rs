@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use pluglet_core::events::{EventKind, EventLog};
+use pluglet_core::events::EventKind;
 use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_handler_runtime::{AllocationRequest, CallContext, Device as PolicyDevice};
 use pluglet_handlers::Handlers;
@@ -122,7 +122,6 @@ struct Inner {
     node_name: String,
     metrics: Metrics,
     cancel: CancellationToken,
-    log: EventLog,
 }
 
 /// The allocations and the decisions about them. Cheap to clone.
@@ -134,7 +133,7 @@ pub(crate) struct Allocator {
 impl Allocator {
     /// An allocator starting from `pods` (restored), choosing among the `registry`'s devices
     /// with the policies of `handlers`, committing through `persistence`, recording allocations,
-    /// their failures and releases in `log`.
+    /// their failures and releases in the registry's event log.
     pub fn new(
         pods: PodDevices,
         registry: Registry,
@@ -143,7 +142,6 @@ impl Allocator {
         node_name: String,
         metrics: Metrics,
         cancel: CancellationToken,
-        log: EventLog,
     ) -> Allocator {
         Allocator {
             inner: Arc::new(Inner {
@@ -156,7 +154,6 @@ impl Allocator {
                 node_name,
                 metrics,
                 cancel,
-                log,
             }),
         }
     }
@@ -174,7 +171,7 @@ impl Allocator {
             .metrics
             .allocation(key.resource.as_str(), outcome);
         match &result {
-            Ok(allocation) if !allocation.reused => self.inner.log.record(
+            Ok(allocation) if !allocation.reused => self.inner.registry.events().record(
                 EventKind::Allocated,
                 key.resource.as_str(),
                 format!(
@@ -185,7 +182,7 @@ impl Allocator {
                 ),
             ),
             Ok(_) => {}
-            Err(err) => self.inner.log.record(
+            Err(err) => self.inner.registry.events().record(
                 EventKind::AllocateFailed,
                 key.resource.as_str(),
                 format!(
@@ -367,7 +364,7 @@ impl Allocator {
         );
         for a in &released {
             self.inner.metrics.released(a.resource.as_str());
-            self.inner.log.record(
+            self.inner.registry.events().record(
                 EventKind::Released,
                 a.resource.as_str(),
                 format!(
@@ -692,7 +689,7 @@ mod alone {
         )
         .unwrap();
         let cancel = CancellationToken::new();
-        let log = EventLog::default();
+        let log = pluglet_core::events::EventLog::default();
         let registry = Registry::new(
             BTreeMap::new(),
             Timings {
@@ -726,7 +723,6 @@ mod alone {
             "node-1".into(),
             Metrics::default(),
             cancel,
-            log.clone(),
         );
         let journaled = || std::fs::metadata(dir.path().join(JOURNAL_FILE_NAME)).unwrap();
         let before = journaled().modified().unwrap();

@@ -191,7 +191,6 @@ impl DeviceManager {
             config.node_name.clone(),
             config.metrics.clone(),
             cancel.clone(),
-            config.events.clone(),
         );
         pipeline.set_kind(
             PluginType::DevicePlugin,

@@ -477,6 +477,11 @@ impl Registry {
         self.inner.changed.subscribe()
     }
 
+    /// The event log connections, allocations and releases are recorded in.
+    pub(crate) fn events(&self) -> &EventLog {
+        &self.inner.log
+    }
+
     /// Events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<RegistryEvent> {
         self.inner.events.subscribe()
