@@ -154,10 +154,12 @@ fn events_show_a_registration_an_allocation_and_a_release_in_order() {
 struct Watch {
     child: Child,
     lines: mpsc::Receiver<String>,
+    stderr: std::path::PathBuf,
 }
 
 impl Watch {
     fn start(root: &TestRoot) -> Watch {
+        let stderr = root.side("watch.err");
         let mut child = Command::new(pluglet())
             .arg("ctl")
             .arg("--root")
@@ -165,7 +167,7 @@ impl Watch {
             .args(["events", "--watch", "-o", "json"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .expect("spawn pluglet ctl events --watch");
         let stdout = child.stdout.take().unwrap();
@@ -178,7 +180,11 @@ impl Watch {
                 }
             }
         });
-        Watch { child, lines }
+        Watch {
+            child,
+            lines,
+            stderr,
+        }
     }
 
     /// Reads lines until one is an event satisfying `pred`, failing after [`DEADLINE`].
@@ -229,5 +235,18 @@ fn events_watch_streams_an_event_that_happens_after_it_started() {
             .unwrap()
             .ends_with("to pod pod-9 container ctr"),
         "{allocated}"
+    );
+
+    // Stopping the daemon ends the stream (rather than leaving it open until the process is
+    // gone): the watcher says so and exits non-zero.
+    let status = daemon.terminate();
+    assert!(status.success(), "{status}");
+    let mut watch = watch;
+    let exit = watch.child.wait().unwrap();
+    assert!(!exit.success(), "{exit}");
+    let stderr = std::fs::read_to_string(&watch.stderr).unwrap();
+    assert!(
+        stderr.contains("the daemon ended the event stream"),
+        "{stderr}"
     );
 }

@@ -53,6 +53,8 @@ pub struct AdminService {
     devices: Option<pluglet_device_manager::DeviceManager>,
     health: Health,
     events: EventLog,
+    /// Fires when the server stops: event followers end then, so they never hold the stop up.
+    stopping: CancellationToken,
 }
 
 /// How many refusals and failures `GetStatus` shows.
@@ -68,6 +70,7 @@ impl AdminService {
             devices: None,
             health: Health::new(),
             events: EventLog::default(),
+            stopping: CancellationToken::new(),
         }
     }
 
@@ -96,15 +99,16 @@ impl AdminService {
     }
 }
 
-/// Binds `path` with `mode` and serves `service` until `cancel` fires, then removes the socket.
-/// Binding happens before this returns the serving future, so the socket exists once it resolves
-/// to the future.
+/// Binds `path` with `mode` and serves `service` until `cancel` fires (ending the event streams
+/// of `WatchEvents` then), then removes the socket. Binding happens before this returns the
+/// serving future, so the socket exists once it resolves to the future.
 pub fn bind_and_serve(
     path: &Path,
     mode: u32,
-    service: AdminService,
+    mut service: AdminService,
     cancel: CancellationToken,
 ) -> Result<impl Future<Output = Result<(), AdminError>> + use<>, AdminError> {
+    service.stopping = cancel.clone();
     let listener = pluglet_uds::bind(path, Some(mode)).map_err(|source| AdminError::Bind {
         path: path.to_owned(),
         source,
@@ -407,11 +411,14 @@ impl Admin for AdminService {
     ) -> Result<Response<EventStream>, Status> {
         let mut follower = self.events.follow();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
-        // Ends when the client goes away (the stream is dropped) or the log does.
+        let stopping = self.stopping.clone();
+        // Ends when the client goes away (the stream is dropped), the server stops (the stream
+        // then ends for the client) or the log is gone.
         tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
                     _ = tx.closed() => return,
+                    _ = stopping.cancelled() => return,
                     next = follower.next() => next,
                 };
                 let event = match next {
