@@ -186,7 +186,7 @@ impl Allocator {
                 EventKind::AllocateFailed,
                 key.resource.as_str(),
                 format!(
-                    "{count} for pod {} container {}: {}",
+                    "{count} requested for pod {} container {}: {}",
                     key.pod_uid,
                     key.container,
                     pluglet_core::error_chain(err)
