@@ -110,6 +110,12 @@ echo
 echo "==> pluglet ctl allocations"
 ctl allocations
 echo
+echo "==> pluglet ctl status"
+ctl status
+echo
+echo "==> pluglet ctl events"
+ctl events
+echo
 # The allocation was answered once its journal record was on disk; the kubelet-format
 # checkpoint follows right after.
 in_checkpoint() { grep -q demo-pod "$root/device-plugins/kubelet_internal_checkpoint"; }

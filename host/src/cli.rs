@@ -202,6 +202,17 @@ pub enum HandlersAction {
 /// `pluglet ctl` subcommands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum CtlCommand {
+    /// The daemon on one screen: version, uptime, readiness, plugins by type and state,
+    /// resources, the handlers in force and the last errors.
+    Status,
+    /// The recent events (registrations, refusals, allocations, releases, handler changes),
+    /// newest last.
+    Events {
+        /// Keep printing new events as they happen until interrupted; with `-o json`, one JSON
+        /// object per line per event.
+        #[arg(long)]
+        watch: bool,
+    },
     /// Registered plugins.
     Plugins,
     /// Every socket the watcher knows, with its registration state.

@@ -22,6 +22,7 @@ use anyhow::Context as _;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use pluglet_core::PluginType;
+use pluglet_core::events::EventLog;
 use pluglet_handler_runtime::{CompileCache, Compiler, LoadError, Runtime, RuntimeConfig};
 use pluglet_handlers::{Builtins, Handlers, Trust, TrustedKey};
 use pluglet_registration::Pipeline;
@@ -234,8 +235,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     tokio::spawn(notify::run(health.clone(), cancel.child_token()));
 
+    let events = EventLog::default();
     let trust = trust(&config.signatures)?;
-    let handlers = load_handlers(&paths.handlers_dir, Some(&paths.state_dir), trust).await?;
+    let handlers = load_handlers(&paths.handlers_dir, Some(&paths.state_dir), trust)
+        .await?
+        .with_events(events.clone());
     for slot in handlers.status().slots {
         info!(
             slot = %slot.slot,
@@ -269,10 +273,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     device_config.grace_period = timings.device_grace_period;
     device_config.dial_timeout = timings.dial_timeout;
     let device_metrics = device_config.metrics.clone();
+    device_config.events = events.clone();
     // One registration pipeline for both doors: the device manager gives it the device plugin
     // type's steps and serves kubelet.sock through it; the plugin manager feeds it what the
     // watcher finds.
-    let pipeline = Pipeline::new(handlers.clone(), config.node_name.clone());
+    let pipeline =
+        Pipeline::new(handlers.clone(), config.node_name.clone()).with_events(events.clone());
     pipeline.set_kind(
         PluginType::Csi,
         Arc::new(CsiKind {
@@ -341,7 +347,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let admin = bind_and_serve(
         &paths.admin_socket,
         config.admin_socket_mode,
-        AdminService::new(handle, handlers.clone()).with_devices(devices.clone()),
+        AdminService::new(handle, handlers.clone())
+            .with_devices(devices.clone())
+            .with_health(health.clone())
+            .with_events(events),
         cancel.child_token(),
     )?;
     set_socket_group(&paths.admin_socket, config.admin_socket_group.as_ref())?;

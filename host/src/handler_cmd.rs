@@ -36,6 +36,8 @@ use pluglet_handler_runtime::{
 use pluglet_handlers::{CaseResult, Event, Outcome, TrustedKey, Vectors, run_hook};
 use serde::Serialize;
 
+use crate::admin::view::{self, Kind};
+
 /// Arguments of `pluglet handler`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct HandlerArgs {
@@ -225,6 +227,10 @@ struct CheckReport<'a> {
     compile_ms: f64,
 }
 
+impl Kind for CheckReport<'_> {
+    const KIND: &'static str = "HandlerCheck";
+}
+
 fn check(args: CheckArgs) -> anyhow::Result<()> {
     let runtime = runtime(Limits::default())?;
     let handler = runtime.load(module_source(&args.module)?, BTreeMap::new(), None)?;
@@ -236,7 +242,7 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
         compile_ms: millis(handler.compile_time()),
     };
     match args.output {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Json => print!("{}", view::json_of(&report)),
         OutputFormat::Text => {
             println!("module:    {}", report.module);
             println!("contract:  pluglet:handler@{}", report.contract_version);
@@ -334,6 +340,10 @@ struct TestReport<'a> {
     logs: Vec<GuestLog>,
 }
 
+impl Kind for TestReport<'_> {
+    const KIND: &'static str = "HandlerTest";
+}
+
 /// One case in the report of `handler test --vectors`.
 #[derive(Serialize)]
 struct CaseReport {
@@ -370,6 +380,10 @@ struct VectorsReport<'a> {
     cases: Vec<CaseReport>,
     passed: usize,
     failed: usize,
+}
+
+impl Kind for VectorsReport<'_> {
+    const KIND: &'static str = "HandlerVectors";
 }
 
 impl From<HookArg> for Hook {
@@ -449,7 +463,7 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
         logs: call.logs,
     };
     match args.output {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Json => print!("{}", view::json_of(&report)),
         OutputFormat::Text => {
             println!(
                 "module:    {} (pluglet:handler@{})",
@@ -475,7 +489,7 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
 
 fn print_vectors(report: &VectorsReport<'_>, output: OutputFormat) -> anyhow::Result<()> {
     if output == OutputFormat::Json {
-        println!("{}", serde_json::to_string_pretty(report)?);
+        print!("{}", view::json_of(report));
         return Ok(());
     }
     println!("module:    {}", report.module);

@@ -19,6 +19,10 @@
 //!
 //!  admin::server (pluglet.sock, gRPC) ◀── PluginManagerHandle queries ──  reconciler
 //!  admin::ctl (`pluglet ctl`) ──gRPC──▶ admin::server ──▶ DeviceManager
+//!
+//!  Pipeline · allocator · device registry · handler set ─record()─▶ pluglet_core::events::EventLog
+//!    (ring of the last 1,000 + broadcast) ──▶ admin::server ListEvents / WatchEvents / GetStatus
+//!  ops::health::Health (stages, readiness) ──▶ admin::server GetStatus
 //! ```
 //!
 //! Modules: [`cli`] (clap types), [`config`] (paths and timings), [`daemon`] (wiring, lock,

@@ -9,7 +9,7 @@ use std::process::Command;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::daemon::unique;
+use crate::support::daemon::{check_envelope, unique};
 use crate::support::plugins::STOP_GRACE;
 use crate::support::process::ChildGuard;
 use crate::support::{DEADLINE, Daemon, TestRoot, bin, wait_for};
@@ -219,7 +219,9 @@ pub fn allocate(
         "json",
     ]);
     if out.status.success() {
-        Ok(serde_json::from_slice(&out.stdout).expect("ctl allocate prints JSON"))
+        let value = serde_json::from_slice(&out.stdout).expect("ctl allocate prints JSON");
+        check_envelope(&value, Some("AllocateResult"));
+        Ok(value)
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }

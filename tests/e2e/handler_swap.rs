@@ -85,14 +85,7 @@ pub(crate) fn handlers_toml(root: &TestRoot, guests: &[(&str, &str)], body: &str
 
 /// `ctl handlers -o json`, whole.
 pub(crate) fn handlers(daemon: &Daemon) -> Value {
-    let out = daemon.ctl(&["handlers", "-o", "json"]);
-    assert!(
-        out.status.success(),
-        "ctl handlers failed: {}\ndaemon log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        daemon.log_text()
-    );
-    serde_json::from_slice(&out.stdout).expect("ctl handlers prints JSON")
+    daemon.ctl_object(&["handlers"], Some("HandlerList"))
 }
 
 /// The row of the `vendor.com/gpu` slot, if listed.

@@ -23,4 +23,5 @@ mod handler_integrity;
 mod handler_swap;
 mod handler_vectors;
 mod node_operations;
+mod status_events;
 mod sync_pods;

@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::device_support::{
     DevicePluginProcess, FLOWS, allocate, allocations, checkpoint, ids, wait_allocatable,
 };
+use crate::support::daemon::check_envelope;
 use crate::support::{Daemon, TestRoot, wait_for};
 
 const GPU: &str = "vendor.com/gpu";
@@ -29,7 +30,9 @@ fn sync_pods(daemon: &Daemon, args: &[&str]) -> Value {
     all.extend(["-o", "json"]);
     let out = daemon.ctl(&all);
     assert!(out.status.success(), "ctl {all:?} failed: {}", stderr(&out));
-    serde_json::from_slice(&out.stdout).expect("ctl sync-pods prints JSON")
+    let value = serde_json::from_slice(&out.stdout).expect("ctl sync-pods prints JSON");
+    check_envelope(&value, Some("SyncPodsResult"));
+    value
 }
 
 /// (pod, container) of every entry of a JSON array of allocations.

@@ -1,11 +1,15 @@
-//! The vocabulary every part of Pluglet shares, with no dependencies of its own worth naming:
+//! The vocabulary every part of Pluglet shares, with no dependencies beyond serde and tokio's
+//! channels:
 //!
 //! - [`names`]: typed names for what crosses module boundaries (resources, pods, containers,
 //!   sockets, plugin types, generations), so a pod UID cannot be passed where a resource name
 //!   is expected;
 //! - [`error_chain`]: the one formatter of an error with its sources, used by every log line
-//!   and every message that leaves the daemon.
+//!   and every message that leaves the daemon;
+//! - [`events`]: the daemon's bounded log of recent events, which every stage records into and
+//!   the admin API reads and follows.
 
+pub mod events;
 pub mod names;
 
 pub use names::{

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use pluglet_core::events::EventKind;
 use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_handler_runtime::{AllocationRequest, CallContext, Device as PolicyDevice};
 use pluglet_handlers::Handlers;
@@ -132,7 +133,8 @@ pub(crate) struct Allocator {
 
 impl Allocator {
     /// An allocator starting from `pods` (restored), choosing among the `registry`'s devices
-    /// with the policies of `handlers`, committing through `persistence`.
+    /// with the policies of `handlers`, committing through `persistence`, recording allocations,
+    /// their failures and releases in the registry's event log.
     pub fn new(
         pods: PodDevices,
         registry: Registry,
@@ -158,7 +160,8 @@ impl Allocator {
     }
 
     /// Allocates `count` devices of `resource` to one container (see the module doc), in an
-    /// `allocation` span with the pod, container and resource.
+    /// `allocation` span with the pod, container and resource. A new allocation and a failed
+    /// one are recorded in the event log.
     pub async fn allocate(&self, key: HolderKey, count: u32) -> Result<Allocation, AllocateError> {
         let span = tracing::info_span!(
             "allocation",
@@ -174,14 +177,38 @@ impl Allocator {
         key: HolderKey,
         count: u32,
     ) -> Result<Allocation, AllocateError> {
-        let resource = key.resource.clone();
-        let result = self.choose_and_commit(key, count).await;
+        let result = self.choose_and_commit(key.clone(), count).await;
         let outcome = match &result {
             Ok(allocation) if allocation.reused => "reused",
             Ok(_) => "allocated",
             Err(_) => "failed",
         };
-        self.inner.metrics.allocation(resource.as_str(), outcome);
+        self.inner
+            .metrics
+            .allocation(key.resource.as_str(), outcome);
+        match &result {
+            Ok(allocation) if !allocation.reused => self.inner.registry.events().record(
+                EventKind::Allocated,
+                key.resource.as_str(),
+                format!(
+                    "{} to pod {} container {}",
+                    devices_text(&allocation.device_ids),
+                    key.pod_uid,
+                    key.container
+                ),
+            ),
+            Ok(_) => {}
+            Err(err) => self.inner.registry.events().record(
+                EventKind::AllocateFailed,
+                key.resource.as_str(),
+                format!(
+                    "{count} requested for pod {} container {}: {}",
+                    key.pod_uid,
+                    key.container,
+                    pluglet_core::error_chain(err)
+                ),
+            ),
+        }
         result
     }
 
@@ -303,9 +330,10 @@ impl Allocator {
         container: Option<&str>,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         let span = tracing::info_span!("release", pod = pod_uid, container);
-        self.release_where(|key| {
-            key.pod_uid == pod_uid && container.is_none_or(|c| key.container == c)
-        })
+        self.release_where(
+            |key| key.pod_uid == pod_uid && container.is_none_or(|c| key.container == c),
+            "",
+        )
         .instrument(span)
         .await
     }
@@ -325,13 +353,19 @@ impl Allocator {
                 .map(|(key, entry)| AllocationInfo::of(key, entry))
                 .collect());
         }
-        self.release_where(|key| !keep.contains(&key.pod_uid)).await
+        self.release_where(
+            |key| !keep.contains(&key.pod_uid),
+            " (sync of pods: the pod is no longer active)",
+        )
+        .await
     }
 
-    /// Removes the entries `gone` selects in one change, then makes that durable.
+    /// Removes the entries `gone` selects in one change, then makes that durable; each entry
+    /// released is recorded in the event log, its message ending with `why`.
     async fn release_where(
         &self,
         gone: impl FnMut(&HolderKey) -> bool,
+        why: &str,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         let released: Vec<AllocationInfo> = self
             .lock()
@@ -342,14 +376,24 @@ impl Allocator {
         if released.is_empty() {
             return Ok(released);
         }
-        for entry in &released {
-            self.inner.metrics.released(entry.resource.as_str());
-        }
         tracing::info!(
             entries = released.len(),
             pods = ?released.iter().map(|a| a.pod_uid.as_str()).collect::<BTreeSet<_>>(),
             "devices released"
         );
+        for a in &released {
+            self.inner.metrics.released(a.resource.as_str());
+            self.inner.registry.events().record(
+                EventKind::Released,
+                a.resource.as_str(),
+                format!(
+                    "{} of pod {} container {}{why}",
+                    devices_text(&a.device_ids),
+                    a.pod_uid,
+                    a.container
+                ),
+            );
+        }
         match self.inner.persistence.commit(&self.inner.pods).await {
             Ok(()) => Ok(released),
             Err(source) => Err(ReleaseError {
@@ -528,6 +572,12 @@ impl Allocator {
     }
 }
 
+/// `1 device (d0)` / `2 devices (d0,d1)`.
+fn devices_text(ids: &[String]) -> String {
+    let noun = if ids.len() == 1 { "device" } else { "devices" };
+    format!("{} {noun} ({})", ids.len(), ids.join(","))
+}
+
 /// What the records say before the policy runs.
 enum Plan {
     /// The container already holds these devices.
@@ -653,6 +703,7 @@ mod alone {
         )
         .unwrap();
         let cancel = CancellationToken::new();
+        let log = pluglet_core::events::EventLog::default();
         let registry = Registry::new(
             BTreeMap::new(),
             Timings {
@@ -663,6 +714,7 @@ mod alone {
             cancel.clone(),
             TaskTracker::new(),
             mpsc::unbounded_channel().0,
+            log.clone(),
         );
         let mut changes = registry.changes();
         registry
@@ -728,5 +780,30 @@ mod alone {
         assert_eq!(pods, ["pod-b"]);
         assert_eq!(allocator.release("pod-b", None).await.unwrap().len(), 1);
         assert!(allocator.allocations().is_empty());
+
+        let events: Vec<(EventKind, String)> = log
+            .recent()
+            .into_iter()
+            .filter(|e| e.kind != EventKind::Connected)
+            .map(|e| (e.kind, e.message))
+            .collect();
+        let kinds: Vec<EventKind> = events.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            kinds,
+            [
+                EventKind::Allocated,
+                EventKind::Allocated,
+                EventKind::AllocateFailed,
+                EventKind::Released,
+                EventKind::Released
+            ],
+            "a reused allocation and a dry run record nothing: {events:?}"
+        );
+        assert!(
+            events[0].1.ends_with("to pod pod-a container ctr"),
+            "{events:?}"
+        );
+        assert!(events[3].1.contains("sync of pods"), "{events:?}");
+        assert!(events[4].1.starts_with("2 devices ("), "{events:?}");
     }
 }

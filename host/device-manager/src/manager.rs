@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pluglet_checkpoint::{CheckpointError, Durability};
+use pluglet_core::events::EventLog;
 use pluglet_core::{ContainerName, PluginType, PodUid, ResourceName, error_chain};
 use pluglet_handlers::Handlers;
 use pluglet_proto::constants::KUBELET_SOCKET;
@@ -64,6 +65,9 @@ pub struct Config {
     pub durability: Durability,
     /// Where the device manager counts (register [`crate::Metrics`] to export them).
     pub metrics: crate::Metrics,
+    /// Where connections, allocations and releases are recorded (a log of its own unless the
+    /// daemon's is given).
+    pub events: EventLog,
 }
 
 impl Config {
@@ -77,6 +81,7 @@ impl Config {
             dial_timeout: DEFAULT_DIAL_TIMEOUT,
             durability: Durability::Fsync,
             metrics: crate::Metrics::default(),
+            events: EventLog::default(),
         }
     }
 
@@ -175,6 +180,7 @@ impl DeviceManager {
             cancel.clone(),
             tasks.clone(),
             ended_tx,
+            config.events.clone(),
         );
         let handlers = pipeline.handlers().clone();
         let allocator = Allocator::new(

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use pluglet_core::events::{EventKind, EventLog};
 use pluglet_core::{Generation, ResourceName};
 use pluglet_handlers::Handlers;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
@@ -122,6 +123,7 @@ struct Inner {
     next_generation: AtomicU64,
     changed: watch::Sender<u64>,
     events: broadcast::Sender<RegistryEvent>,
+    log: EventLog,
     writes: WriteRequests,
     timings: Timings,
     cancel: CancellationToken,
@@ -139,7 +141,8 @@ pub(crate) struct Registry {
 impl Registry {
     /// A registry holding the `restored` resources (disconnected, their grace period running).
     /// Endpoint tasks and timers run on `tasks` and stop when `cancel` fires; registrations
-    /// whose grace period ended are sent to `ended`.
+    /// whose grace period ended are sent to `ended`. Connections, disconnections and removals
+    /// are recorded in `log`.
     pub fn new(
         restored: BTreeMap<ResourceName, DeviceSet>,
         timings: Timings,
@@ -147,6 +150,7 @@ impl Registry {
         cancel: CancellationToken,
         tasks: TaskTracker,
         ended: mpsc::UnboundedSender<Arc<Registration>>,
+        log: EventLog,
     ) -> Registry {
         let names: Vec<ResourceName> = restored.keys().cloned().collect();
         let resources = restored
@@ -166,6 +170,7 @@ impl Registry {
                 next_generation: AtomicU64::new(RESTORED.0 + 1),
                 changed: watch::Sender::new(0),
                 events: broadcast::channel(256).0,
+                log,
                 writes,
                 timings,
                 cancel,
@@ -234,6 +239,11 @@ impl Registry {
             pre_start_required = options.pre_start_required,
             get_preferred_allocation_available = options.get_preferred_allocation_available,
             "device plugin connected"
+        );
+        self.inner.log.record(
+            EventKind::Connected,
+            resource.as_str(),
+            format!("endpoint {} connected", endpoint.path.display()),
         );
         let _ = self
             .inner
@@ -329,6 +339,14 @@ impl Registry {
             "device plugin disconnected: its devices are unhealthy until it registers again"
         );
         self.start_grace_timer(resource.clone(), generation);
+        self.inner.log.record(
+            EventKind::Disconnected,
+            resource.as_str(),
+            format!(
+                "{reason}; devices unhealthy for the grace period ({:?})",
+                self.inner.timings.grace_period
+            ),
+        );
         let _ = self.inner.events.send(RegistryEvent::Disconnected {
             resource: resource.clone(),
             reason: reason.to_owned(),
@@ -400,6 +418,11 @@ impl Registry {
         let Some(removed) = removed else {
             return;
         };
+        self.inner.log.record(
+            EventKind::GraceEnded,
+            resource.as_str(),
+            "the device plugin did not come back within the grace period: resource removed",
+        );
         tracing::info!(
             %resource,
             "device plugin did not come back within the grace period: resource removed"
@@ -468,6 +491,11 @@ impl Registry {
         self.inner.changed.subscribe()
     }
 
+    /// The event log connections, allocations and releases are recorded in.
+    pub(crate) fn events(&self) -> &EventLog {
+        &self.inner.log
+    }
+
     /// Events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<RegistryEvent> {
         self.inner.events.subscribe()
@@ -507,6 +535,7 @@ mod tests {
             CancellationToken::new(),
             TaskTracker::new(),
             ended_tx,
+            EventLog::default(),
         );
         (registry, ended_rx)
     }

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
+use pluglet_core::events::{EventKind, EventLog};
 use pluglet_handler_runtime::{Handler, LoadError, ModuleSource, Runtime};
 use sha2::{Digest, Sha256};
 use tokio::sync::broadcast;
@@ -286,6 +287,8 @@ pub(crate) struct Shared {
     changes: Mutex<ChangeLog>,
     store: Option<StateStore>,
     events: broadcast::Sender<HandlersEvent>,
+    /// The daemon's event log, once given.
+    log: std::sync::OnceLock<EventLog>,
     me: Weak<Shared>,
 }
 
@@ -381,6 +384,7 @@ impl Handlers {
                 changes: Mutex::new(ChangeLog::default()),
                 store,
                 events: broadcast::channel(256).0,
+                log: std::sync::OnceLock::new(),
                 me: me.clone(),
             }
         });
@@ -417,6 +421,15 @@ impl Handlers {
         self.shared.events.subscribe()
     }
 
+    /// Records every change applied, refused or rolled back in `log` from now on (the first log
+    /// given is kept).
+    pub fn with_events(self, log: EventLog) -> Handlers {
+        if self.shared.log.set(log).is_err() {
+            tracing::warn!("the handler set records in the event log it was given first");
+        }
+        self
+    }
+
     /// Reads the handlers directory again and applies what changed, as one transaction (see
     /// the module doc). Compiles: call it off the async reactor.
     pub fn reload(&self) -> ReloadOutcome {
@@ -433,6 +446,11 @@ impl Handlers {
                     module: None,
                     sha256: None,
                 });
+                self.shared.record(
+                    EventKind::HandlerRefused,
+                    || HANDLERS_FILE.to_owned(),
+                    || reason.clone(),
+                );
                 let _ = self.shared.events.send(HandlersEvent::Refused {
                     reason: reason.clone(),
                 });
@@ -501,6 +519,17 @@ enum TransactionError {
 }
 
 impl Shared {
+    fn record(
+        &self,
+        kind: EventKind,
+        subject: impl FnOnce() -> String,
+        message: impl FnOnce() -> String,
+    ) {
+        if let Some(log) = self.log.get() {
+            log.record(kind, subject(), message());
+        }
+    }
+
     fn lock_changes(&self) -> std::sync::MutexGuard<'_, ChangeLog> {
         self.changes.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -921,6 +950,11 @@ impl Shared {
                 reason = %refusal.reason,
                 "handler change refused; the handler in force keeps serving"
             );
+            self.record(
+                EventKind::HandlerRefused,
+                || refusal.slot.to_string(),
+                || format!("{}: {}", refusal.module.display(), refusal.reason),
+            );
             changes.slots.insert(
                 refusal.slot.clone(),
                 ChangeRecord {
@@ -968,6 +1002,11 @@ impl Shared {
             if at_start && record.state == ChangeState::Applied {
                 continue;
             }
+            let kind = match record.state {
+                ChangeState::RolledBack => EventKind::HandlerRolledBack,
+                _ => EventKind::HandlerApplied,
+            };
+            self.record(kind, || slot.to_string(), || change_message(record));
             changes.slots.insert(slot.clone(), record.clone());
         }
         drop(changes);
@@ -1085,12 +1124,38 @@ impl Shared {
                 sha256: Some(restored.sha256().to_owned()),
             },
         );
+        self.record(
+            EventKind::HandlerRolledBack,
+            || slot.to_string(),
+            || {
+                format!(
+                    "{} (sha256 {}) rolled back to {}: {reason}",
+                    state.current.module(),
+                    short(state.current.sha256()),
+                    restored.module()
+                )
+            },
+        );
         let _ = self.events.send(HandlersEvent::RolledBack {
             slot: slot.clone(),
             reason: reason.to_owned(),
         });
         Ok(restored)
     }
+}
+
+/// The event message of an applied change: the module, its short digest and why.
+fn change_message(record: &ChangeRecord) -> String {
+    let module = record.module.as_deref().unwrap_or("-");
+    match &record.sha256 {
+        Some(sha) => format!("{module} (sha256 {}): {}", short(sha), record.reason),
+        None => format!("{module}: {}", record.reason),
+    }
+}
+
+/// The first 12 hex digits of a digest.
+fn short(sha256: &str) -> &str {
+    sha256.get(..12).unwrap_or(sha256)
 }
 
 /// Whether the slot of `decision` is still served by what the decision restored (else the

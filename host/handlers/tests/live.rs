@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use pluglet_core::events::{EventKind, EventLog};
 use pluglet_handler_runtime::{
     AllocationRequest, CallContext, Device, Limits, PluginInfo, Runtime, RuntimeConfig,
 };
@@ -363,7 +364,8 @@ fn rollback_by_hand_puts_the_previous_version_back() {
     let dir = tempfile::tempdir().unwrap();
     install(dir.path(), "misbehave", "policy.wasm");
     write_toml(dir.path(), &policy_entry("", ""));
-    let handlers = load(dir.path(), None).unwrap();
+    let log = EventLog::default();
+    let handlers = load(dir.path(), None).unwrap().with_events(log.clone());
     let first = handlers.for_resource(GPU).sha256().to_owned();
     install(dir.path(), "spread-policy", "policy.wasm");
     handlers.reload();
@@ -381,6 +383,27 @@ fn rollback_by_hand_puts_the_previous_version_back() {
         handlers
             .roll_back(&SlotKey::Resource("x.com/none".into()))
             .is_err()
+    );
+
+    // The swap and both rollbacks are in the event log; what was not done is not.
+    let events: Vec<(EventKind, String)> = log
+        .recent()
+        .into_iter()
+        .map(|e| (e.kind, e.subject))
+        .collect();
+    let subject = format!("resource {GPU}");
+    assert_eq!(
+        events,
+        [
+            (EventKind::HandlerApplied, subject.clone()),
+            (EventKind::HandlerRolledBack, subject.clone()),
+            (EventKind::HandlerRolledBack, subject),
+        ]
+    );
+    let messages: Vec<String> = log.recent().into_iter().map(|e| e.message).collect();
+    assert!(
+        messages[2].ends_with("rolled back to builtin:device-plugin: rolled back by hand (pluglet ctl handlers rollback)"),
+        "{messages:?}"
     );
 }
 

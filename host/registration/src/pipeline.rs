@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::task::Poll;
 use std::time::{Instant, SystemTime};
 
+use pluglet_core::events::{EventKind, EventLog};
 use pluglet_core::{Generation, PluginKey, PluginType, SocketPath};
 use pluglet_handler_runtime::{
     CallContext, GuestLog, HandlerError, PluginInfo, Refusal, RegisteredPlugin, run_in_place,
@@ -290,6 +291,8 @@ struct Inner {
     slots: Mutex<HashMap<PluginKey, Slot>>,
     events: broadcast::Sender<PipelineEvent>,
     metrics: crate::metrics::Metrics,
+    /// The daemon's event log, once given.
+    log: std::sync::OnceLock<EventLog>,
 }
 
 /// The registration pipeline: cheap to clone; every clone is the same pipeline.
@@ -318,7 +321,23 @@ impl Pipeline {
                 slots: Mutex::new(HashMap::new()),
                 events: broadcast::channel(1024).0,
                 metrics: crate::metrics::Metrics::default(),
+                log: std::sync::OnceLock::new(),
             }),
+        }
+    }
+
+    /// Records registrations, refusals and deregistrations in `log` from now on (the first log
+    /// given is kept).
+    pub fn with_events(self, log: EventLog) -> Pipeline {
+        if self.inner.log.set(log).is_err() {
+            tracing::warn!("the registration pipeline records in the event log it was given first");
+        }
+        self
+    }
+
+    fn record(&self, kind: EventKind, key: &PluginKey, message: impl FnOnce() -> String) {
+        if let Some(log) = self.inner.log.get() {
+            log.record(kind, key.to_string(), message());
         }
     }
 
@@ -369,6 +388,7 @@ impl Pipeline {
             .metrics
             .registration(&plugin_type, &door, outcome);
         if let Err(err) = &result {
+            self.record(EventKind::Refused, &key, || pluglet_core::error_chain(err));
             let _ = self.inner.events.send(PipelineEvent::Refused {
                 key,
                 stage: err.stage(),
@@ -471,6 +491,17 @@ impl Pipeline {
             activate_us = us(start.elapsed() - registered_at),
             "registration steps"
         );
+        self.record(EventKind::Registered, &key, || {
+            let version = registration
+                .version
+                .as_deref()
+                .map(|v| format!(", version {v}"))
+                .unwrap_or_default();
+            format!(
+                "registered through {} by {module}{version}",
+                registration.door
+            )
+        });
         let _ = self.inner.events.send(PipelineEvent::Registered {
             key,
             id: registration.id,
@@ -521,6 +552,14 @@ impl Pipeline {
         self.inner
             .metrics
             .deregistration(&registration.key.plugin_type, reason);
+        self.record(
+            EventKind::Deregistered,
+            &registration.key,
+            || match &hook_error {
+                None => format!("deregistered: {reason}"),
+                Some(err) => format!("deregistered: {reason} (the deregister hook failed: {err})"),
+            },
+        );
         let _ = self.inner.events.send(PipelineEvent::Deregistered {
             key: registration.key.clone(),
             id: registration.id,

@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use pluglet_core::events::{EventKind, EventLog};
 use pluglet_core::{PluginKey, PluginType};
 use pluglet_handler_runtime::{PluginInfo, RefusalKind, RegistrationFacts, Runtime, RuntimeConfig};
 use pluglet_handlers::{Builtins, Handlers, Trust};
@@ -181,6 +182,40 @@ async fn facts_gathered_alongside_validate_never_override_its_refusal() {
     );
     let key = PluginKey::new(PluginType::Csi, "hostpath.csi.k8s.io");
     assert_eq!(pipeline.current(&key).await.map(|r| r.id), Some(ok.id));
+}
+
+#[tokio::test]
+async fn registrations_refusals_and_deregistrations_are_in_the_event_log() {
+    let log = EventLog::default();
+    let pipeline = pipeline().with_events(log.clone());
+    pipeline.set_kind(PluginType::Csi, Arc::new(Recorder::default()));
+    let ok = pipeline.register(csi("/a.sock")).await.unwrap();
+    pipeline.register(csi("/b.sock")).await.unwrap_err();
+    pipeline.deregister(&ok, EndReason::SocketGone).await;
+    let events = log.recent();
+    let kinds: Vec<EventKind> = events.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            EventKind::Registered,
+            EventKind::Refused,
+            EventKind::Deregistered
+        ]
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| e.subject == "CSIPlugin hostpath.csi.k8s.io"),
+        "{events:?}"
+    );
+    assert!(
+        events[0]
+            .message
+            .starts_with("registered through kubelet.sock by builtin:csi"),
+        "{events:?}"
+    );
+    assert!(events[1].message.contains("at validate"), "{events:?}");
+    assert_eq!(events[2].message, "deregistered: socket gone");
 }
 
 #[tokio::test]

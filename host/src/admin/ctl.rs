@@ -13,8 +13,9 @@ use pluglet_uds::Channel;
 use serde::Serialize;
 
 use crate::admin::view::{
-    self, AllocateResultView, AllocationView, HandlerView, HandlersView, PluginView,
-    ReleaseResultView, ResourceView, SocketView, SyncPodsView,
+    self, AllocateResultView, AllocationView, EventView, HandlerRollbackView, HandlerView,
+    HandlersView, Kind, Listed, PluginView, ReleaseResultView, ResourceView, SocketView,
+    StatusView, SyncPodsView,
 };
 use crate::cli::{CtlArgs, CtlCommand, HandlersAction, OutputFormat, UsageError};
 use crate::config::{ADMIN_SOCKET_NAME, DEFAULT_ADMIN_SOCKET};
@@ -48,14 +49,50 @@ pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
             )
         })?;
     let mut client = AdminClient::new(channel);
+    if request == Request::WatchEvents {
+        return watch_events(&mut client, args.output).await;
+    }
     let out = request.send(&mut client, args.output).await?;
     print!("{out}");
     Ok(())
 }
 
+/// `ctl events --watch`: the recent events, then each new one as it happens, one line each
+/// (with `-o json`, one JSON object per line), until interrupted or the daemon stops.
+async fn watch_events(
+    client: &mut AdminClient<Channel>,
+    output: OutputFormat,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut stream = client
+        .watch_events(pb::WatchEventsRequest {})
+        .await
+        .context("WatchEvents failed")?
+        .into_inner();
+    let mut stdout = std::io::stdout();
+    if output == OutputFormat::Table {
+        let header = view::columns(<EventView as view::Table>::HEADER, Vec::new());
+        stdout.write_all(header.as_bytes())?;
+        stdout.flush()?;
+    }
+    while let Some(event) = stream.message().await.context("the event stream failed")? {
+        let event = EventView::from(&event);
+        let line = match output {
+            OutputFormat::Json => view::json_line_of(&event),
+            OutputFormat::Table => event.line(),
+        };
+        stdout.write_all(line.as_bytes())?;
+        stdout.flush()?;
+    }
+    anyhow::bail!("the daemon ended the event stream (it stopped)")
+}
+
 /// One admin call, built from the command line.
 #[derive(Clone, Debug, PartialEq)]
 enum Request {
+    Status,
+    Events,
+    WatchEvents,
     Plugins,
     Sockets,
     Handlers,
@@ -70,6 +107,9 @@ enum Request {
 impl Request {
     fn from_command(command: &CtlCommand) -> anyhow::Result<Request> {
         Ok(match command {
+            CtlCommand::Status => Request::Status,
+            CtlCommand::Events { watch: false } => Request::Events,
+            CtlCommand::Events { watch: true } => Request::WatchEvents,
             CtlCommand::Plugins => Request::Plugins,
             CtlCommand::Sockets => Request::Sockets,
             CtlCommand::Handlers { action: None } => Request::Handlers,
@@ -126,6 +166,23 @@ impl Request {
         output: OutputFormat,
     ) -> anyhow::Result<String> {
         Ok(match self {
+            Request::Status => {
+                let answer = client
+                    .get_status(pb::GetStatusRequest {})
+                    .await
+                    .context("GetStatus failed")?
+                    .into_inner();
+                let view = StatusView::from(&answer);
+                one(output, &view, || view.text())
+            }
+            Request::Events | Request::WatchEvents => {
+                let answer = client
+                    .list_events(pb::ListEventsRequest {})
+                    .await
+                    .context("ListEvents failed")?
+                    .into_inner();
+                list(output, answer.events.iter().map(EventView::from))
+            }
             Request::Plugins => {
                 let answer = client
                     .list_plugins(pb::ListPluginsRequest {})
@@ -163,7 +220,9 @@ impl Request {
                     .into_inner();
                 let rows: Vec<HandlerView> = answer.handler.iter().map(HandlerView::from).collect();
                 match output {
-                    OutputFormat::Json => view::json(&rows.first()),
+                    OutputFormat::Json => view::json_of(&HandlerRollbackView {
+                        handler: rows.into_iter().next(),
+                    }),
                     OutputFormat::Table => format!("rolled back\n{}", view::table(&rows)),
                 }
             }
@@ -227,22 +286,26 @@ fn failed(what: &str, status: &tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{what} failed ({:?}): {}", status.code(), status.message())
 }
 
-/// A list of views: a JSON array, or a table with one row per item.
-fn list<T: Serialize + view::Table>(
+/// A list of views: a JSON list in its envelope, or a table with one row per item.
+fn list<T: Serialize + view::Table + Listed>(
     output: OutputFormat,
     items: impl Iterator<Item = T>,
 ) -> String {
     let items: Vec<T> = items.collect();
     match output {
-        OutputFormat::Json => view::json(&items),
+        OutputFormat::Json => view::json_list(items),
         OutputFormat::Table => view::table(&items),
     }
 }
 
-/// One view: a JSON object, or the text `table` renders.
-fn one<T: Serialize>(output: OutputFormat, item: &T, table: impl FnOnce() -> String) -> String {
+/// One view: a JSON object in its envelope, or the text `table` renders.
+fn one<T: Serialize + Kind>(
+    output: OutputFormat,
+    item: &T,
+    table: impl FnOnce() -> String,
+) -> String {
     match output {
-        OutputFormat::Json => view::json(item),
+        OutputFormat::Json => view::json_of(item),
         OutputFormat::Table => table(),
     }
 }

@@ -1,20 +1,26 @@
 //! The admin gRPC server (`pluglet.admin.v1.Admin`) on the admin socket (mode 0600 unless
 //! configured). Reads the plugin manager through its handle and the handler set directly; maps
 //! internal types to the wire in one place ([`plugin_to_wire`], [`socket_to_wire`],
-//! [`handler_to_wire`]).
+//! [`handler_to_wire`], [`event_to_wire`]). The status and the events come from the daemon's
+//! [`Health`] and [`EventLog`].
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 
 use chrono::SecondsFormat;
+use pluglet_core::events::{Event, EventLog, Followed};
 use pluglet_handlers::{ChangeRecord, Handlers, SlotKey, SlotStatus};
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_server::{Admin, AdminServer};
+use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::info;
 
 use crate::config::SocketGroup;
-use crate::plugin_manager::{PluginManagerHandle, PluginRecord, SocketStatus};
+use crate::ops::health::Health;
+use crate::plugin_manager::{PluginManagerHandle, PluginRecord, SocketState, SocketStatus};
 use crate::plugin_types::csi::CsiNodeInfo;
 
 /// The admin server could not run.
@@ -60,16 +66,39 @@ pub struct AdminService {
     plugins: PluginManagerHandle,
     handlers: Handlers,
     devices: Option<pluglet_device_manager::DeviceManager>,
+    health: Health,
+    events: EventLog,
+    /// Fires when the server stops: event followers end then, so they never hold the stop up.
+    stopping: CancellationToken,
 }
 
+/// How many refusals and failures `GetStatus` shows.
+pub const LAST_ERRORS: usize = 5;
+
 impl AdminService {
-    /// A service reading `plugins` and `handlers`.
+    /// A service reading `plugins` and `handlers` (with a health and an event log of its own
+    /// until the daemon's are given).
     pub fn new(plugins: PluginManagerHandle, handlers: Handlers) -> AdminService {
         AdminService {
             plugins,
             handlers,
             devices: None,
+            health: Health::new(),
+            events: EventLog::default(),
+            stopping: CancellationToken::new(),
         }
+    }
+
+    /// Reports readiness and uptime from `health`.
+    pub fn with_health(mut self, health: Health) -> AdminService {
+        self.health = health;
+        self
+    }
+
+    /// Serves the events of `events`.
+    pub fn with_events(mut self, events: EventLog) -> AdminService {
+        self.events = events;
+        self
     }
 
     /// Serves the device RPCs from `devices`.
@@ -85,15 +114,16 @@ impl AdminService {
     }
 }
 
-/// Binds `path` with `mode` and serves `service` until `cancel` fires, then removes the socket.
-/// Binding happens before this returns the serving future, so the socket exists once it resolves
-/// to the future.
+/// Binds `path` with `mode` and serves `service` until `cancel` fires (ending the event streams
+/// of `WatchEvents` then), then removes the socket. Binding happens before this returns the
+/// serving future, so the socket exists once it resolves to the future.
 pub fn bind_and_serve(
     path: &Path,
     mode: u32,
-    service: AdminService,
+    mut service: AdminService,
     cancel: CancellationToken,
 ) -> Result<impl Future<Output = Result<(), AdminError>> + use<>, AdminError> {
+    service.stopping = cancel.clone();
     let listener = pluglet_uds::bind(path, Some(mode)).map_err(|source| AdminError::Bind {
         path: path.to_owned(),
         source,
@@ -233,12 +263,213 @@ pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
     }
 }
 
+/// Wire form of an event.
+pub fn event_to_wire(e: &Event) -> pb::Event {
+    pb::Event {
+        seq: e.seq,
+        at: rfc3339(e.at),
+        kind: e.kind.as_str().to_owned(),
+        subject: e.subject.clone(),
+        message: e.message.clone(),
+        missed: 0,
+    }
+}
+
+/// The marker a follower gets in place of the `missed` events it fell behind on.
+fn missed_to_wire(missed: u64) -> pb::Event {
+    pb::Event {
+        seq: 0,
+        at: rfc3339(std::time::SystemTime::now()),
+        kind: "missed".to_owned(),
+        subject: String::new(),
+        message: format!(
+            "{missed} events went by while this follower was behind; `pluglet ctl events` lists \
+             the ones still kept"
+        ),
+        missed,
+    }
+}
+
+/// Plugins by type and state: the registered ones, then the sockets the watcher knows that are
+/// not registered (refused or retrying: failing; pending or in progress: waiting), then device
+/// plugins whose resource is connected or in its grace period through kubelet.sock.
+pub fn plugin_counts(
+    plugins: &[PluginRecord],
+    sockets: &[SocketStatus],
+    resources: &[pluglet_device_manager::ResourceInfo],
+) -> Vec<pb::PluginCount> {
+    let mut counts: BTreeMap<(String, &'static str), u32> = BTreeMap::new();
+    for p in plugins {
+        *counts
+            .entry((p.info.plugin_type.clone(), "registered"))
+            .or_default() += 1;
+    }
+    for s in sockets {
+        let state = match s.state {
+            SocketState::Registered => continue,
+            SocketState::Refused | SocketState::Retrying => "failing",
+            SocketState::InProgress | SocketState::Pending => "waiting",
+        };
+        let plugin_type = s
+            .plugin_type
+            .clone()
+            .unwrap_or_else(|| "unknown".to_owned());
+        *counts.entry((plugin_type, state)).or_default() += 1;
+    }
+    let endpoints: BTreeSet<&str> = plugins.iter().map(|p| p.info.endpoint.as_str()).collect();
+    for r in resources {
+        let through_registry = r
+            .endpoint
+            .as_ref()
+            .is_some_and(|e| endpoints.contains(e.to_string_lossy().as_ref()));
+        if through_registry {
+            continue;
+        }
+        let state = if r.connected { "registered" } else { "failing" };
+        *counts
+            .entry((pluglet_core::names::DEVICE_PLUGIN.to_owned(), state))
+            .or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|((plugin_type, state), count)| pb::PluginCount {
+            r#type: plugin_type,
+            state: state.to_owned(),
+            count,
+        })
+        .collect()
+}
+
 fn stopped(e: crate::plugin_manager::Stopped) -> Status {
     Status::unavailable(e.to_string())
 }
 
+/// The stream `WatchEvents` answers with.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl Admin for AdminService {
+    type WatchEventsStream = EventStream;
+
+    async fn get_status(
+        &self,
+        _: Request<pb::GetStatusRequest>,
+    ) -> Result<Response<pb::GetStatusResponse>, Status> {
+        let report = self.health.report();
+        let plugins = self.plugins.plugins().await.map_err(stopped)?;
+        let sockets = self.plugins.sockets().await.map_err(stopped)?;
+        let (resources, allocations) = match &self.devices {
+            Some(d) => (d.resources(), d.allocations()),
+            None => (Vec::new(), Vec::new()),
+        };
+        let mut allocated: BTreeMap<&str, i64> = BTreeMap::new();
+        for a in &allocations {
+            *allocated.entry(a.resource.as_str()).or_default() += a.device_ids.len() as i64;
+        }
+        let handlers = self
+            .handlers
+            .status()
+            .slots
+            .iter()
+            .map(|s| pb::HandlerSummary {
+                slot: match &s.slot {
+                    SlotKey::PluginType(t) => t.clone(),
+                    SlotKey::Resource(r) => format!("resource {r}"),
+                    SlotKey::DefaultPolicy => "default policy".to_owned(),
+                },
+                module: s.current.module().to_owned(),
+                sha256: s.current.sha256().to_owned(),
+            })
+            .collect();
+        let errors: Vec<Event> = self
+            .events
+            .recent()
+            .into_iter()
+            .filter(|e| e.kind.is_error())
+            .collect();
+        let last_errors = errors[errors.len().saturating_sub(LAST_ERRORS)..]
+            .iter()
+            .map(event_to_wire)
+            .collect();
+        Ok(Response::new(pb::GetStatusResponse {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            started_at: rfc3339(report.started_at),
+            uptime_ms: report.uptime.as_millis() as u64,
+            live: report.live,
+            ready: report.ready,
+            waiting_for: report
+                .waiting_for
+                .iter()
+                .map(|c| c.name().to_owned())
+                .collect(),
+            stages: report
+                .stages
+                .iter()
+                .map(|s| pb::StageStatus {
+                    name: s.name.to_owned(),
+                    ended: s.ended.clone().unwrap_or_default(),
+                })
+                .collect(),
+            plugins: plugin_counts(&plugins, &sockets, &resources),
+            resources: resources
+                .iter()
+                .map(|r| pb::ResourceSummary {
+                    resource: r.resource.to_string(),
+                    capacity: r.capacity as i64,
+                    allocatable: r.allocatable as i64,
+                    allocated: allocated
+                        .get(r.resource.as_str())
+                        .copied()
+                        .unwrap_or_default(),
+                    connected: r.connected,
+                })
+                .collect(),
+            handlers,
+            last_errors,
+            devices: self.devices.is_some(),
+        }))
+    }
+
+    async fn list_events(
+        &self,
+        _: Request<pb::ListEventsRequest>,
+    ) -> Result<Response<pb::ListEventsResponse>, Status> {
+        Ok(Response::new(pb::ListEventsResponse {
+            events: self.events.recent().iter().map(event_to_wire).collect(),
+        }))
+    }
+
+    async fn watch_events(
+        &self,
+        _: Request<pb::WatchEventsRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let mut follower = self.events.follow();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let stopping = self.stopping.clone();
+        // Ends when the client goes away (the stream is dropped), the server stops (the stream
+        // then ends for the client) or the log is gone.
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = stopping.cancelled() => return,
+                    next = follower.next() => next,
+                };
+                let event = match next {
+                    Some(Followed::Event(e)) => event_to_wire(&e),
+                    Some(Followed::Missed(n)) => missed_to_wire(n),
+                    None => return,
+                };
+                if tx.send(Ok(event)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn list_plugins(
         &self,
         _: Request<pb::ListPluginsRequest>,

@@ -4,13 +4,90 @@
 //! [`PluginView`] back.
 //!
 //! JSON conventions: wire strings as the daemon reports them (`CSIPlugin`, `Healthy`),
-//! snake_case keys, `null` for a value the daemon leaves empty, maps sorted by key.
+//! snake_case keys, `null` for a value the daemon leaves empty, maps sorted by key. Every JSON
+//! output is one [`Envelope`]: `api_version` ([`API_VERSION`]) and `kind` first, then the
+//! object's own fields; a list's kind ends in `List` and its rows are in `items`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
 use pluglet_proto::admin::v1 as pb;
 use serde::{Deserialize, Serialize};
+
+/// The version every JSON output carries, as `api_version`.
+pub const API_VERSION: &str = "pluglet/v1";
+
+/// What every `-o json` output is: the version and the kind, then the fields of `body` (flat,
+/// as `kubectl -o json` prints `apiVersion` and `kind` next to an object's own fields).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    /// [`API_VERSION`].
+    pub api_version: String,
+    /// What the body is: `PluginList`, `Status`, `Event`, ...
+    pub kind: String,
+    /// The object's own fields.
+    #[serde(flatten)]
+    pub body: T,
+}
+
+/// A view printed on its own as JSON, with the kind its envelope names.
+pub trait Kind {
+    /// The envelope's `kind`.
+    const KIND: &'static str;
+}
+
+/// A row type whose list is printed as JSON, with the kind of that list.
+pub trait Listed {
+    /// The list's `kind` (`PluginList` for plugins, ...).
+    const LIST_KIND: &'static str;
+}
+
+/// The body of a list: its rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Items<T> {
+    /// The rows.
+    pub items: Vec<T>,
+}
+
+impl<T: Listed> Kind for Items<T> {
+    const KIND: &'static str = T::LIST_KIND;
+}
+
+impl<T: Kind> Envelope<T> {
+    /// `body` in its envelope.
+    pub fn new(body: T) -> Envelope<T> {
+        Envelope {
+            api_version: API_VERSION.to_owned(),
+            kind: T::KIND.to_owned(),
+            body,
+        }
+    }
+}
+
+/// `value` in its envelope as pretty JSON with a final newline.
+pub fn json_of<T: Serialize + Kind>(value: &T) -> String {
+    json(&enveloped(value))
+}
+
+fn enveloped<T: Kind>(value: &T) -> Envelope<&T> {
+    Envelope {
+        api_version: API_VERSION.to_owned(),
+        kind: T::KIND.to_owned(),
+        body: value,
+    }
+}
+
+/// `value` in its envelope as one line of JSON (JSON lines), with a final newline.
+pub fn json_line_of<T: Serialize + Kind>(value: &T) -> String {
+    let mut s = serde_json::to_string(&enveloped(value)).unwrap_or_else(|_| "null".to_owned());
+    s.push('\n');
+    s
+}
+
+/// `items` as a list in its envelope (pretty JSON).
+pub fn json_list<T: Serialize + Listed>(items: Vec<T>) -> String {
+    json_of(&Items { items })
+}
 
 /// `None` for an empty string: the wire's "unset".
 fn non_empty(s: &str) -> Option<String> {
@@ -609,6 +686,337 @@ impl SyncPodsView {
     }
 }
 
+/// What `ctl handlers rollback` did: the slot as it is served after the rollback.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HandlerRollbackView {
+    /// The slot after the rollback (`None` when the daemon did not say).
+    pub handler: Option<HandlerView>,
+}
+
+/// Something that happened in the daemon (`ctl events`; the last errors of `ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventView {
+    /// Its number in the daemon's log; 0 for a `missed` marker.
+    pub seq: u64,
+    /// When it happened (RFC 3339, UTC).
+    pub at: String,
+    /// What happened: `registered`, `refused`, `allocated`, ... (`missed`: the follower fell
+    /// behind). Named `type` because `kind` is the envelope's.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// What it happened to: a plugin (`TYPE NAME`), a resource, a handler slot.
+    pub subject: String,
+    /// A short message.
+    pub message: String,
+    /// For a `missed` marker: how many events went by unseen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missed: Option<u64>,
+}
+
+impl From<&pb::Event> for EventView {
+    fn from(e: &pb::Event) -> EventView {
+        EventView {
+            seq: e.seq,
+            at: e.at.clone(),
+            event_type: e.kind.clone(),
+            subject: e.subject.clone(),
+            message: e.message.clone(),
+            missed: (e.kind == "missed").then_some(e.missed),
+        }
+    }
+}
+
+impl EventView {
+    /// One line for `ctl events --watch` (columns cannot be aligned on rows not seen yet).
+    pub fn line(&self) -> String {
+        format!(
+            "{}  {:<19}  {}  {}\n",
+            self.at,
+            self.event_type,
+            dash(&self.subject),
+            self.message
+        )
+    }
+}
+
+/// A stage of the daemon (`ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageView {
+    /// Its name.
+    pub name: String,
+    /// Why it ended; `None` while it runs.
+    pub ended: Option<String>,
+}
+
+/// Plugins of one type by state (`ctl status`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginCountView {
+    /// Wire type string.
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    /// Registered.
+    pub registered: u32,
+    /// Refused or retrying.
+    pub failing: u32,
+    /// Pending or in progress.
+    pub waiting: u32,
+}
+
+/// One resource's numbers (`ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceSummaryView {
+    /// Extended resource name.
+    pub resource: String,
+    /// Every device.
+    pub capacity: i64,
+    /// Healthy devices.
+    pub allocatable: i64,
+    /// Devices held by containers.
+    pub allocated: i64,
+    /// Whether a plugin's ListAndWatch stream is live.
+    pub connected: bool,
+}
+
+/// A handler slot's module in force (`ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandlerSummaryView {
+    /// `CSIPlugin`, `resource vendor.com/gpu` or `default policy`.
+    pub slot: String,
+    /// `builtin:<name>` or the module's path.
+    pub module: String,
+    /// The module's sha256, hex.
+    pub sha256: String,
+}
+
+/// The daemon on one screen (`ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusView {
+    /// The daemon's version.
+    pub version: String,
+    /// When it started (RFC 3339, UTC).
+    pub started_at: String,
+    /// Milliseconds since it started.
+    pub uptime_ms: u64,
+    /// No stage has ended.
+    pub live: bool,
+    /// Live and every readiness condition met.
+    pub ready: bool,
+    /// Readiness conditions not met yet.
+    pub waiting_for: Vec<String>,
+    /// The stages started so far.
+    pub stages: Vec<StageView>,
+    /// Plugins per type, by state, sorted by type.
+    pub plugins: Vec<PluginCountView>,
+    /// Device plugin resources; `None` when the daemon runs without a device manager.
+    pub resources: Option<Vec<ResourceSummaryView>>,
+    /// The handler module in force per slot.
+    pub handlers: Vec<HandlerSummaryView>,
+    /// The newest refusals and failures, newest last.
+    pub last_errors: Vec<EventView>,
+}
+
+impl From<&pb::GetStatusResponse> for StatusView {
+    fn from(r: &pb::GetStatusResponse) -> StatusView {
+        let mut plugins: BTreeMap<String, PluginCountView> = BTreeMap::new();
+        for c in &r.plugins {
+            let row = plugins
+                .entry(c.r#type.clone())
+                .or_insert_with(|| PluginCountView {
+                    plugin_type: c.r#type.clone(),
+                    ..PluginCountView::default()
+                });
+            match c.state.as_str() {
+                "registered" => row.registered += c.count,
+                "failing" => row.failing += c.count,
+                _ => row.waiting += c.count,
+            }
+        }
+        StatusView {
+            version: r.version.clone(),
+            started_at: r.started_at.clone(),
+            uptime_ms: r.uptime_ms,
+            live: r.live,
+            ready: r.ready,
+            waiting_for: r.waiting_for.clone(),
+            stages: r
+                .stages
+                .iter()
+                .map(|s| StageView {
+                    name: s.name.clone(),
+                    ended: non_empty(&s.ended),
+                })
+                .collect(),
+            plugins: plugins.into_values().collect(),
+            resources: r.devices.then(|| {
+                r.resources
+                    .iter()
+                    .map(|x| ResourceSummaryView {
+                        resource: x.resource.clone(),
+                        capacity: x.capacity,
+                        allocatable: x.allocatable,
+                        allocated: x.allocated,
+                        connected: x.connected,
+                    })
+                    .collect()
+            }),
+            handlers: r
+                .handlers
+                .iter()
+                .map(|h| HandlerSummaryView {
+                    slot: h.slot.clone(),
+                    module: h.module.clone(),
+                    sha256: h.sha256.clone(),
+                })
+                .collect(),
+            last_errors: r.last_errors.iter().map(EventView::from).collect(),
+        }
+    }
+}
+
+impl StatusView {
+    /// The screen: version and uptime, readiness, then one table per part.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let uptime = std::time::Duration::from_secs(self.uptime_ms / 1000);
+        let _ = writeln!(
+            out,
+            "pluglet {}, up {} (since {})",
+            self.version,
+            humantime::format_duration(uptime),
+            self.started_at
+        );
+        let ended: Vec<String> = self
+            .stages
+            .iter()
+            .filter_map(|s| Some(format!("{} ended: {}", s.name, s.ended.as_deref()?)))
+            .collect();
+        let readiness = match (self.live, self.ready) {
+            (true, true) => "ready".to_owned(),
+            (true, false) => format!("not ready: waiting for {}", self.waiting_for.join(", ")),
+            (false, _) => format!("not live: {}", ended.join("; ")),
+        };
+        let _ = writeln!(out, "{readiness}");
+
+        out.push_str("\nPLUGINS\n");
+        if self.plugins.is_empty() {
+            out.push_str("none\n");
+        } else {
+            out.push_str(&columns(
+                &["TYPE", "REGISTERED", "FAILING", "WAITING"],
+                self.plugins
+                    .iter()
+                    .map(|p| {
+                        vec![
+                            p.plugin_type.clone(),
+                            p.registered.to_string(),
+                            p.failing.to_string(),
+                            p.waiting.to_string(),
+                        ]
+                    })
+                    .collect(),
+            ));
+        }
+
+        out.push_str("\nRESOURCES\n");
+        match &self.resources {
+            None => out.push_str("no device manager\n"),
+            Some(r) if r.is_empty() => out.push_str("none\n"),
+            Some(resources) => out.push_str(&columns(
+                &[
+                    "RESOURCE",
+                    "CAPACITY",
+                    "ALLOCATABLE",
+                    "ALLOCATED",
+                    "CONNECTED",
+                ],
+                resources
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.resource.clone(),
+                            r.capacity.to_string(),
+                            r.allocatable.to_string(),
+                            r.allocated.to_string(),
+                            r.connected.to_string(),
+                        ]
+                    })
+                    .collect(),
+            )),
+        }
+
+        out.push_str("\nHANDLERS\n");
+        out.push_str(&columns(
+            &["SLOT", "MODULE", "SHA256"],
+            self.handlers
+                .iter()
+                .map(|h| {
+                    vec![
+                        h.slot.clone(),
+                        h.module.clone(),
+                        h.sha256.chars().take(12).collect(),
+                    ]
+                })
+                .collect(),
+        ));
+
+        out.push_str("\nLAST ERRORS\n");
+        if self.last_errors.is_empty() {
+            out.push_str("none\n");
+        } else {
+            out.push_str(&table(&self.last_errors));
+        }
+        out
+    }
+}
+
+impl Kind for StatusView {
+    const KIND: &'static str = "Status";
+}
+
+impl Kind for EventView {
+    const KIND: &'static str = "Event";
+}
+
+impl Kind for HandlersView {
+    const KIND: &'static str = "HandlerList";
+}
+
+impl Kind for HandlerRollbackView {
+    const KIND: &'static str = "HandlerRollback";
+}
+
+impl Kind for AllocateResultView {
+    const KIND: &'static str = "AllocateResult";
+}
+
+impl Kind for ReleaseResultView {
+    const KIND: &'static str = "ReleaseResult";
+}
+
+impl Kind for SyncPodsView {
+    const KIND: &'static str = "SyncPodsResult";
+}
+
+impl Listed for PluginView {
+    const LIST_KIND: &'static str = "PluginList";
+}
+
+impl Listed for SocketView {
+    const LIST_KIND: &'static str = "SocketList";
+}
+
+impl Listed for ResourceView {
+    const LIST_KIND: &'static str = "ResourceList";
+}
+
+impl Listed for AllocationView {
+    const LIST_KIND: &'static str = "AllocationList";
+}
+
+impl Listed for EventView {
+    const LIST_KIND: &'static str = "EventList";
+}
+
 /// A view listed one per row by `pluglet ctl`.
 pub trait Table {
     /// Column titles.
@@ -719,6 +1127,18 @@ impl Table for AllocationView {
             self.container.clone(),
             self.resource.clone(),
             self.device_ids.join(","),
+        ]
+    }
+}
+
+impl Table for EventView {
+    const HEADER: &'static [&'static str] = &["TIME", "KIND", "SUBJECT", "MESSAGE"];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.at.clone(),
+            self.event_type.clone(),
+            dash(&self.subject),
+            self.message.clone(),
         ]
     }
 }
@@ -1221,5 +1641,187 @@ mod tests {
             serde_json::to_value(&handlers()[0]).unwrap()["signature"],
             Value::Null
         );
+    }
+
+    fn event(seq: u64, kind: &str, subject: &str) -> pb::Event {
+        pb::Event {
+            seq,
+            at: format!("2026-12-01T00:00:0{seq}.000Z"),
+            kind: kind.into(),
+            subject: subject.into(),
+            message: format!("{kind} {subject}"),
+            missed: 0,
+        }
+    }
+
+    #[test]
+    fn every_json_output_carries_the_version_and_its_kind() {
+        let list: Value = serde_json::from_str(&json_list(plugins())).unwrap();
+        assert_eq!(list["api_version"], "pluglet/v1");
+        assert_eq!(list["kind"], "PluginList");
+        assert_eq!(list["items"].as_array().unwrap().len(), 2);
+        assert_eq!(list["items"][0]["name"], "hostpath.csi.k8s.io");
+        let kinds = [
+            serde_json::from_str::<Value>(&json_list(sockets())).unwrap()["kind"].clone(),
+            serde_json::from_str::<Value>(&json_list(resources())).unwrap()["kind"].clone(),
+            serde_json::from_str::<Value>(&json_list(allocations())).unwrap()["kind"].clone(),
+            serde_json::from_str::<Value>(&json_list(Vec::<EventView>::new())).unwrap()["kind"]
+                .clone(),
+        ];
+        assert_eq!(
+            kinds,
+            ["SocketList", "ResourceList", "AllocationList", "EventList"]
+        );
+
+        let released: Value =
+            serde_json::from_str(&json_of(&ReleaseResultView { released: 2 })).unwrap();
+        assert_eq!(
+            released,
+            json!({"api_version": "pluglet/v1", "kind": "ReleaseResult", "released": 2})
+        );
+        let handlers = HandlersView {
+            items: handlers(),
+            last_change: None,
+        };
+        let back: Envelope<HandlersView> = serde_json::from_str(&json_of(&handlers)).unwrap();
+        assert_eq!(back, Envelope::new(handlers));
+        assert_eq!(back.kind, "HandlerList");
+    }
+
+    #[test]
+    fn a_json_line_is_one_enveloped_object_on_one_line() {
+        let view = EventView::from(&event(1, "allocated", "vendor.com/gpu"));
+        let line = json_line_of(&view);
+        assert!(
+            line.ends_with('\n') && line.trim_end().lines().count() == 1,
+            "{line}"
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&line).unwrap(),
+            json!({
+                "api_version": "pluglet/v1",
+                "kind": "Event",
+                "seq": 1,
+                "at": "2026-12-01T00:00:01.000Z",
+                "type": "allocated",
+                "subject": "vendor.com/gpu",
+                "message": "allocated vendor.com/gpu",
+            })
+        );
+        let missed = EventView::from(&pb::Event {
+            kind: "missed".into(),
+            missed: 7,
+            ..event(0, "missed", "")
+        });
+        assert_eq!(serde_json::to_value(&missed).unwrap()["missed"], 7);
+    }
+
+    #[test]
+    fn events_list_newest_last_as_a_table() {
+        let events: Vec<EventView> = [
+            event(1, "registered", "DevicePlugin gpu"),
+            event(2, "allocated", "vendor.com/gpu"),
+        ]
+        .iter()
+        .map(EventView::from)
+        .collect();
+        check_list(events.clone());
+        let text = table(&events);
+        assert!(text.starts_with("TIME"), "{text}");
+        assert!(text.lines().nth(2).unwrap().contains("allocated"), "{text}");
+    }
+
+    fn status() -> pb::GetStatusResponse {
+        pb::GetStatusResponse {
+            version: "0.1.0".into(),
+            started_at: "2026-12-01T00:00:00.000Z".into(),
+            uptime_ms: 3_723_000,
+            live: true,
+            ready: false,
+            waiting_for: vec!["registry-scanned".into()],
+            stages: vec![pb::StageStatus {
+                name: "watcher".into(),
+                ended: String::new(),
+            }],
+            plugins: vec![
+                pb::PluginCount {
+                    r#type: "CSIPlugin".into(),
+                    state: "registered".into(),
+                    count: 2,
+                },
+                pb::PluginCount {
+                    r#type: "CSIPlugin".into(),
+                    state: "failing".into(),
+                    count: 1,
+                },
+                pb::PluginCount {
+                    r#type: "DevicePlugin".into(),
+                    state: "waiting".into(),
+                    count: 1,
+                },
+            ],
+            resources: vec![pb::ResourceSummary {
+                resource: "vendor.com/gpu".into(),
+                capacity: 4,
+                allocatable: 3,
+                allocated: 2,
+                connected: true,
+            }],
+            handlers: vec![pb::HandlerSummary {
+                slot: "CSIPlugin".into(),
+                module: "builtin:csi".into(),
+                sha256: "ab".repeat(32),
+            }],
+            last_errors: vec![event(3, "refused", "CSIPlugin bad")],
+            devices: true,
+        }
+    }
+
+    #[test]
+    fn status_counts_plugins_per_type_and_shows_every_part() {
+        let view = StatusView::from(&status());
+        assert_eq!(round_trip(&view), view);
+        let v: Value = serde_json::from_str(&json_of(&view)).unwrap();
+        assert_eq!(v["kind"], "Status");
+        assert_eq!(v["api_version"], "pluglet/v1");
+        assert_eq!(
+            v["plugins"],
+            json!([
+                {"type": "CSIPlugin", "registered": 2, "failing": 1, "waiting": 0},
+                {"type": "DevicePlugin", "registered": 0, "failing": 0, "waiting": 1},
+            ])
+        );
+        assert_eq!(v["resources"][0]["allocated"], 2);
+        assert_eq!(v["last_errors"][0]["type"], "refused");
+        let text = view.text();
+        assert!(
+            text.starts_with("pluglet 0.1.0, up 1h 2m 3s (since 2026-12-01T00:00:00.000Z)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("not ready: waiting for registry-scanned\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nCSIPlugin     2           1        0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vendor.com/gpu  4         3            2"),
+            "{text}"
+        );
+        assert!(text.contains("builtin:csi  abababababab\n"), "{text}");
+        assert!(text.contains("refused  CSIPlugin bad"), "{text}");
+
+        let bare = StatusView::from(&pb::GetStatusResponse {
+            devices: false,
+            resources: Vec::new(),
+            ..status()
+        });
+        assert_eq!(
+            serde_json::to_value(&bare).unwrap()["resources"],
+            Value::Null
+        );
+        assert!(bare.text().contains("RESOURCES\nno device manager\n"));
     }
 }

@@ -117,24 +117,37 @@ impl Daemon {
             .expect("run pluglet ctl")
     }
 
-    /// Runs `pluglet ctl --root <root> <what> -o json` and parses the array.
+    /// Runs `pluglet ctl --root <root> <what> -o json` and returns the `items` of the list it
+    /// prints (checking its envelope: `api_version` and a `kind` ending in `List`).
     pub fn ctl_json(&self, what: &str) -> Vec<Value> {
-        let out = self.ctl(&[what, "-o", "json"]);
+        let mut list = self.ctl_object(&[what], None);
+        let kind = list["kind"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            kind.ends_with("List"),
+            "ctl {what} -o json printed a {kind}, not a list"
+        );
+        match list["items"].take() {
+            Value::Array(items) => items,
+            other => panic!("ctl {what} -o json printed items {other}"),
+        }
+    }
+
+    /// Runs `pluglet ctl --root <root> <args> -o json`, which must succeed, and returns the
+    /// object it prints, after checking that it carries `api_version` `pluglet/v1` and `kind`
+    /// (when given).
+    pub fn ctl_object(&self, args: &[&str], kind: Option<&str>) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        let out = self.ctl(&all);
         assert!(
             out.status.success(),
-            "ctl {what} failed: {}\ndaemon log:\n{}",
+            "ctl {all:?} failed: {}\ndaemon log:\n{}",
             String::from_utf8_lossy(&out.stderr),
             self.log_text()
         );
-        match serde_json::from_slice(&out.stdout).expect("ctl prints JSON") {
-            Value::Array(items) => items,
-            // `ctl handlers`: an object whose `items` holds the rows.
-            Value::Object(mut object) => match object.remove("items") {
-                Some(Value::Array(items)) => items,
-                _ => panic!("ctl {what} -o json printed an object without items"),
-            },
-            other => panic!("ctl {what} -o json printed {other}"),
-        }
+        let value: Value = serde_json::from_slice(&out.stdout).expect("ctl prints JSON");
+        check_envelope(&value, kind);
+        value
     }
 
     /// The registered plugin named `name`, if any.
@@ -196,6 +209,16 @@ impl Daemon {
             .wait_exit(DEADLINE)
             .expect("pluglet did not exit");
         (status, self.log_text())
+    }
+}
+
+/// Asserts that `value` is an object in the `-o json` envelope (`api_version` `pluglet/v1`),
+/// of `kind` when given.
+pub fn check_envelope(value: &Value, kind: Option<&str>) {
+    assert_eq!(value["api_version"], "pluglet/v1", "no envelope: {value}");
+    assert!(value["kind"].is_string(), "no kind: {value}");
+    if let Some(kind) = kind {
+        assert_eq!(value["kind"], kind, "{value}");
     }
 }
 
