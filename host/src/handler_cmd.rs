@@ -16,9 +16,11 @@
 //!   with `--trusted-key`; prints the key id and the trusted comment, or fails with the reason.
 //!
 //! `MODULE` is a `.wasm` path, or `builtin:csi` / `builtin:device-plugin` for the handlers
-//! embedded in this binary. The event JSON is [`pluglet_handlers::Event`]'s: a plugin as
-//! `pluglet ctl plugins -o json` prints it (validate/register/deregister, plus `"existing"`), or
-//! an allocation request with devices as `pluglet ctl resources -o json` prints them (allocate).
+//! embedded in this binary. The event JSON is [`pluglet_handlers::Event`]'s: a plugin as an item
+//! of `pluglet ctl plugins -o json` (validate/register/deregister, plus `"existing"`), or an
+//! allocation request with devices as an item of `pluglet ctl resources -o json` has them
+//! (allocate). With `-o json` each subcommand prints one object in the envelope of
+//! [`crate::admin::view`] (kinds `HandlerCheck`, `HandlerTest`, `HandlerVectors`).
 //!
 //! A bad event file ([`EventError`]) and a failing handler ([`HandlerRunError`]: refused at load,
 //! trap, deadline, memory cap) are separate errors: the first names the file, the second the
