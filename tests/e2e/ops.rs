@@ -254,6 +254,13 @@ fn metrics_count_registrations_allocations_and_handler_calls() {
     assert!(value(&s, "process_resident_memory_bytes{}") > 0.0);
 
     release(&daemon, "pod-1", None);
+    // Releasing again finds nothing, and says so.
+    let again = daemon.ctl(&["release", "--pod", "pod-1"]);
+    assert!(again.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        "nothing released: pod pod-1 holds no devices\n"
+    );
     let s = scrape(&addr);
     assert_eq!(
         value(&s, &format!("pluglet_device_releases_total{{{gpu}}}")),

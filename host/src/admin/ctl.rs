@@ -257,13 +257,15 @@ impl Request {
             }
             Request::Release(request) => {
                 let pod = request.pod_uid.clone();
+                let container = request.container.clone();
                 let answer = client
                     .release(request)
                     .await
                     .map_err(|s| failed(&format!("release of pod {pod}"), &s))?
                     .into_inner();
                 let view = ReleaseResultView::from(&answer);
-                one(output, &view, || view.text(&pod))
+                let container = (!container.is_empty()).then_some(container.as_str());
+                one(output, &view, || view.text(&pod, container))
             }
             Request::SyncPods(request) => {
                 let answer = client

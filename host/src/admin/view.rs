@@ -636,9 +636,19 @@ impl From<&pb::ReleaseResponse> for ReleaseResultView {
 }
 
 impl ReleaseResultView {
-    /// One line naming the pod released.
-    pub fn text(&self, pod_uid: &str) -> String {
-        format!("released {} entries of pod {pod_uid}\n", self.released)
+    /// One line naming the pod released, or saying it held nothing (so a script can tell a
+    /// release that freed devices from one that found none).
+    pub fn text(&self, pod_uid: &str, container: Option<&str>) -> String {
+        if self.released == 0 {
+            match container {
+                Some(c) => {
+                    format!("nothing released: container {c} of pod {pod_uid} holds no devices\n")
+                }
+                None => format!("nothing released: pod {pod_uid} holds no devices\n"),
+            }
+        } else {
+            format!("released {} entries of pod {pod_uid}\n", self.released)
+        }
     }
 }
 
@@ -1430,7 +1440,16 @@ mod tests {
 
         let released = ReleaseResultView { released: 2 };
         assert_eq!(round_trip(&released), released);
-        assert_eq!(released.text("p"), "released 2 entries of pod p\n");
+        assert_eq!(released.text("p", None), "released 2 entries of pod p\n");
+        let nothing = ReleaseResultView { released: 0 };
+        assert_eq!(
+            nothing.text("p", None),
+            "nothing released: pod p holds no devices\n"
+        );
+        assert_eq!(
+            nothing.text("p", Some("c")),
+            "nothing released: container c of pod p holds no devices\n"
+        );
 
         for dry_run in [false, true] {
             let synced = sync_pods(dry_run);
