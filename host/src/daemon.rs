@@ -219,7 +219,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Health answers from the start, so a probe sees the daemon starting, not refusing.
     let registry = LateRegistry::default();
     if let Some(addr) = config.metrics_addr {
-        let listener = http::bind(addr)
+        let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
         info!(addr = %listener.local_addr().unwrap_or(addr), "serving /metrics, /healthz and /readyz");

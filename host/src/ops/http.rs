@@ -8,7 +8,6 @@
 //!   every check either way, in the style of the Kubernetes components' health endpoints.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 
 use axum::Router;
 use axum::extract::{RawQuery, State};
@@ -29,11 +28,6 @@ pub const OPENMETRICS_CONTENT_TYPE: &str =
 struct Served {
     registry: LateRegistry,
     health: Health,
-}
-
-/// Binds the endpoint's address.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
 }
 
 /// Serves the endpoints on `listener` until `cancel` fires.
