@@ -310,8 +310,8 @@ async fn plugin_count(admin: &mut AdminClient<pluglet_uds::Channel>) -> usize {
 
 /// Allocates one device to a fresh pod and releases it, in a loop until `stop` is set:
 /// the allocations that run while plugins flap. Returns the round trips and the failures.
-async fn allocate_until(admin: &Path, stop: Arc<AtomicBool>) -> (Vec<Duration>, usize) {
-    let mut client = admin_client(admin).await;
+async fn allocate_until(admin: PathBuf, stop: Arc<AtomicBool>) -> (Vec<Duration>, usize) {
+    let mut client = admin_client(&admin).await;
     let (mut times, mut failed) = (Vec::new(), 0);
     let mut pod = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -383,7 +383,7 @@ async fn soak_run(setup: &SoakSetup<'_>, mut flapping: Vec<oneshot::Sender<()>>)
     let before = plugin_count(&mut admin).await;
     let (rss_start, _) = memory_mb(setup.pid);
     let stop = Arc::new(AtomicBool::new(false));
-    let allocations = tokio::spawn(allocate_until(setup.admin, stop.clone()));
+    let allocations = tokio::spawn(allocate_until(setup.admin.to_path_buf(), stop.clone()));
     let (mut registrations, mut deregistrations) = (Vec::new(), Vec::new());
     let (mut lost, mut rounds) = (0usize, 0usize);
     let end = Instant::now() + setup.soak;
