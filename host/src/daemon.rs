@@ -315,6 +315,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
         pipeline,
         cancel.clone(),
+    )
+    .context(
+        "the plugin watcher cannot watch the plugin registry, and Pluglet does not start \
+         without it (a daemon that silently never saw new plugins would be worse)",
     )?;
     health.met(Condition::RegistryScanned);
     let crate::plugin_manager::PluginManager {
