@@ -58,10 +58,7 @@ fn a_getinfo_that_hangs_times_out_and_holds_up_no_one() {
     let s = failing(&daemon, &hang_reg);
     let error = s["last_error"].as_str().unwrap();
     assert!(error.contains("GetInfo"), "{s}");
-    assert!(
-        error.contains("deadline") || error.contains("timed out") || error.contains("timeout"),
-        "{s}"
-    );
+    assert!(error.contains("no answer within 1s"), "{s}");
     daemon.wait_socket(&hang_reg, "retried", |s| {
         s["attempts"].as_u64().unwrap() >= 2
     });
@@ -402,7 +399,9 @@ fn flood_events(daemon: &Daemon, kind: &str) -> Vec<String> {
 fn a_thousand_sockets_at_once_register_then_all_deregister() {
     const N: usize = 1000;
     let root = TestRoot::new();
-    let daemon = Daemon::start(&root.path(), &[]);
+    // The kubelet's NodeGetInfo deadline: on a busy 2-core machine a thousand drivers asked at
+    // once may take longer than the fast test timings allow.
+    let daemon = Daemon::start(&root.path(), &["--nodegetinfo-timeout", "2m"]);
     let dir = root.registry().join("flood");
     std::fs::create_dir_all(&dir).unwrap();
     let rt = peer_runtime();
@@ -445,13 +444,22 @@ fn a_thousand_sockets_at_once_register_then_all_deregister() {
                 .then_some(())
         },
     );
+    let gone = start.elapsed();
+    // The caches drop a plugin as its deregistration starts; the deregister hooks' events follow.
+    wait_for(
+        "a deregistered event per plugin",
+        Duration::from_secs(120),
+        || {
+            let mut events = flood_events(&daemon, "deregistered");
+            events.sort();
+            events.dedup();
+            (events.len() == N).then_some(())
+        },
+    );
     let deregistered = start.elapsed();
-    let mut events = flood_events(&daemon, "deregistered");
-    events.sort();
-    events.dedup();
-    assert_eq!(events.len(), N, "one deregistered event per plugin");
     println!(
-        "{N} sockets: all registered after {registered:?}, all deregistered after {deregistered:?}"
+        "{N} sockets: all registered after {registered:?}; once removed, gone from the caches \
+         after {gone:?}, every deregister hook run after {deregistered:?}"
     );
     a_good_plugin_still_registers(&daemon, &root, "after-flood.example.com");
 }
