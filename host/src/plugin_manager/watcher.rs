@@ -11,10 +11,16 @@
 //! socket (under the link's path), as in the kubelet; a symlink to a directory is not followed
 //! (the kubelet's walk does not follow it either), so a link back up the tree cannot make the
 //! walk loop, and a link that cannot be resolved (a loop, a dangling target) is skipped with a
-//! log line. Create → add (a new file at a known path
+//! log line. A path named `*.sock` that is skipped (a regular file, a FIFO, such a link) is
+//! recorded beside the desired state with the reason, so `pluglet ctl sockets` shows it as
+//! `ignored` instead of leaving an operator to guess. Create → add (a new file at a known path
 //! is a new generation), Remove → forget (a removed directory forgets everything below it). Renames
 //! count as remove + create. Event-driven; the only timer is a slow resync that rescans the tree as
 //! a safety net (and after an inotify queue overflow).
+//!
+//! Without inotify (the per-user instance limit, or no watch left for the registry itself) the
+//! watcher does not start and neither does the daemon; a sub-directory that cannot be watched is
+//! logged and left to the resync.
 
 use std::collections::HashSet;
 use std::io;
@@ -432,6 +438,11 @@ mod tests {
         wait_for(&mut r, |m| m.contains_key(&nested)).await;
         let snap = r.snapshot();
         assert_eq!(snap.len(), 2, "{snap:?}");
+        let plain = SocketPath::new(root.join("plain.sock"));
+        assert!(
+            r.ignored()[&plain].contains("a regular file"),
+            "shown, not dialed"
+        );
 
         std::fs::remove_file(root.join("sub/nested.sock")).unwrap();
         wait_for(&mut r, |m| !m.contains_key(&nested)).await;
