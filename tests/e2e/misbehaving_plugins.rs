@@ -407,6 +407,16 @@ fn flood_events(daemon: &Daemon, kind: &str) -> Vec<String> {
 #[test]
 fn a_thousand_sockets_at_once_register_then_all_deregister() {
     const N: usize = 1000;
+    // This process holds a listener and a connection per socket: raise its soft limit on open
+    // files to the hard one, as the daemon does for itself.
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .expect("read the open files limit");
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)
+        .expect("raise the open files limit");
+    assert!(
+        hard >= 4 * N as u64,
+        "the hard limit on open files ({hard}) is too low for {N} plugins; raise it (ulimit -Hn)"
+    );
     let root = TestRoot::new();
     // The kubelet's NodeGetInfo deadline: on a busy 2-core machine a thousand drivers asked at
     // once may take longer than the fast test timings allow.
