@@ -197,6 +197,7 @@ pub const HOLD_SCAN_ENV: &str = "PLUGLET_TEST_HOLD_SCAN";
 /// Runs the daemon until SIGINT or SIGTERM, or until one of its stages ends (an error naming
 /// the stage: the binary exits non-zero).
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    raise_open_files_limit();
     let paths = &config.paths;
     for dir in [
         &paths.registry_dir,
@@ -315,6 +316,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
         pipeline,
         cancel.clone(),
+    )
+    .context(
+        "the plugin watcher cannot watch the plugin registry, and Pluglet does not start \
+         without it (a daemon that silently never saw new plugins would be worse)",
     )?;
     health.met(Condition::RegistryScanned);
     let crate::plugin_manager::PluginManager {
@@ -392,6 +397,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit, as the Go runtime does for the
+/// kubelet: every plugin being registered and every connected device plugin holds a
+/// connection, and a burst of a thousand sockets must not run into a soft limit of 1024.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => info!(from = soft, to = hard, "raised the open files limit"),
+            Err(e) => warn!(soft, hard, error = %e, "cannot raise the open files limit"),
+        },
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "cannot read the open files limit"),
     }
 }
 

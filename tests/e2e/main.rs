@@ -8,6 +8,8 @@ mod support;
 
 mod daemon_lifecycle;
 mod isolation;
+mod misbehaving_device_plugins;
+mod misbehaving_plugins;
 mod ops;
 mod refusal;
 mod registration;

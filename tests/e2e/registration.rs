@@ -127,7 +127,7 @@ fn removing_the_socket_deregisters_and_recreating_it_registers_again() {
 }
 
 #[test]
-fn dot_file_sockets_are_never_dialed_and_plain_files_are_ignored() {
+fn dot_file_sockets_are_never_dialed_and_plain_files_are_not_registered() {
     let root = TestRoot::new();
     let daemon = Daemon::start(&root.path(), &[]);
     let side = root.side(".");
@@ -156,14 +156,22 @@ fn dot_file_sockets_are_never_dialed_and_plain_files_are_ignored() {
     );
     assert!(hidden.events().is_empty(), "{:?}", hidden.events());
     let sockets = daemon.ctl_json("sockets");
-    let paths: Vec<&str> = sockets
+    let paths: Vec<(&str, &str)> = sockets
         .iter()
-        .map(|s| s["path"].as_str().unwrap())
+        .map(|s| (s["path"].as_str().unwrap(), s["state"].as_str().unwrap()))
         .collect();
+    let plain = root
+        .registry()
+        .join("plain-file.sock")
+        .display()
+        .to_string();
     assert_eq!(
         paths,
-        vec![visible_reg.display().to_string().as_str()],
-        "only the visible socket is known"
+        vec![
+            (plain.as_str(), "ignored"),
+            (visible_reg.display().to_string().as_str(), "registered")
+        ],
+        "only the visible socket is dialed; the plain file is shown as not registered"
     );
 }
 

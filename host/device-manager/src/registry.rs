@@ -50,6 +50,8 @@ struct Resource {
     /// The registration that connected the endpoint (kept while stopped, so that the end of
     /// the grace period can end it).
     registration: Option<Arc<Registration>>,
+    /// What is wrong with what the plugin sent or why it is disconnected, for the admin API.
+    last_error: Option<String>,
 }
 
 /// A resource as the admin API shows it.
@@ -69,6 +71,9 @@ pub struct ResourceInfo {
     pub endpoint: Option<PathBuf>,
     /// Whether a plugin's ListAndWatch stream is live.
     pub connected: bool,
+    /// What was wrong with the plugin's last device list (empty or duplicated ids), or why it
+    /// disconnected; `None` while all is well.
+    pub last_error: Option<String>,
 }
 
 /// What happened to a resource, for whoever watches (tests, metrics).
@@ -223,6 +228,7 @@ impl Registry {
             }
             entry.stopped = None;
             entry.registration = Some(registration);
+            entry.last_error = None;
         }
         self.inner.tasks.spawn(endpoint::run(
             self.clone(),
@@ -275,6 +281,20 @@ impl Registry {
                     match update {
                         DeviceUpdate::List(devices) => {
                             let replaced = entry.devices.replace_checked(devices);
+                            entry.last_error = replaced.refused_any().then(|| {
+                                format!(
+                                    "the last device list had {} device(s) with an empty id \
+                                     (not served) and {} with an id listed before{} (only the \
+                                     last one listed is served): fix the plugin",
+                                    replaced.empty_ids,
+                                    replaced.duplicates,
+                                    if replaced.duplicate_ids.is_empty() {
+                                        String::new()
+                                    } else {
+                                        format!(" ({})", replaced.duplicate_ids.join(", "))
+                                    }
+                                )
+                            });
                             if replaced.refused_any() {
                                 tracing::warn!(
                                     %resource,
@@ -331,6 +351,9 @@ impl Registry {
             entry.endpoint = None;
             entry.devices.mark_all_unhealthy();
             entry.stopped = Some(generation);
+            entry.last_error = Some(format!(
+                "disconnected: {reason}; its devices are unhealthy until the plugin registers again"
+            ));
         }
         tracing::warn!(
             %resource,
@@ -475,6 +498,7 @@ impl Registry {
                 policy: handlers.for_resource(name.as_str()).module().to_owned(),
                 endpoint: r.endpoint.as_ref().map(|e| e.path.clone()),
                 connected: r.endpoint.is_some(),
+                last_error: r.last_error.clone(),
             })
             .collect()
     }

@@ -34,6 +34,7 @@ pub fn resource_to_wire(r: &ResourceInfo) -> pb::Resource {
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
         connected: r.connected,
+        last_error: r.last_error.clone().unwrap_or_default(),
     }
 }
 

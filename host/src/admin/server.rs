@@ -291,7 +291,8 @@ fn missed_to_wire(missed: u64) -> pb::Event {
 }
 
 /// Plugins by type and state: the registered ones, then the sockets the watcher knows that are
-/// not registered (refused or retrying: failing; pending or in progress: waiting), then device
+/// not registered (refused or retrying: failing; pending or in progress: waiting; files that are
+/// not sockets are no plugins and not counted), then device
 /// plugins whose resource is connected or in its grace period through kubelet.sock.
 pub fn plugin_counts(
     plugins: &[PluginRecord],
@@ -306,7 +307,7 @@ pub fn plugin_counts(
     }
     for s in sockets {
         let state = match s.state {
-            SocketState::Registered => continue,
+            SocketState::Registered | SocketState::Ignored => continue,
             SocketState::Refused | SocketState::Retrying => "failing",
             SocketState::InProgress | SocketState::Pending => "waiting",
         };

@@ -168,7 +168,8 @@ impl From<&pb::Plugin> for PluginView {
 pub struct SocketView {
     /// The socket's path.
     pub path: String,
-    /// `registered`, `refused`, `retrying`, `in_progress` or `pending`.
+    /// `registered`, `refused`, `retrying`, `in_progress`, `pending`, or `ignored` (named `*.sock`
+    /// but not a socket; `last_error` says why).
     pub state: String,
     /// Registration attempts so far.
     pub attempts: u32,
@@ -470,6 +471,8 @@ pub struct ResourceView {
     pub endpoint: Option<String>,
     /// Whether a plugin's ListAndWatch stream is live.
     pub connected: bool,
+    /// What was wrong with the plugin's last device list, or why it disconnected.
+    pub last_error: Option<String>,
 }
 
 impl From<&pb::Resource> for ResourceView {
@@ -482,6 +485,7 @@ impl From<&pb::Resource> for ResourceView {
             policy: r.policy.clone(),
             endpoint: non_empty(&r.endpoint),
             connected: r.connected,
+            last_error: non_empty(&r.last_error),
         }
     }
 }
@@ -1116,8 +1120,14 @@ impl Table for HandlerView {
 }
 
 impl Table for ResourceView {
-    const HEADER: &'static [&'static str] =
-        &["RESOURCE", "CAPACITY", "ALLOCATABLE", "CONNECTED", "POLICY"];
+    const HEADER: &'static [&'static str] = &[
+        "RESOURCE",
+        "CAPACITY",
+        "ALLOCATABLE",
+        "CONNECTED",
+        "POLICY",
+        "LAST ERROR",
+    ];
     fn row(&self) -> Vec<String> {
         vec![
             self.resource.clone(),
@@ -1125,6 +1135,7 @@ impl Table for ResourceView {
             self.allocatable.to_string(),
             self.connected.to_string(),
             self.policy.clone(),
+            dash(self.last_error.as_deref().unwrap_or_default()),
         ]
     }
 }
@@ -1319,11 +1330,13 @@ mod tests {
             policy: "builtin:device-plugin".into(),
             endpoint: "/r/device-plugins/gpu.sock".into(),
             connected: true,
+            last_error: String::new(),
         };
         let gone = pb::Resource {
             resource: "vendor.com/nic".into(),
             endpoint: String::new(),
             connected: false,
+            last_error: "disconnected: ListAndWatch stream ended".into(),
             ..connected.clone()
         };
         vec![(&connected).into(), (&gone).into()]
@@ -1598,6 +1611,7 @@ mod tests {
                 "connected",
                 "devices",
                 "endpoint",
+                "last_error",
                 "policy",
                 "resource"
             ]

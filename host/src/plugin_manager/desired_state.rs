@@ -36,16 +36,24 @@ pub struct DesiredEntry {
 /// The whole desired state, keyed by socket path.
 pub type DesiredMap = BTreeMap<SocketPath, DesiredEntry>;
 
+/// Paths in the registry that look like registration sockets (`*.sock`) but are not (a
+/// regular file, a symlink that does not resolve, ...), with why each is not registered. Kept
+/// beside the desired state so `pluglet ctl sockets` can show them; the reconciler never acts
+/// on them.
+pub type IgnoredMap = BTreeMap<SocketPath, String>;
+
 /// Creates the cache: the writer goes to the watcher, readers to the reconciler.
 pub fn channel() -> (DesiredStateWriter, DesiredStateReader) {
     let (tx, rx) = watch::channel(DesiredMap::new());
+    let (ignored_tx, ignored) = watch::channel(IgnoredMap::new());
     (
         DesiredStateWriter {
             tx,
+            ignored: ignored_tx,
             next_generation: 1,
             changes: None,
         },
-        DesiredStateReader { rx },
+        DesiredStateReader { rx, ignored },
     )
 }
 
@@ -53,6 +61,7 @@ pub fn channel() -> (DesiredStateWriter, DesiredStateReader) {
 #[derive(Debug)]
 pub struct DesiredStateWriter {
     tx: watch::Sender<DesiredMap>,
+    ignored: watch::Sender<IgnoredMap>,
     next_generation: u64,
     changes: Option<mpsc::UnboundedSender<SocketPath>>,
 }
@@ -94,6 +103,7 @@ impl DesiredStateWriter {
     /// Records a socket seen at `path`. Returns the new generation when this is a new socket (new
     /// path, or a different file at a known path), `None` when it is the same file again.
     pub fn add_or_update(&mut self, path: SocketPath, file_id: FileId) -> Option<Generation> {
+        self.unignore(&path);
         let generation = Generation(self.next_generation);
         let changed = self.tx.send_if_modified(|map| match map.get(&path) {
             Some(e) if e.file_id == file_id => false,
@@ -119,6 +129,7 @@ impl DesiredStateWriter {
 
     /// Forgets the socket at `path`. Returns whether it was known.
     pub fn remove(&mut self, path: &SocketPath) -> bool {
+        self.unignore(path);
         let removed = self.tx.send_if_modified(|map| map.remove(path).is_some());
         if removed {
             self.report(path);
@@ -128,6 +139,11 @@ impl DesiredStateWriter {
 
     /// Forgets every socket at or below `dir` (a removed or renamed directory). Returns how many.
     pub fn remove_under(&mut self, dir: &Path) -> usize {
+        self.ignored.send_if_modified(|map| {
+            let before = map.len();
+            map.retain(|p, _| !p.as_path().starts_with(dir));
+            map.len() != before
+        });
         let mut removed = Vec::new();
         self.tx.send_if_modified(|map| {
             map.retain(|p, _| {
@@ -145,6 +161,32 @@ impl DesiredStateWriter {
         removed.len()
     }
 
+    /// Records that `path` looks like a socket but is not one, and why. Returns whether this is
+    /// news (a new path or a new reason). A socket at `path` is forgotten first.
+    pub fn ignore(&mut self, path: SocketPath, reason: String) -> bool {
+        if self.tx.borrow().contains_key(&path) {
+            self.remove(&path);
+        }
+        self.ignored.send_if_modified(|map| {
+            if map.get(&path) == Some(&reason) {
+                return false;
+            }
+            map.insert(path, reason);
+            true
+        })
+    }
+
+    /// Forgets an ignored path (it is gone, or is a socket now). Returns whether it was known.
+    pub fn unignore(&mut self, path: &SocketPath) -> bool {
+        self.ignored
+            .send_if_modified(|map| map.remove(path).is_some())
+    }
+
+    /// The ignored paths now.
+    pub fn ignored_paths(&self) -> Vec<SocketPath> {
+        self.ignored.borrow().keys().cloned().collect()
+    }
+
     /// Socket paths currently desired, with their file identity.
     pub fn entries(&self) -> Vec<(SocketPath, FileId)> {
         self.tx
@@ -158,6 +200,7 @@ impl DesiredStateWriter {
     pub fn reader(&self) -> DesiredStateReader {
         DesiredStateReader {
             rx: self.tx.subscribe(),
+            ignored: self.ignored.subscribe(),
         }
     }
 }
@@ -166,6 +209,7 @@ impl DesiredStateWriter {
 #[derive(Clone, Debug)]
 pub struct DesiredStateReader {
     rx: watch::Receiver<DesiredMap>,
+    ignored: watch::Receiver<IgnoredMap>,
 }
 
 impl DesiredStateReader {
@@ -204,6 +248,11 @@ impl DesiredStateReader {
     /// A copy of the current state.
     pub fn snapshot(&self) -> DesiredMap {
         self.rx.borrow().clone()
+    }
+
+    /// A copy of the paths that look like sockets but are not, with why.
+    pub fn ignored(&self) -> IgnoredMap {
+        self.ignored.borrow().clone()
     }
 }
 
@@ -256,6 +305,26 @@ mod tests {
         w.add_or_update(SocketPath::new("/r/dd.sock"), id(3));
         assert_eq!(w.remove_under(Path::new("/r/d")), 2);
         assert_eq!(r.snapshot().len(), 1);
+    }
+
+    #[test]
+    fn ignored_paths_are_kept_apart_and_forgotten_when_they_go() {
+        let (mut w, r) = channel();
+        let mut changes = w.subscribe_changes();
+        let p = SocketPath::new("/r/d/plain.sock");
+        assert!(w.ignore(p.clone(), "a regular file".into()));
+        assert!(!w.ignore(p.clone(), "a regular file".into()), "no news");
+        assert!(r.snapshot().is_empty(), "never desired");
+        assert!(changes.try_next().is_none(), "the reconciler is not woken");
+        assert_eq!(r.ignored()[&p], "a regular file");
+        // Replaced by a real socket: desired, no longer ignored.
+        w.add_or_update(p.clone(), id(1));
+        assert!(r.ignored().is_empty());
+        // A socket replaced by a plain file: no longer desired.
+        w.ignore(p.clone(), "a regular file".into());
+        assert!(r.snapshot().is_empty());
+        assert_eq!(w.remove_under(Path::new("/r/d")), 0);
+        assert!(r.ignored().is_empty(), "a removed directory forgets them");
     }
 
     #[tokio::test]

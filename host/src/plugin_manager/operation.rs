@@ -138,6 +138,17 @@ async fn run_register(
             return RegisterOutcome::Failed { info: None, reason };
         }
     };
+    if wire.r#type.is_empty() {
+        let reason = format!(
+            "GetInfo on socket {socket} answered an empty plugin type; a plugin must name its \
+             type ({}, {}, {} or one handlers.toml maps)",
+            pluglet_core::names::CSI_PLUGIN,
+            pluglet_core::names::DEVICE_PLUGIN,
+            pluglet_core::names::DRA_PLUGIN
+        );
+        notify(&mut client, &cx, &socket, false, &reason).await;
+        return RegisterOutcome::Failed { info: None, reason };
+    }
     let endpoint = if wire.endpoint.is_empty() {
         socket.to_string()
     } else {

@@ -108,10 +108,14 @@ pub enum SocketState {
     InProgress,
     /// Seen, nothing started yet.
     Pending,
+    /// Named like a socket (`*.sock`) but not one (a regular file, a symlink that does not
+    /// resolve): never dialed; `last_error` says why.
+    Ignored,
 }
 
 impl SocketState {
-    /// The wire string (`registered`, `refused`, `retrying`, `in_progress`, `pending`).
+    /// The wire string (`registered`, `refused`, `retrying`, `in_progress`, `pending`,
+    /// `ignored`).
     pub fn as_str(self) -> &'static str {
         match self {
             SocketState::Registered => "registered",
@@ -119,6 +123,7 @@ impl SocketState {
             SocketState::Retrying => "retrying",
             SocketState::InProgress => "in_progress",
             SocketState::Pending => "pending",
+            SocketState::Ignored => "ignored",
         }
     }
 }
@@ -422,7 +427,8 @@ impl Reconciler {
     fn socket_statuses(&mut self) -> Vec<SocketStatus> {
         let now = Instant::now();
         let desired = self.desired.snapshot();
-        desired
+        let ignored = self.desired.ignored();
+        let mut statuses: Vec<SocketStatus> = desired
             .iter()
             .map(|(path, entry)| {
                 let track = self
@@ -467,7 +473,18 @@ impl Reconciler {
                     next_retry,
                 }
             })
-            .collect()
+            .collect();
+        statuses.extend(ignored.into_iter().map(|(path, reason)| SocketStatus {
+            path,
+            state: SocketState::Ignored,
+            attempts: 0,
+            last_error: Some(reason),
+            plugin_type: None,
+            plugin_name: None,
+            next_retry: None,
+        }));
+        statuses.sort_by(|a, b| a.path.cmp(&b.path));
+        statuses
     }
 }
 
@@ -587,6 +604,7 @@ mod tests {
             SocketState::Retrying,
             SocketState::InProgress,
             SocketState::Pending,
+            SocketState::Ignored,
         ];
         let strings: Vec<_> = all.iter().map(|s| s.as_str()).collect();
         assert_eq!(
@@ -596,7 +614,8 @@ mod tests {
                 "refused",
                 "retrying",
                 "in_progress",
-                "pending"
+                "pending",
+                "ignored"
             ]
         );
     }

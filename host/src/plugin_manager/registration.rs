@@ -23,12 +23,15 @@ pub enum RegistrationError {
         source: pluglet_uds::UdsError,
     },
     /// An RPC failed or did not answer within its deadline.
-    #[error("{rpc} on socket {socket} failed")]
+    #[error("{rpc} on socket {socket} failed{hint}")]
     Rpc {
         /// `GetInfo` or `NotifyRegistrationStatus`.
         rpc: &'static str,
         /// The socket.
         socket: SocketPath,
+        /// What the failure suggests about the peer, when it suggests something (a peer that
+        /// speaks no gRPC, or another service); empty otherwise.
+        hint: &'static str,
         /// The plugin's status, or the deadline.
         #[source]
         status: RpcError,
@@ -96,9 +99,19 @@ impl RegistrationClient {
     }
 
     fn rpc_error(&self, rpc: &'static str, status: RpcError) -> RegistrationError {
+        // A transport or decoding failure (or an unknown method) comes back as one of these
+        // codes: the peer is not a plugin registration server, whatever listens there.
+        let hint = match status.code() {
+            tonic::Code::Internal | tonic::Code::Unknown | tonic::Code::Unimplemented => {
+                " (the peer does not answer as a plugin serving pluginregistration.Registration \
+                 over gRPC would; check what listens on this socket)"
+            }
+            _ => "",
+        };
         RegistrationError::Rpc {
             rpc,
             socket: self.socket.clone(),
+            hint,
             status,
         }
     }

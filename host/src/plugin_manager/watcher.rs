@@ -11,10 +11,16 @@
 //! socket (under the link's path), as in the kubelet; a symlink to a directory is not followed
 //! (the kubelet's walk does not follow it either), so a link back up the tree cannot make the
 //! walk loop, and a link that cannot be resolved (a loop, a dangling target) is skipped with a
-//! log line. Create → add (a new file at a known path
+//! log line. A path named `*.sock` that is skipped (a regular file, a FIFO, such a link) is
+//! recorded beside the desired state with the reason, so `pluglet ctl sockets` shows it as
+//! `ignored` instead of leaving an operator to guess. Create → add (a new file at a known path
 //! is a new generation), Remove → forget (a removed directory forgets everything below it). Renames
 //! count as remove + create. Event-driven; the only timer is a slow resync that rescans the tree as
 //! a safety net (and after an inotify queue overflow).
+//!
+//! Without inotify (the per-user instance limit, or no watch left for the registry itself) the
+//! watcher does not start and neither does the daemon; a sub-directory that cannot be watched is
+//! logged and left to the resync.
 
 use std::collections::HashSet;
 use std::io;
@@ -50,19 +56,30 @@ pub enum WatchError {
     },
     /// No inotify instance could be created because of the per-user limit.
     #[error(
-        "cannot create an inotify instance: the per-user limit is reached; raise the sysctl {INSTANCES_SYSCTL}"
+        "cannot create an inotify instance: the per-user limit is reached ({INSTANCES_SYSCTL} = \
+         {limit}); raise it (`sysctl -w {INSTANCES_SYSCTL}=<more>`, and in /etc/sysctl.d to keep \
+         it) or stop processes holding inotify instances, then start Pluglet again"
     )]
-    InstanceLimit(#[source] notify::Error),
+    InstanceLimit {
+        /// The sysctl's value when it failed.
+        limit: String,
+        /// What inotify said.
+        #[source]
+        source: notify::Error,
+    },
     /// The inotify instance could not be created for another reason.
     #[error("cannot create an inotify instance")]
     Create(#[source] notify::Error),
     /// A directory could not be watched because of the per-user watch limit.
     #[error(
-        "cannot watch {path}: the inotify watch limit is reached; raise the sysctl {WATCHES_SYSCTL}"
+        "cannot watch {path}: the per-user inotify watch limit is reached ({WATCHES_SYSCTL} = \
+         {limit}); raise it (`sysctl -w {WATCHES_SYSCTL}=<more>`, and in /etc/sysctl.d to keep it)"
     )]
     WatchLimit {
         /// The directory.
         path: PathBuf,
+        /// The sysctl's value when it failed.
+        limit: String,
     },
     /// A directory could not be watched.
     #[error("cannot watch {path}")]
@@ -111,7 +128,10 @@ impl Watcher {
         })
         .map_err(|e| {
             if is_instance_limit(&e) {
-                WatchError::InstanceLimit(e)
+                WatchError::InstanceLimit {
+                    limit: sysctl_value(INSTANCES_SYSCTL),
+                    source: e,
+                }
             } else {
                 WatchError::Create(e)
             }
@@ -158,7 +178,13 @@ impl Watcher {
             Ok(ev) => ev,
             Err(e) => {
                 if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
-                    error!(error = %e, "inotify watch limit reached; raise the sysctl {WATCHES_SYSCTL}");
+                    error!(
+                        error = %e,
+                        "inotify watch limit reached ({WATCHES_SYSCTL} = {}); raise it \
+                         (`sysctl -w {WATCHES_SYSCTL}=<more>`); until then new sub-directories \
+                         are found by the periodic rescan only",
+                        sysctl_value(WATCHES_SYSCTL)
+                    );
                 } else {
                     warn!(error = %e, "inotify error");
                 }
@@ -186,32 +212,51 @@ impl Watcher {
         }
     }
 
-    /// A path appeared: a socket is added, a directory watched then walked.
+    /// A path appeared: a socket is added, a directory watched then walked. A path named
+    /// `*.sock` that is not a socket is recorded as ignored, with why, for `ctl sockets`.
     fn on_created(&mut self, path: &Path, found: &mut HashSet<SocketPath>) {
         if is_hidden(path) {
             trace!(path = %path.display(), "ignoring dot-file");
             return;
         }
+        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
+            Err(e) if is_link => {
+                self.not_a_socket(
+                    path,
+                    format!(
+                        "a symlink that cannot be resolved ({e}): not registered; point it at \
+                         the plugin's socket or remove it"
+                    ),
+                    found,
+                );
+                return;
+            }
             Err(e) => {
-                if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
-                    warn!(path = %path.display(), error = %e, "symlink that cannot be resolved; ignoring");
-                } else {
-                    debug!(path = %path.display(), error = %e, "cannot stat; ignoring");
-                }
+                debug!(path = %path.display(), error = %e, "cannot stat; ignoring");
                 return;
             }
         };
         let ft = meta.file_type();
-        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
         if ft.is_dir() && is_link {
             warn!(path = %path.display(), "symlink to a directory in the registry; not followed");
+            if looks_like_socket(path) {
+                self.not_a_socket(
+                    path,
+                    "a symlink to a directory: not followed, not registered".to_owned(),
+                    found,
+                );
+            }
             return;
         }
         if ft.is_dir() {
             if let Err(e) = self.watch_dir(path) {
-                error!(error = %pluglet_core::error_chain(&e), "sub-directory not watched");
+                error!(
+                    error = %pluglet_core::error_chain(&e),
+                    "sub-directory not watched: sockets created in it are found by the periodic \
+                     rescan (--resync-period) only"
+                );
             }
             self.walk(path, found);
         } else if ft.is_socket() {
@@ -224,8 +269,40 @@ impl Watcher {
             if let Some(generation) = self.desired.add_or_update(socket, file_id) {
                 debug!(path = %path.display(), %generation, "socket added to desired state");
             }
+        } else if looks_like_socket(path) {
+            let what = if ft.is_file() {
+                "a regular file"
+            } else if ft.is_fifo() {
+                "a FIFO"
+            } else if ft.is_char_device() || ft.is_block_device() {
+                "a device node"
+            } else {
+                "not a socket"
+            };
+            let link = if is_link { " (through a symlink)" } else { "" };
+            self.not_a_socket(
+                path,
+                format!(
+                    "{what}{link}, not a unix socket: nothing can be dialed here; a plugin \
+                     creates its registration socket by listening on it (remove the file)"
+                ),
+                found,
+            );
         } else {
             trace!(path = %path.display(), "ignoring non-socket");
+        }
+    }
+
+    /// Records `path` (named like a socket) as ignored for `reason`; logged once per reason.
+    fn not_a_socket(&mut self, path: &Path, reason: String, found: &mut HashSet<SocketPath>) {
+        let socket = SocketPath::new(path);
+        found.insert(socket.clone());
+        if !looks_like_socket(path) {
+            warn!(path = %path.display(), %reason, "not registered");
+            return;
+        }
+        if self.desired.ignore(socket, reason.clone()) {
+            warn!(path = %path.display(), %reason, "not registered");
         }
     }
 
@@ -264,6 +341,11 @@ impl Watcher {
                 self.desired.remove(&socket);
             }
         }
+        for path in self.desired.ignored_paths() {
+            if !found.contains(&path) {
+                self.desired.unignore(&path);
+            }
+        }
     }
 
     fn watch_dir(&mut self, dir: &Path) -> Result<(), WatchError> {
@@ -273,6 +355,7 @@ impl Watcher {
                 if matches!(source.kind, notify::ErrorKind::MaxFilesWatch) {
                     WatchError::WatchLimit {
                         path: dir.to_owned(),
+                        limit: sysctl_value(WATCHES_SYSCTL),
                     }
                 } else {
                     WatchError::Watch {
@@ -288,6 +371,18 @@ fn is_hidden(path: &Path) -> bool {
     path.file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n.starts_with('.'))
+}
+
+/// Whether the name says "registration socket" (`*.sock`): such a path that is not a socket is
+/// shown as ignored rather than passed over in silence.
+fn looks_like_socket(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "sock")
+}
+
+/// The value of an `fs.inotify.*` sysctl now, for messages ("unknown" if it cannot be read).
+fn sysctl_value(name: &str) -> String {
+    let path = format!("/proc/sys/{}", name.replace('.', "/"));
+    std::fs::read_to_string(path).map_or_else(|_| "unknown".to_owned(), |v| v.trim().to_owned())
 }
 
 fn is_instance_limit(e: &notify::Error) -> bool {
@@ -343,6 +438,11 @@ mod tests {
         wait_for(&mut r, |m| m.contains_key(&nested)).await;
         let snap = r.snapshot();
         assert_eq!(snap.len(), 2, "{snap:?}");
+        let plain = SocketPath::new(root.join("plain.sock"));
+        assert!(
+            r.ignored()[&plain].contains("a regular file"),
+            "shown, not dialed"
+        );
 
         std::fs::remove_file(root.join("sub/nested.sock")).unwrap();
         wait_for(&mut r, |m| !m.contains_key(&nested)).await;
