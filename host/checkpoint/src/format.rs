@@ -162,6 +162,42 @@ impl CheckpointData {
         })
     }
 
+    /// The entries that can still be read at the start of a damaged file's `PodDeviceEntries`
+    /// (a file cut short, or one whose checksum fails), in file order. They are *not* verified:
+    /// use them to say what a corrupt checkpoint held, never as allocations.
+    ///
+    /// Reading stops at the first entry that is incomplete or does not parse.
+    pub fn readable_entries(bytes: &[u8]) -> Vec<PodDevicesEntry> {
+        const KEY: &[u8] = b"\"PodDeviceEntries\":";
+        let Some(at) = bytes.windows(KEY.len()).position(|w| w == KEY) else {
+            return Vec::new();
+        };
+        let mut rest = bytes[at + KEY.len()..].trim_ascii_start();
+        let Some(after) = rest.strip_prefix(b"[") else {
+            return Vec::new();
+        };
+        rest = after;
+        let mut out = Vec::new();
+        loop {
+            rest = rest.trim_ascii_start();
+            let mut stream = serde_json::Deserializer::from_slice(rest).into_iter::<RawEntry>();
+            let Some(Ok(raw)) = stream.next() else {
+                break;
+            };
+            let used = stream.byte_offset();
+            let Ok(entry) = raw.into_entry() else {
+                break;
+            };
+            out.push(entry);
+            rest = rest[used..].trim_ascii_start();
+            match rest.split_first() {
+                Some((b',', after)) => rest = after,
+                _ => break,
+            }
+        }
+        out
+    }
+
     /// A capacity guess for the encoded file, to write it with one allocation in most cases.
     fn size_hint(&self) -> usize {
         let ids = |list: &Option<Vec<String>>| {
