@@ -435,6 +435,31 @@ mod tests {
         Some(ids.iter().map(|s| (*s).to_owned()).collect())
     }
 
+    /// Every strict prefix of a file is corrupt, and what can still be read of it is a prefix
+    /// of its entries, each exactly as written.
+    #[test]
+    fn a_file_cut_at_every_byte_is_corrupt_and_its_readable_entries_are_exact() {
+        let mut data = sample();
+        let list = data.pod_device_entries.as_mut().unwrap();
+        let mut second = list[0].clone();
+        second.pod_uid = "pod-uid-2".into();
+        second.alloc_resp = None;
+        list.push(second);
+        let file = data.encode();
+        let entries = data.pod_device_entries.clone().unwrap();
+        let mut readable_before = 0;
+        for cut in 0..file.len() {
+            assert!(CheckpointData::decode(&file[..cut]).is_err(), "cut at {cut}");
+            let readable = CheckpointData::readable_entries(&file[..cut]);
+            assert_eq!(readable, entries[..readable.len()], "cut at {cut}");
+            assert!(readable.len() >= readable_before, "cut at {cut}");
+            readable_before = readable.len();
+        }
+        assert_eq!(CheckpointData::readable_entries(&file), entries);
+        assert_eq!(CheckpointData::decode(&file).unwrap(), data);
+        assert!(CheckpointData::readable_entries(b"not a checkpoint").is_empty());
+    }
+
     /// Test vector 1 (docs/kubelet-compatibility.md, "Checkpoint test vectors"): the empty state the kubelet writes when nothing is allocated.
     #[test]
     fn vector_empty_state() {

@@ -793,4 +793,155 @@ mod tests {
             .collect();
         assert_eq!(held, ["pod-1", "pod-2"]);
     }
+
+    /// The files a node leaves behind: three allocations written to the kubelet checkpoint by
+    /// the writer (with the side file), then pod-1 released, which only the journal holds.
+    async fn real_files(dir: &Path) -> (Vec<u8>, Vec<u8>) {
+        use crate::persistence::files::SideResource;
+        use crate::persistence::files::tests::gpu_set;
+        let pods = Arc::new(Mutex::new(PodDevices::default()));
+        let (persistence, _) =
+            Persistence::open(paths(dir), Durability::NoFsync, Metrics::default()).unwrap();
+        let source = {
+            let pods = pods.clone();
+            move |with_side: bool| {
+                let resources = BTreeMap::from([(ResourceName::from("vendor.com/gpu"), gpu_set())]);
+                let data = files::kubelet_data(resources.iter(), &pods.lock().unwrap());
+                let side = with_side.then(|| {
+                    Box::new(move || SideState {
+                        resources: BTreeMap::from([(
+                            ResourceName::from("vendor.com/gpu"),
+                            SideResource::of(&gpu_set(), "builtin:device-plugin", "ab"),
+                        )]),
+                    }) as SideSource
+                });
+                (data, side)
+            }
+        };
+        let cancel = CancellationToken::new();
+        let writer = tokio::spawn(persistence.clone().run_writer(source, cancel.clone()));
+        for (pod, device) in [("pod-1", "d0"), ("pod-2", "d1"), ("pod-3", "d2")] {
+            persistence
+                .change(&pods, |p| allocate(p, pod, device))
+                .await
+                .unwrap();
+        }
+        persistence.write_now().await.unwrap();
+        cancel.cancel();
+        writer.await.unwrap();
+        persistence
+            .change(&pods, |p| p.release("pod-1", None))
+            .await
+            .unwrap();
+        let checkpoint = std::fs::read(paths(dir).checkpoint).unwrap();
+        let entries = CheckpointData::decode(&checkpoint)
+            .unwrap()
+            .pod_device_entries
+            .unwrap();
+        assert_eq!(entries.len(), 3, "the checkpoint holds pod-1 still");
+        (checkpoint, std::fs::read(paths(dir).journal).unwrap())
+    }
+
+    fn pods_of(restored: &Restored) -> Vec<String> {
+        restored
+            .pods
+            .iter()
+            .map(|(k, e)| format!("{}:{}", k.pod_uid, e.devices.join(",")))
+            .collect()
+    }
+
+    /// Every strict prefix of a real checkpoint is corrupt: it is kept aside byte for byte and
+    /// left in place (the first write replaces it), the journal gives back exactly what Pluglet
+    /// acknowledged last (never the released pod-1), the side file the devices, and the report
+    /// names what the copy still shows that is not restored.
+    #[tokio::test]
+    async fn a_checkpoint_cut_at_every_byte_offset_loses_nothing_the_journal_proves() {
+        let dir = tempfile::tempdir().unwrap();
+        let (full, journal) = real_files(dir.path()).await;
+        let paths = paths(dir.path());
+        // Where pod-1's entry ends: from there on the copy shows it.
+        let pod1_end = {
+            let text = String::from_utf8(full.clone()).unwrap();
+            let start = text.find(r#"{"PodUID":"pod-1""#).unwrap();
+            let alloc = start + text[start..].find(r#""AllocResp""#).unwrap();
+            alloc + text[alloc..].find('}').unwrap() + 1
+        };
+        let started = Instant::now();
+        for cut in 0..full.len() {
+            let prefix = &full[..cut];
+            std::fs::write(&paths.checkpoint, prefix).unwrap();
+            let (_, restored) =
+                Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
+            let report = &restored.report;
+            assert_eq!(pods_of(&restored), ["pod-2:d1", "pod-3:d2"], "cut at {cut}");
+            assert!(report.from_journal, "cut at {cut}");
+            assert_eq!(report.set_aside.len(), 1, "cut at {cut}");
+            let aside = &report.set_aside[0];
+            assert_eq!(aside.path, paths.checkpoint);
+            assert!(aside.reason.contains("is corrupt"), "cut at {cut}: {}", aside.reason);
+            assert_eq!(std::fs::read(&aside.moved_to).unwrap(), prefix, "cut at {cut}");
+            assert_eq!(std::fs::read(&paths.checkpoint).unwrap(), prefix, "still in place");
+            let recovery = report.recovery.as_ref().expect("a recovery report");
+            assert_eq!(recovery.from_journal, Some(2), "cut at {cut}");
+            let lost: &[&str] = if cut >= pod1_end {
+                &["pod-1/ctr vendor.com/gpu [d0]"]
+            } else {
+                &[]
+            };
+            assert_eq!(recovery.not_restored, lost, "cut at {cut}");
+            let summary = recovery.summary();
+            assert!(
+                summary.starts_with("recovered 2 allocations from the journal"),
+                "{summary}"
+            );
+            assert!(summary.contains("other entries"), "{summary}");
+            let gpu = &restored.resources["vendor.com/gpu"];
+            assert_eq!(gpu.capacity(), 3, "devices from the side file, cut at {cut}");
+            std::fs::remove_file(&aside.moved_to).unwrap();
+        }
+        // The whole file is the checkpoint as written: it stands, nothing is set aside.
+        std::fs::write(&paths.checkpoint, &full).unwrap();
+        let (_, restored) =
+            Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
+        assert!(restored.report.set_aside.is_empty());
+        assert_eq!(std::fs::read(&paths.journal).unwrap(), journal, "the journal untouched");
+        eprintln!(
+            "{} cut checkpoints opened in {:?}",
+            full.len(),
+            started.elapsed()
+        );
+    }
+
+    /// A checkpoint edited by hand fails its checksum: kept aside, the journal's allocations
+    /// stand, and the entries the copy shows that are not restored are named.
+    #[tokio::test]
+    async fn a_checkpoint_edited_by_hand_is_kept_aside_and_the_journal_stands() {
+        let dir = tempfile::tempdir().unwrap();
+        let (full, _) = real_files(dir.path()).await;
+        let paths = paths(dir.path());
+        let edited = String::from_utf8(full).unwrap().replace(r#"["d2"]"#, r#"["d1"]"#);
+        std::fs::write(&paths.checkpoint, &edited).unwrap();
+        let (_, restored) =
+            Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
+        assert_eq!(pods_of(&restored), ["pod-2:d1", "pod-3:d2"]);
+        let aside = &restored.report.set_aside[0];
+        assert!(aside.reason.contains("checksum mismatch"), "{}", aside.reason);
+        assert_eq!(std::fs::read_to_string(&aside.moved_to).unwrap(), edited);
+        let recovery = restored.report.recovery.as_ref().unwrap();
+        assert_eq!(
+            recovery.not_restored,
+            ["pod-1/ctr vendor.com/gpu [d0]", "pod-3/ctr vendor.com/gpu [d1]"]
+        );
+
+        // Without the journal nothing is proven: no allocation, devices from the side file.
+        std::fs::remove_file(&aside.moved_to).unwrap();
+        std::fs::remove_file(&paths.journal).unwrap();
+        let (_, restored) =
+            Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
+        assert!(restored.pods.is_empty());
+        assert_eq!(restored.resources["vendor.com/gpu"].capacity(), 3);
+        let summary = restored.report.recovery.as_ref().unwrap().summary();
+        assert!(summary.starts_with("no journal record"), "{summary}");
+        assert!(summary.contains("3 still readable in the copy are not restored"), "{summary}");
+    }
 }
