@@ -13,6 +13,7 @@ mod refusal;
 mod registration;
 
 mod compile_cache;
+mod crash_consistency;
 mod device_authority;
 mod device_property;
 mod device_restart;
@@ -23,5 +24,6 @@ mod handler_integrity;
 mod handler_swap;
 mod handler_vectors;
 mod node_operations;
+mod state_disk;
 mod status_events;
 mod sync_pods;

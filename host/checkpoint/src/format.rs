@@ -449,7 +449,10 @@ mod tests {
         let entries = data.pod_device_entries.clone().unwrap();
         let mut readable_before = 0;
         for cut in 0..file.len() {
-            assert!(CheckpointData::decode(&file[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                CheckpointData::decode(&file[..cut]).is_err(),
+                "cut at {cut}"
+            );
             let readable = CheckpointData::readable_entries(&file[..cut]);
             assert_eq!(readable, entries[..readable.len()], "cut at {cut}");
             assert!(readable.len() >= readable_before, "cut at {cut}");

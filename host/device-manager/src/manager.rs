@@ -357,7 +357,11 @@ impl DeviceManager {
     /// Releases what `pod_uid` holds (only `container`'s when given); returns the number of
     /// (container, resource) entries released, once that is durable. A release that cannot be
     /// recorded on disk is refused ([`ReleaseError`]): nothing is released.
-    pub async fn release(&self, pod_uid: &str, container: Option<&str>) -> Result<usize, ReleaseError> {
+    pub async fn release(
+        &self,
+        pod_uid: &str,
+        container: Option<&str>,
+    ) -> Result<usize, ReleaseError> {
         match self.inner.allocator.release(pod_uid, container).await {
             Ok(released) => Ok(released.len()),
             Err(err) => {
@@ -389,7 +393,9 @@ fn log_restore(report: &RestoreReport, events: &EventLog) {
     }
     for aside in &report.set_aside {
         let checkpoint = aside.path.file_name()
-            == Some(std::ffi::OsStr::new(pluglet_checkpoint::CHECKPOINT_FILE_NAME));
+            == Some(std::ffi::OsStr::new(
+                pluglet_checkpoint::CHECKPOINT_FILE_NAME,
+            ));
         let outcome = match &report.recovery {
             Some(recovery) if checkpoint => recovery.summary(),
             _ if checkpoint => "starting without its allocations".to_owned(),

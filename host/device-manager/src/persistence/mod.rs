@@ -878,9 +878,21 @@ mod tests {
             assert_eq!(report.set_aside.len(), 1, "cut at {cut}");
             let aside = &report.set_aside[0];
             assert_eq!(aside.path, paths.checkpoint);
-            assert!(aside.reason.contains("is corrupt"), "cut at {cut}: {}", aside.reason);
-            assert_eq!(std::fs::read(&aside.moved_to).unwrap(), prefix, "cut at {cut}");
-            assert_eq!(std::fs::read(&paths.checkpoint).unwrap(), prefix, "still in place");
+            assert!(
+                aside.reason.contains("is corrupt"),
+                "cut at {cut}: {}",
+                aside.reason
+            );
+            assert_eq!(
+                std::fs::read(&aside.moved_to).unwrap(),
+                prefix,
+                "cut at {cut}"
+            );
+            assert_eq!(
+                std::fs::read(&paths.checkpoint).unwrap(),
+                prefix,
+                "still in place"
+            );
             let recovery = report.recovery.as_ref().expect("a recovery report");
             assert_eq!(recovery.from_journal, Some(2), "cut at {cut}");
             let lost: &[&str] = if cut >= pod1_end {
@@ -896,7 +908,11 @@ mod tests {
             );
             assert!(summary.contains("other entries"), "{summary}");
             let gpu = &restored.resources["vendor.com/gpu"];
-            assert_eq!(gpu.capacity(), 3, "devices from the side file, cut at {cut}");
+            assert_eq!(
+                gpu.capacity(),
+                3,
+                "devices from the side file, cut at {cut}"
+            );
             std::fs::remove_file(&aside.moved_to).unwrap();
         }
         // The whole file is the checkpoint as written: it stands, nothing is set aside.
@@ -904,7 +920,11 @@ mod tests {
         let (_, restored) =
             Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
         assert!(restored.report.set_aside.is_empty());
-        assert_eq!(std::fs::read(&paths.journal).unwrap(), journal, "the journal untouched");
+        assert_eq!(
+            std::fs::read(&paths.journal).unwrap(),
+            journal,
+            "the journal untouched"
+        );
         eprintln!(
             "{} cut checkpoints opened in {:?}",
             full.len(),
@@ -919,18 +939,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (full, _) = real_files(dir.path()).await;
         let paths = paths(dir.path());
-        let edited = String::from_utf8(full).unwrap().replace(r#"["d2"]"#, r#"["d1"]"#);
+        let edited = String::from_utf8(full)
+            .unwrap()
+            .replace(r#"["d2"]"#, r#"["d1"]"#);
         std::fs::write(&paths.checkpoint, &edited).unwrap();
         let (_, restored) =
             Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
         assert_eq!(pods_of(&restored), ["pod-2:d1", "pod-3:d2"]);
         let aside = &restored.report.set_aside[0];
-        assert!(aside.reason.contains("checksum mismatch"), "{}", aside.reason);
+        assert!(
+            aside.reason.contains("checksum mismatch"),
+            "{}",
+            aside.reason
+        );
         assert_eq!(std::fs::read_to_string(&aside.moved_to).unwrap(), edited);
         let recovery = restored.report.recovery.as_ref().unwrap();
         assert_eq!(
             recovery.not_restored,
-            ["pod-1/ctr vendor.com/gpu [d0]", "pod-3/ctr vendor.com/gpu [d1]"]
+            [
+                "pod-1/ctr vendor.com/gpu [d0]",
+                "pod-3/ctr vendor.com/gpu [d1]"
+            ]
         );
 
         // Without the journal nothing is proven: no allocation, devices from the side file.
@@ -942,6 +971,9 @@ mod tests {
         assert_eq!(restored.resources["vendor.com/gpu"].capacity(), 3);
         let summary = restored.report.recovery.as_ref().unwrap().summary();
         assert!(summary.starts_with("no journal record"), "{summary}");
-        assert!(summary.contains("3 still readable in the copy are not restored"), "{summary}");
+        assert!(
+            summary.contains("3 still readable in the copy are not restored"),
+            "{summary}"
+        );
     }
 }

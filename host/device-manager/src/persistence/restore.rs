@@ -127,7 +127,11 @@ impl Recovery {
             format!(
                 "the checkpoint's other entries are lost; {} still readable in the copy {} not restored: {}",
                 self.not_restored.len(),
-                if self.not_restored.len() == 1 { "is" } else { "are" },
+                if self.not_restored.len() == 1 {
+                    "is"
+                } else {
+                    "are"
+                },
                 self.not_restored.join("; ")
             )
         };
