@@ -2,7 +2,7 @@
 //! separate processes, and `pluglet ctl` to observe. One module per user story; shared harness in
 //! `support/`. Run them with `bash scripts/test.sh`: it builds the binaries first and installs
 //! the programs the tests run (`minisign` for the signature tests, `systemd-analyze` for the
-//! unit file).
+//! unit file, `mount` for the state tests, which run as root).
 
 mod support;
 

@@ -413,7 +413,7 @@ fn log_restore(report: &RestoreReport, events: &EventLog) {
         );
         events.record(
             EventKind::StateSetAside,
-            &aside.path.display().to_string(),
+            aside.path.display().to_string(),
             format!(
                 "{}; kept as {}; {outcome}",
                 aside.reason,

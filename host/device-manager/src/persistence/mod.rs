@@ -1,5 +1,6 @@
 //! [`Persistence`]: the device manager's state on disk, behind one type with one promise:
-//! [`Persistence::commit`] returns when the allocations it was given are durable.
+//! [`Persistence::change`] makes a change to the allocations only once it is durable, and
+//! refuses it (changing nothing) when it cannot be made durable.
 //!
 //! The files:
 //! - `kubelet_internal_checkpoint` in the device plugins directory, in the kubelet's exact
@@ -17,8 +18,10 @@
 //!   costs one write. A device change wakes the writer at once; after allocations and releases
 //!   alone it is woken a little later (`ALLOCATION_WRITE_DELAY`);
 //! - allocations and releases must be durable before they are answered. Rather than wait for
-//!   the checkpoint (temporary file, fsync, rename, directory fsync), [`Persistence::commit`]
-//!   writes a journal record first, on the caller's thread, and the checkpoint follows.
+//!   the checkpoint (temporary file, fsync, rename, directory fsync), [`Persistence::change`]
+//!   writes a journal record first, on the caller's thread, and the checkpoint follows. The
+//!   checkpoint writer's snapshots are taken under the same lock, so the checkpoint never holds
+//!   a change the journal does not.
 //!
 //! Which is newer after a crash: each journal record names the checkpoint files that were in
 //! place or being written when it was made (by their kubelet checksums, see [`Disk`]); the
@@ -544,11 +547,12 @@ impl Persistence {
     }
 }
 
-/// Reads the checkpoint: what it holds, the entries still readable in it when it is corrupt
-/// (kept aside as a copy), and the checksums a journal record names for the file in place.
-fn read_checkpoint(
-    path: &Path,
-) -> Result<(Found<CheckpointData>, Vec<PodDevicesEntry>, Vec<u64>), CheckpointError> {
+/// What [`read_checkpoint`] found: the file's content, the entries still readable in it when
+/// it is corrupt, and the checksums a journal record names for the file in place.
+type CheckpointFound = (Found<CheckpointData>, Vec<PodDevicesEntry>, Vec<u64>);
+
+/// Reads the checkpoint (a corrupt one is kept aside as a copy): see [`CheckpointFound`].
+fn read_checkpoint(path: &Path) -> Result<CheckpointFound, CheckpointError> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
