@@ -12,6 +12,7 @@ mod ops;
 mod refusal;
 mod registration;
 
+mod admin_access;
 mod compile_cache;
 mod crash_consistency;
 mod device_authority;

@@ -2,6 +2,7 @@
 //! and the one mapping of [`AllocateError`] to gRPC statuses). `pluglet ctl` shows their answers
 //! through [`crate::admin::view`].
 
+use crate::admin::check_name;
 use std::collections::BTreeSet;
 
 use pluglet_core::{PodUid, error_chain};
@@ -83,17 +84,9 @@ pub async fn allocate(
     devices: &DeviceManager,
     request: pb::AllocateRequest,
 ) -> Result<pb::AllocateResponse, Status> {
-    for (field, value) in [
-        ("pod_uid", &request.pod_uid),
-        ("container", &request.container),
-        ("resource", &request.resource),
-    ] {
-        if value.is_empty() {
-            return Err(Status::invalid_argument(format!(
-                "{field} must not be empty"
-            )));
-        }
-    }
+    check_name("pod_uid", &request.pod_uid)?;
+    check_name("container", &request.container)?;
+    check_name("resource", &request.resource)?;
     let allocation = devices
         .allocate(
             &request.pod_uid,
@@ -114,8 +107,9 @@ pub async fn release(
     devices: &DeviceManager,
     request: pb::ReleaseRequest,
 ) -> Result<pb::ReleaseResponse, Status> {
-    if request.pod_uid.is_empty() {
-        return Err(Status::invalid_argument("pod_uid must not be empty"));
+    check_name("pod_uid", &request.pod_uid)?;
+    if !request.container.is_empty() {
+        check_name("container", &request.container)?;
     }
     let container = (!request.container.is_empty()).then_some(request.container.as_str());
     let released = devices
@@ -165,6 +159,9 @@ fn sync_pods_keep(request: &pb::SyncPodsRequest) -> Result<BTreeSet<PodUid>, Sta
         return Err(Status::invalid_argument(
             "keep_pod_uids holds an empty pod UID",
         ));
+    }
+    for uid in &request.keep_pod_uids {
+        check_name("keep_pod_uids", uid)?;
     }
     if request.keep_pod_uids.is_empty() && !request.all {
         return Err(Status::invalid_argument(

@@ -520,8 +520,14 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::RollbackHandlerResponse>, Status> {
         let request = request.into_inner();
         let slot = match (request.plugin_type.is_empty(), request.resource.is_empty()) {
-            (false, true) => SlotKey::PluginType(request.plugin_type),
-            (true, false) => SlotKey::Resource(request.resource),
+            (false, true) => {
+                super::check_name("plugin_type", &request.plugin_type)?;
+                SlotKey::PluginType(request.plugin_type)
+            }
+            (true, false) => {
+                super::check_name("resource", &request.resource)?;
+                SlotKey::Resource(request.resource)
+            }
             _ => {
                 return Err(Status::invalid_argument(
                     "name exactly one of plugin_type and resource",

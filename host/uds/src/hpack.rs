@@ -16,7 +16,7 @@ const MAX_INTEGER: usize = 1 << 24;
 
 /// Why a header block could not be decoded.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum HpackError {
+pub enum HpackError {
     /// An index of 0 or past the end of the static + dynamic table.
     #[error("header table index {0} does not exist")]
     BadIndex(usize),
@@ -43,7 +43,7 @@ pub(crate) enum HpackError {
 }
 
 /// The decoding side of one HPACK context (one HTTP/2 connection, one direction).
-pub(crate) struct Decoder {
+pub struct Decoder {
     /// Newest entry first, as HPACK indexes it.
     table: VecDeque<(Vec<u8>, Vec<u8>)>,
     /// Sum of the entries' sizes.
@@ -56,7 +56,7 @@ pub(crate) struct Decoder {
 
 impl Decoder {
     /// A fresh context; `allowed` is the server's SETTINGS_HEADER_TABLE_SIZE.
-    pub(crate) fn new(allowed: usize) -> Decoder {
+    pub fn new(allowed: usize) -> Decoder {
         Decoder {
             table: VecDeque::new(),
             size: 0,
@@ -67,7 +67,7 @@ impl Decoder {
 
     /// Decodes one complete header block, calling `field(name, value)` for each header field in
     /// order. On error the context is unusable (the connection has to go).
-    pub(crate) fn decode(
+    pub fn decode(
         &mut self,
         mut buf: &[u8],
         mut field: impl FnMut(&[u8], &[u8]),
@@ -161,7 +161,7 @@ impl Decoder {
 
     /// Current size of the dynamic table, in RFC 7541 §4.1 terms.
     #[cfg(test)]
-    pub(crate) fn table_size(&self) -> usize {
+    pub fn table_size(&self) -> usize {
         self.size
     }
 }

@@ -18,6 +18,8 @@
 //! Socket paths here are filesystem paths; no abstract sockets.
 
 pub mod authority;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod hpack;
 
 use std::io;
