@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the tests run, as package:program: `minisign` makes the keys and signatures
 # of the handler signature tests; `systemd` brings `systemd-analyze`, which checks the shipped
-# unit file.
-packages=(minisign:minisign systemd:systemd-analyze)
+# unit file; `mount` mounts the small tmpfs and read-only bind mounts of the state tests.
+packages=(minisign:minisign systemd:systemd-analyze mount:mount)
 missing=()
 for entry in "${packages[@]}"; do
     command -v "${entry#*:}" >/dev/null 2>&1 || missing+=("${entry%%:*}")

@@ -76,19 +76,31 @@ impl StateLock {
             path: path.to_owned(),
             source,
         };
-        let file = File::options()
+        let (file, writable) = match File::options()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(path)
-            .map_err(io)?;
+        {
+            Ok(file) => (file, true),
+            // A read-only state directory: the lock still keeps a second daemon out (the
+            // device manager then refuses changes it cannot record); the pid is not written.
+            Err(e) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => {
+                (File::open(path).map_err(|_| io(e))?, false)
+            }
+            Err(e) => return Err(io(e)),
+        };
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(mut lock) => {
-                lock.set_len(0).map_err(io)?;
-                lock.rewind().map_err(io)?;
-                writeln!(lock, "{}", std::process::id()).map_err(io)?;
-                lock.sync_data().map_err(io)?;
+                if writable {
+                    lock.set_len(0).map_err(io)?;
+                    lock.rewind().map_err(io)?;
+                    writeln!(lock, "{}", std::process::id()).map_err(io)?;
+                    lock.sync_data().map_err(io)?;
+                } else {
+                    tracing::warn!(path = %path.display(), "the state directory is read-only: locked without writing the pid");
+                }
                 Ok(StateLock { _lock: lock })
             }
             Err((mut file, Errno::EWOULDBLOCK)) => {

@@ -139,12 +139,109 @@ fn a_corrupt_checkpoint_is_set_aside_and_the_daemon_starts_empty() {
     assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), garbage);
     let log = daemon.log_text();
     assert!(log.contains("set aside"), "{log}");
+    let events = set_aside_events(&daemon);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let message = &events[0].1;
+    assert!(
+        message.contains("checksum mismatch: the file says 42")
+            && message.contains(&aside[0].display().to_string())
+            && message.contains("no journal record to recover allocations from"),
+        "{message}"
+    );
     // A valid, empty checkpoint took its place.
     let text = std::fs::read_to_string(checkpoint(&root)).unwrap();
     assert_eq!(
         text,
         r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3467439661}"#
     );
+}
+
+/// The `state_set_aside` events of `ctl events -o json`: (subject, message).
+fn set_aside_events(daemon: &Daemon) -> Vec<(String, String)> {
+    daemon
+        .ctl_json("events")
+        .into_iter()
+        .filter(|e| e["type"] == "state_set_aside")
+        .map(|e| {
+            (
+                e["subject"].as_str().unwrap_or_default().to_owned(),
+                e["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_checkpoint_cut_short_is_kept_aside_and_the_journal_gives_its_allocations_back() {
+    let root = TestRoot::new();
+    let daemon = Daemon::start(&root.path(), &[]);
+    let _plugin = DevicePluginProcess::start(&root, FLOWS[0], GPU, &["--reregister"]);
+    wait_allocatable(&daemon, GPU, 4);
+    let first = ids(&allocate(&daemon, "pod-1", "ctr", GPU, 1).unwrap()["device_ids"]);
+    let second = ids(&allocate(&daemon, "pod-2", "ctr", GPU, 2).unwrap()["device_ids"]);
+    let text = checkpoint_when(&root, "both pods in the checkpoint", |text| {
+        text.contains("pod-1") && text.contains("pod-2")
+    });
+    daemon.kill();
+    // Cut inside pod-2's entry: pod-1's is still readable, pod-2's is not.
+    let cut = &text[..text.find("pod-2").unwrap() + 3];
+    std::fs::write(checkpoint(&root), cut).unwrap();
+
+    let daemon = Daemon::start(&root.path(), &[]);
+    let listed = allocations(&daemon);
+    let held: Vec<(String, Vec<String>)> = listed
+        .iter()
+        .map(|a| {
+            (
+                a["pod_uid"].as_str().unwrap().to_owned(),
+                ids(&a["device_ids"]),
+            )
+        })
+        .collect();
+    assert_eq!(
+        held,
+        [("pod-1".to_owned(), first), ("pod-2".to_owned(), second)],
+        "nothing lost"
+    );
+    let events = set_aside_events(&daemon);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (subject, message) = &events[0];
+    assert_eq!(*subject, checkpoint(&root).display().to_string());
+    assert!(
+        message.contains("is corrupt: not JSON")
+            && message.contains("recovered 2 allocations from the journal")
+            && message.contains("kept as "),
+        "{message}"
+    );
+    let copy = message
+        .split("kept as ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(copy).unwrap(),
+        cut,
+        "the copy is exact"
+    );
+    let log = daemon.log_text();
+    assert!(
+        log.contains("corrupt device manager state set aside"),
+        "{log}"
+    );
+    // The first write replaced the cut file with the recovered state.
+    checkpoint_when(&root, "the recovered state in the checkpoint", |text| {
+        whole(text) && text.contains("pod-1") && text.contains("pod-2")
+    });
+    wait_allocatable(&daemon, GPU, 4);
+    let err = allocate(&daemon, "pod-3", "ctr", GPU, 2).unwrap_err();
+    assert!(err.contains("Requested: 2, Available: 1"), "{err}");
+}
+
+/// Whether `text` is a whole checkpoint file: it ends with its checksum.
+fn whole(text: &str) -> bool {
+    text.trim_end()
+        .rsplit_once(r#""Checksum":"#)
+        .is_some_and(|(_, sum)| sum.trim_end_matches('}').parse::<u64>().is_ok())
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! separate processes, and `pluglet ctl` to observe. One module per user story; shared harness in
 //! `support/`. Run them with `bash scripts/test.sh`: it builds the binaries first and installs
 //! the programs the tests run (`minisign` for the signature tests, `systemd-analyze` for the
-//! unit file).
+//! unit file, `mount` for the state tests, which run as root).
 
 mod support;
 
@@ -16,6 +16,7 @@ mod registration;
 
 mod admin_access;
 mod compile_cache;
+mod crash_consistency;
 mod device_authority;
 mod device_property;
 mod device_restart;
@@ -26,5 +27,6 @@ mod handler_integrity;
 mod handler_swap;
 mod handler_vectors;
 mod node_operations;
+mod state_disk;
 mod status_events;
 mod sync_pods;

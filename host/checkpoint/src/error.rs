@@ -53,11 +53,9 @@ pub enum CheckpointError {
         #[source]
         source: io::Error,
     },
-    /// The file does not parse or fails its checksum. Pluglet's start sets such a file aside
-    /// ([`crate::load_or_set_aside`]) and starts empty.
-    #[error(
-        "checkpoint {path} is corrupt: move it aside (Pluglet does so at start) to start with an empty state"
-    )]
+    /// The file does not parse or fails its checksum. Pluglet's start keeps such a file aside
+    /// and restores what its other files prove.
+    #[error("checkpoint {path} is corrupt")]
     Corrupt {
         /// The file.
         path: PathBuf,

@@ -162,6 +162,42 @@ impl CheckpointData {
         })
     }
 
+    /// The entries that can still be read at the start of a damaged file's `PodDeviceEntries`
+    /// (a file cut short, or one whose checksum fails), in file order. They are *not* verified:
+    /// use them to say what a corrupt checkpoint held, never as allocations.
+    ///
+    /// Reading stops at the first entry that is incomplete or does not parse.
+    pub fn readable_entries(bytes: &[u8]) -> Vec<PodDevicesEntry> {
+        const KEY: &[u8] = b"\"PodDeviceEntries\":";
+        let Some(at) = bytes.windows(KEY.len()).position(|w| w == KEY) else {
+            return Vec::new();
+        };
+        let mut rest = bytes[at + KEY.len()..].trim_ascii_start();
+        let Some(after) = rest.strip_prefix(b"[") else {
+            return Vec::new();
+        };
+        rest = after;
+        let mut out = Vec::new();
+        loop {
+            rest = rest.trim_ascii_start();
+            let mut stream = serde_json::Deserializer::from_slice(rest).into_iter::<RawEntry>();
+            let Some(Ok(raw)) = stream.next() else {
+                break;
+            };
+            let used = stream.byte_offset();
+            let Ok(entry) = raw.into_entry() else {
+                break;
+            };
+            out.push(entry);
+            rest = rest[used..].trim_ascii_start();
+            match rest.split_first() {
+                Some((b',', after)) => rest = after,
+                _ => break,
+            }
+        }
+        out
+    }
+
     /// A capacity guess for the encoded file, to write it with one allocation in most cases.
     fn size_hint(&self) -> usize {
         let ids = |list: &Option<Vec<String>>| {
@@ -397,6 +433,34 @@ mod tests {
 
     fn strings(ids: &[&str]) -> Option<Vec<String>> {
         Some(ids.iter().map(|s| (*s).to_owned()).collect())
+    }
+
+    /// Every strict prefix of a file is corrupt, and what can still be read of it is a prefix
+    /// of its entries, each exactly as written.
+    #[test]
+    fn a_file_cut_at_every_byte_is_corrupt_and_its_readable_entries_are_exact() {
+        let mut data = sample();
+        let list = data.pod_device_entries.as_mut().unwrap();
+        let mut second = list[0].clone();
+        second.pod_uid = "pod-uid-2".into();
+        second.alloc_resp = None;
+        list.push(second);
+        let file = data.encode();
+        let entries = data.pod_device_entries.clone().unwrap();
+        let mut readable_before = 0;
+        for cut in 0..file.len() {
+            assert!(
+                CheckpointData::decode(&file[..cut]).is_err(),
+                "cut at {cut}"
+            );
+            let readable = CheckpointData::readable_entries(&file[..cut]);
+            assert_eq!(readable, entries[..readable.len()], "cut at {cut}");
+            assert!(readable.len() >= readable_before, "cut at {cut}");
+            readable_before = readable.len();
+        }
+        assert_eq!(CheckpointData::readable_entries(&file), entries);
+        assert_eq!(CheckpointData::decode(&file).unwrap(), data);
+        assert!(CheckpointData::readable_entries(b"not a checkpoint").is_empty());
     }
 
     /// Test vector 1 (docs/kubelet-compatibility.md, "Checkpoint test vectors"): the empty state the kubelet writes when nothing is allocated.

@@ -78,30 +78,28 @@ impl Journal {
             Ok(mut file) => {
                 let mut bytes = Vec::new();
                 file.read_to_end(&mut bytes).map_err(read_error)?;
-                if let Some(slot_size) = slot_size_of(&bytes) {
-                    let record = [0, 1]
-                        .into_iter()
-                        .filter_map(|slot| parse_slot(&bytes[slot * slot_size..][..slot_size]))
-                        .max_by_key(|r| r.seq);
+                if let Some((slot_size, record)) = parse_file(&bytes) {
                     let seq = record.as_ref().map_or(0, |r| r.seq);
-                    if record.is_some() || bytes.iter().all(|&b| b == 0) {
-                        let file = OpenOptions::new()
-                            .read(true)
-                            .write(true)
-                            .open(path)
-                            .map_err(read_error)?;
-                        return Ok(Opened {
-                            journal: Journal {
-                                path: path.to_path_buf(),
-                                file,
-                                slot_size,
-                                seq,
-                                durability,
-                            },
-                            record,
-                            set_aside: None,
-                        });
-                    }
+                    let file = OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(path)
+                        .map_err(|source| CheckpointError::Write {
+                            path: path.to_path_buf(),
+                            step: "open the journal for writing",
+                            source,
+                        })?;
+                    return Ok(Opened {
+                        journal: Journal {
+                            path: path.to_path_buf(),
+                            file,
+                            slot_size,
+                            seq,
+                            durability,
+                        },
+                        record,
+                        set_aside: None,
+                    });
                 }
                 set_aside_to = Some(set_aside(path)?);
             }
@@ -114,6 +112,21 @@ impl Journal {
             record: None,
             set_aside: set_aside_to,
         })
+    }
+
+    /// Reads the newest complete record of the journal at `path` without opening it for
+    /// writing: `Ok(None)` when there is no file or no record yet, or when the file is not a
+    /// journal (which [`Journal::open`] would set aside). For a state directory that cannot be
+    /// written to: what the journal holds can still be restored.
+    pub fn read(path: &Path) -> Result<Option<JournalRecord>, CheckpointError> {
+        match std::fs::read(path) {
+            Ok(bytes) => Ok(parse_file(&bytes).and_then(|(_, record)| record)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(CheckpointError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
     }
 
     /// The file's path.
@@ -202,6 +215,17 @@ fn encode_record(seq: u64, payload: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&[0; 8]);
     out.extend_from_slice(payload);
     out
+}
+
+/// The slot size and newest record of a whole journal file; `None` when it is not a journal
+/// (wrong size, or no valid slot while not all zeros).
+fn parse_file(bytes: &[u8]) -> Option<(usize, Option<JournalRecord>)> {
+    let slot_size = slot_size_of(bytes)?;
+    let record = [0, 1]
+        .into_iter()
+        .filter_map(|slot| parse_slot(&bytes[slot * slot_size..][..slot_size]))
+        .max_by_key(|r| r.seq);
+    (record.is_some() || bytes.iter().all(|&b| b == 0)).then_some((slot_size, record))
 }
 
 /// The record in one slot, if it is complete and intact.

@@ -56,6 +56,6 @@ pub use side::{
     decode_side, encode_side, load_side, load_side_or_set_aside, save_side, save_side_with,
 };
 pub use store::{
-    CHECKPOINT_FILE_NAME, Durability, LoadOutcome, SET_ASIDE_MARKER, checkpoint_path, load,
-    load_or_set_aside, replace_file, set_aside, sync_parent, write, write_atomic, write_with,
+    CHECKPOINT_FILE_NAME, Durability, LoadOutcome, SET_ASIDE_MARKER, checkpoint_path, keep_copy,
+    load, load_or_set_aside, replace_file, set_aside, sync_parent, write, write_atomic, write_with,
 };

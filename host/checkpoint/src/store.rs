@@ -155,6 +155,24 @@ pub fn sync_parent(path: &Path) -> Result<(), CheckpointError> {
 /// if that exists) in the same directory, never replacing another file, and returns the new
 /// path.
 pub fn set_aside(path: &Path) -> Result<PathBuf, CheckpointError> {
+    aside_with(path, move_no_replace)
+}
+
+/// Keeps the file at `path` as `<name>.corrupt-<unix seconds>` (named as [`set_aside`] does)
+/// and leaves it in place too: a hard link (no bytes copied), or a copy where the filesystem
+/// has no hard links. Returns the copy's path.
+///
+/// For a caller that will replace the corrupt file atomically: until it does, the name still
+/// holds the corrupt file, never nothing, so a crash in between finds the same evidence again.
+pub fn keep_copy(path: &Path) -> Result<PathBuf, CheckpointError> {
+    aside_with(path, copy_no_replace)
+}
+
+/// Gives the file at `path` a free `<name>.corrupt-<unix seconds>[.n]` name with `place`.
+fn aside_with(
+    path: &Path,
+    place: fn(&Path, &Path) -> io::Result<()>,
+) -> Result<PathBuf, CheckpointError> {
     let seconds = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -168,7 +186,7 @@ pub fn set_aside(path: &Path) -> Result<PathBuf, CheckpointError> {
             name.push(format!(".{attempt}"));
         }
         let to = dir.join(name);
-        match move_no_replace(path, &to) {
+        match place(path, &to) {
             Ok(()) => {
                 // Best effort: the data is safe either way, only the new name may not persist.
                 let _ = sync_dir(dir);
@@ -261,6 +279,24 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 #[cfg(not(unix))]
 fn sync_dir(_dir: &Path) -> io::Result<()> {
     Ok(())
+}
+
+/// Links (or, without hard links, copies) `from` to `to` unless `to` exists (`AlreadyExists`
+/// then).
+fn copy_no_replace(from: &Path, to: &Path) -> io::Result<()> {
+    match fs::hard_link(from, to) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
+        Err(_) => {
+            let mut source = File::open(from)?;
+            let mut copy = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(to)?;
+            io::copy(&mut source, &mut copy)?;
+            copy.sync_all()
+        }
+    }
 }
 
 /// Moves `from` to `to` unless `to` exists (`AlreadyExists` then): a hard link fails rather

@@ -40,6 +40,11 @@ pub enum EventKind {
     AllocateFailed,
     /// Devices a container held were released.
     Released,
+    /// A release could not be made durable and was refused: the devices stay held.
+    ReleaseFailed,
+    /// A corrupt state file was found at start and kept aside; the message says what was
+    /// wrong, where the copy is, and what was recovered and lost.
+    StateSetAside,
     /// A handler change was applied.
     HandlerApplied,
     /// A handler change was refused; the handlers in force keep serving.
@@ -50,7 +55,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 14] = [
         EventKind::Registered,
         EventKind::Deregistered,
         EventKind::Refused,
@@ -60,6 +65,8 @@ impl EventKind {
         EventKind::Allocated,
         EventKind::AllocateFailed,
         EventKind::Released,
+        EventKind::ReleaseFailed,
+        EventKind::StateSetAside,
         EventKind::HandlerApplied,
         EventKind::HandlerRefused,
         EventKind::HandlerRolledBack,
@@ -77,6 +84,8 @@ impl EventKind {
             EventKind::Allocated => "allocated",
             EventKind::AllocateFailed => "allocate_failed",
             EventKind::Released => "released",
+            EventKind::ReleaseFailed => "release_failed",
+            EventKind::StateSetAside => "state_set_aside",
             EventKind::HandlerApplied => "handler_applied",
             EventKind::HandlerRefused => "handler_refused",
             EventKind::HandlerRolledBack => "handler_rolled_back",
@@ -89,6 +98,8 @@ impl EventKind {
             self,
             EventKind::Refused
                 | EventKind::AllocateFailed
+                | EventKind::ReleaseFailed
+                | EventKind::StateSetAside
                 | EventKind::HandlerRefused
                 | EventKind::HandlerRolledBack
         )
@@ -323,6 +334,8 @@ mod tests {
             [
                 "refused",
                 "allocate_failed",
+                "release_failed",
+                "state_set_aside",
                 "handler_refused",
                 "handler_rolled_back"
             ]

@@ -136,7 +136,7 @@ async fn bench_allocate(
         let pod = format!("pod-{i}");
         samples.push(elapsed);
         assert_eq!(got.device_ids.len(), count as usize);
-        manager.release(&pod, None).await;
+        manager.release(&pod, None).await.expect("release");
         // Untimed: let the checkpoint writes that follow the answers finish, so each timed
         // allocation starts on an idle node (as the kubelet's figures do).
         manager.wait_checkpoint().await.expect("checkpoint");

@@ -15,7 +15,9 @@
 //! - devices are chosen under a per-resource decision lock and reserved in the state before
 //!   the first RPC to the plugin, so concurrent requests never get the same device;
 //! - any failure leaves nothing held; success returns only once it is durable (journal
-//!   first, the kubelet checkpoint follows: see [`crate::persistence`]).
+//!   first, the kubelet checkpoint follows: see [`crate::persistence`]);
+//! - a release takes effect only once it is durable: one that cannot be recorded is refused
+//!   and the devices stay held.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -360,19 +362,50 @@ impl Allocator {
         .await
     }
 
-    /// Removes the entries `gone` selects in one change, then makes that durable; each entry
-    /// released is recorded in the event log, its message ending with `why`.
+    /// Removes the entries `gone` selects in one change once that is durable (nothing is
+    /// removed when it cannot be made durable); each entry released is recorded in the event
+    /// log, its message ending with `why`.
     async fn release_where(
         &self,
-        gone: impl FnMut(&HolderKey) -> bool,
+        mut gone: impl FnMut(&HolderKey) -> bool,
         why: &str,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
-        let released: Vec<AllocationInfo> = self
-            .lock()
-            .release_where(gone)
-            .iter()
-            .map(|(key, entry)| AllocationInfo::of(key, entry))
-            .collect();
+        let released = self
+            .inner
+            .persistence
+            .change(&self.inner.pods, |pods| {
+                pods.release_where(&mut gone)
+                    .iter()
+                    .map(|(key, entry)| AllocationInfo::of(key, entry))
+                    .collect::<Vec<_>>()
+            })
+            .await;
+        let released = match released {
+            Ok(released) => released,
+            Err(source) => {
+                let held: Vec<AllocationInfo> = self
+                    .lock()
+                    .iter()
+                    .filter(|(key, _)| gone(key))
+                    .map(|(key, entry)| AllocationInfo::of(key, entry))
+                    .collect();
+                let err = ReleaseError { held, source };
+                for a in &err.held {
+                    self.inner.registry.events().record(
+                        EventKind::ReleaseFailed,
+                        a.resource.as_str(),
+                        format!(
+                            "{} of pod {} container {}{why}: {}",
+                            devices_text(&a.device_ids),
+                            a.pod_uid,
+                            a.container,
+                            pluglet_core::error_chain(&err)
+                        ),
+                    );
+                }
+                return Err(err);
+            }
+        };
         if released.is_empty() {
             return Ok(released);
         }
@@ -394,13 +427,7 @@ impl Allocator {
                 ),
             );
         }
-        match self.inner.persistence.commit(&self.inner.pods).await {
-            Ok(()) => Ok(released),
-            Err(source) => Err(ReleaseError {
-                freed: released,
-                source,
-            }),
-        }
+        Ok(released)
     }
 
     /// Who holds what, sorted by pod, container and resource.
@@ -526,7 +553,8 @@ impl Allocator {
         Ok((offer.client, offer.pre_start_required))
     }
 
-    /// Records the allocation and waits until it is durable; undoes it if the write fails.
+    /// Records the allocation once it is durable; drops the reservation if it cannot be made
+    /// durable (nothing held, nothing checkpointed).
     async fn commit(
         &self,
         key: HolderKey,
@@ -534,29 +562,29 @@ impl Allocator {
         chosen: Vec<String>,
         response: v1beta1::ContainerAllocateResponse,
     ) -> Result<Allocation, AllocateError> {
-        if !self.lock().commit(&key, token, response.clone()) {
-            return Err(AllocateError::Released {
-                pod_uid: key.pod_uid,
-                container: key.container,
-                resource: key.resource,
-            });
-        }
-        if let Err(source) = self.inner.persistence.commit(&self.inner.pods).await {
-            {
-                let mut pods = self.lock();
-                let ours = pods.get(&key).is_some_and(|e| {
-                    matches!(&e.state, EntryState::Allocated { response: r } if *r == response)
-                        && e.devices == chosen
+        let committed = self
+            .inner
+            .persistence
+            .change(&self.inner.pods, |pods| {
+                pods.commit(&key, token, response.clone())
+            })
+            .await;
+        match committed {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(AllocateError::Released {
+                    pod_uid: key.pod_uid,
+                    container: key.container,
+                    resource: key.resource,
                 });
-                if ours {
-                    pods.release_key(&key);
-                }
             }
-            let _ = self.inner.persistence.commit(&self.inner.pods).await;
-            return Err(AllocateError::Checkpoint {
-                resource: key.resource,
-                source,
-            });
+            Err(source) => {
+                self.lock().cancel(&key, token);
+                return Err(AllocateError::Checkpoint {
+                    resource: key.resource,
+                    source,
+                });
+            }
         }
         // The pod, container and resource are the fields of the allocation span around this.
         tracing::info!(devices = ?chosen, "devices allocated");

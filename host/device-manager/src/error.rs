@@ -103,13 +103,16 @@ pub enum ConnectError {
     },
 }
 
-/// Why freed allocations are not durable: they are free in memory, and the checkpoint write
-/// that follows will be retried with the next change.
+/// Why a release (or a sync of pods) was refused: it could not be made durable, so nothing
+/// was released and the devices stay held.
 #[derive(Debug, thiserror::Error)]
-#[error("{} released allocations could not be recorded on disk", freed.len())]
+#[error(
+    "cannot record the release on disk, so it was refused and {} entries stay held: free space or make the state directory writable, then retry",
+    held.len()
+)]
 pub struct ReleaseError {
-    /// What was freed (in memory) all the same.
-    pub freed: Vec<crate::allocator::AllocationInfo>,
+    /// What stays held.
+    pub held: Vec<crate::allocator::AllocationInfo>,
     /// The journal's write error.
     #[source]
     pub source: std::sync::Arc<CheckpointError>,
@@ -276,8 +279,11 @@ pub enum AllocateError {
         /// The resource.
         resource: ResourceName,
     },
-    /// The checkpoint recording the allocation could not be written; the allocation was undone.
-    #[error("cannot record the allocation of {resource}; it was undone")]
+    /// The allocation could not be made durable (the journal could not be written): refused,
+    /// nothing held.
+    #[error(
+        "cannot record the allocation of {resource} on disk, so it was refused and nothing is held: free space or make the state directory writable, then retry"
+    )]
     Checkpoint {
         /// The resource.
         resource: ResourceName,

@@ -45,6 +45,6 @@ pub use endpoint::Flow;
 pub use error::{AllocateError, ConnectError, ReleaseError, StartError};
 pub use manager::{Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager};
 pub use metrics::Metrics;
-pub use persistence::restore::{RestoreReport, SetAside};
+pub use persistence::restore::{Recovery, RestoreReport, SetAside};
 pub use pluglet_checkpoint::Durability;
 pub use registry::{RegistryEvent, ResourceInfo};

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pluglet_checkpoint::{CheckpointError, Durability};
-use pluglet_core::events::EventLog;
+use pluglet_core::events::{EventKind, EventLog};
 use pluglet_core::{ContainerName, PluginType, PodUid, ResourceName, error_chain};
 use pluglet_handlers::Handlers;
 use pluglet_proto::constants::KUBELET_SOCKET;
@@ -166,7 +166,7 @@ impl DeviceManager {
         let (persistence, restored) =
             Persistence::open(config.paths(), config.durability, config.metrics.clone())
                 .map_err(StartError::Restore)?;
-        log_restore(&restored.report);
+        log_restore(&restored.report, &config.events);
 
         let tasks = TaskTracker::new();
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
@@ -355,14 +355,18 @@ impl DeviceManager {
     }
 
     /// Releases what `pod_uid` holds (only `container`'s when given); returns the number of
-    /// (container, resource) entries released. The release is durable when this returns,
-    /// unless the journal cannot be written (logged; the devices are free in memory).
-    pub async fn release(&self, pod_uid: &str, container: Option<&str>) -> usize {
+    /// (container, resource) entries released, once that is durable. A release that cannot be
+    /// recorded on disk is refused ([`ReleaseError`]): nothing is released.
+    pub async fn release(
+        &self,
+        pod_uid: &str,
+        container: Option<&str>,
+    ) -> Result<usize, ReleaseError> {
         match self.inner.allocator.release(pod_uid, container).await {
-            Ok(released) => released.len(),
+            Ok(released) => Ok(released.len()),
             Err(err) => {
-                tracing::error!(error = %error_chain(&err), "cannot record a release on disk");
-                err.freed.len()
+                tracing::error!(error = %error_chain(&err), "release refused: cannot record it on disk");
+                Err(err)
             }
         }
     }
@@ -379,18 +383,42 @@ impl DeviceManager {
     }
 }
 
-fn log_restore(report: &RestoreReport) {
-    if report.from_journal {
+/// Logs what the start restored, and for each corrupt file kept aside also records a
+/// `state_set_aside` event: what was wrong, where the copy is, what was recovered and lost.
+fn log_restore(report: &RestoreReport, events: &EventLog) {
+    if report.from_journal && report.recovery.is_none() {
         tracing::info!(
             "allocations restored from the journal: Pluglet stopped before the checkpoint caught up"
         );
     }
     for aside in &report.set_aside {
+        let checkpoint = aside.path.file_name()
+            == Some(std::ffi::OsStr::new(
+                pluglet_checkpoint::CHECKPOINT_FILE_NAME,
+            ));
+        let outcome = match &report.recovery {
+            Some(recovery) if checkpoint => recovery.summary(),
+            _ if checkpoint => "starting without its allocations".to_owned(),
+            _ if aside.path.extension() == Some(std::ffi::OsStr::new("journal")) => {
+                "allocations come from the checkpoint alone".to_owned()
+            }
+            _ => "devices come from the checkpoint alone, without NUMA nodes".to_owned(),
+        };
         tracing::warn!(
             path = %aside.path.display(),
             moved_to = %aside.moved_to.display(),
             reason = %aside.reason,
-            "corrupt device manager state set aside; starting empty"
+            outcome = %outcome,
+            "corrupt device manager state set aside"
+        );
+        events.record(
+            EventKind::StateSetAside,
+            aside.path.display().to_string(),
+            format!(
+                "{}; kept as {}; {outcome}",
+                aside.reason,
+                aside.moved_to.display()
+            ),
         );
     }
     if report.allocations > 0 || !report.resources.is_empty() {

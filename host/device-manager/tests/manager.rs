@@ -319,7 +319,7 @@ async fn allocation_is_idempotent_refuses_a_changed_count_and_release_returns_de
     let text = std::fs::read_to_string(node.dp_dir().join("kubelet_internal_checkpoint")).unwrap();
     assert!(text.contains(r#""PodUID":"pod-1""#), "{text}");
 
-    assert_eq!(node.manager.release("pod-1", None).await, 1);
+    assert_eq!(node.manager.release("pod-1", None).await.unwrap(), 1);
     assert!(node.manager.allocations().is_empty());
     let all = node.manager.allocate("pod-2", "ctr", GPU, 4).await.unwrap();
     assert_eq!(all.device_ids.len(), 4);

@@ -66,7 +66,9 @@ pub fn allocate_status(err: &AllocateError) -> Status {
         | AllocateError::Allocate { .. }
         | AllocateError::EmptyAllocateResponse { .. }
         | AllocateError::PreStart { .. } => Code::Unknown,
-        AllocateError::PolicyFailed { .. } | AllocateError::Checkpoint { .. } => Code::Internal,
+        AllocateError::PolicyFailed { .. } => Code::Internal,
+        // Not durable: retry once the disk has room or the state directory is writable.
+        AllocateError::Checkpoint { .. } => Code::Unavailable,
     };
     Status::new(code, error_chain(err))
 }
@@ -111,7 +113,10 @@ pub async fn release(
         check_name("container", &request.container)?;
     }
     let container = (!request.container.is_empty()).then_some(request.container.as_str());
-    let released = devices.release(&request.pod_uid, container).await;
+    let released = devices
+        .release(&request.pod_uid, container)
+        .await
+        .map_err(|e| release_status(&e))?;
     Ok(pb::ReleaseResponse {
         released: released as u32,
     })
@@ -138,7 +143,7 @@ pub async fn sync_pods(
     let freed = devices
         .sync_pods(&keep, request.dry_run)
         .await
-        .map_err(|e| sync_pods_status(&e))?;
+        .map_err(|e| release_status(&e))?;
     Ok(pb::SyncPodsResponse {
         freed: freed.iter().map(allocation_to_wire).collect(),
         dry_run: request.dry_run,
@@ -167,9 +172,10 @@ fn sync_pods_keep(request: &pb::SyncPodsRequest) -> Result<BTreeSet<PodUid>, Sta
     Ok(request.keep_pod_uids.iter().map(PodUid::from).collect())
 }
 
-/// The status of a failed `SyncPods`; the message is the whole error chain.
-fn sync_pods_status(err: &ReleaseError) -> Status {
-    Status::internal(error_chain(err))
+/// The status of a refused `Release` or `SyncPods` (it could not be made durable: retry once
+/// the disk has room or the state directory is writable); the message is the whole error chain.
+fn release_status(err: &ReleaseError) -> Status {
+    Status::unavailable(error_chain(err))
 }
 
 #[cfg(test)]

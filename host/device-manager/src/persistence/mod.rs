@@ -1,5 +1,6 @@
 //! [`Persistence`]: the device manager's state on disk, behind one type with one promise:
-//! [`Persistence::commit`] returns when the allocations it was given are durable.
+//! [`Persistence::change`] makes a change to the allocations only once it is durable, and
+//! refuses it (changing nothing) when it cannot be made durable.
 //!
 //! The files:
 //! - `kubelet_internal_checkpoint` in the device plugins directory, in the kubelet's exact
@@ -17,8 +18,10 @@
 //!   costs one write. A device change wakes the writer at once; after allocations and releases
 //!   alone it is woken a little later (`ALLOCATION_WRITE_DELAY`);
 //! - allocations and releases must be durable before they are answered. Rather than wait for
-//!   the checkpoint (temporary file, fsync, rename, directory fsync), [`Persistence::commit`]
-//!   writes a journal record first, on the caller's thread, and the checkpoint follows.
+//!   the checkpoint (temporary file, fsync, rename, directory fsync), [`Persistence::change`]
+//!   writes a journal record first, on the caller's thread, and the checkpoint follows. The
+//!   checkpoint writer's snapshots are taken under the same lock, so the checkpoint never holds
+//!   a change the journal does not.
 //!
 //! Which is newer after a crash: each journal record names the checkpoint files that were in
 //! place or being written when it was made (by their kubelet checksums, see [`Disk`]); the
@@ -37,7 +40,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pluglet_checkpoint::{CheckpointData, CheckpointError, Durability, Journal, LoadOutcome};
+use pluglet_checkpoint::{
+    CheckpointData, CheckpointError, Durability, Journal, LoadOutcome, PodDevicesEntry,
+};
 use pluglet_core::error_chain;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -68,6 +73,13 @@ const MAX_ON_DISK: usize = 16;
 /// or shutdown wakes it sooner.
 const ALLOCATION_WRITE_DELAY: Duration = Duration::from_millis(20);
 
+/// The first retry of a failed checkpoint write comes after this long; each next one after
+/// twice as long, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+
+/// The longest wait between retries of a failed checkpoint write.
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
 /// Where the three files live.
 #[derive(Clone, Debug)]
 pub struct Paths {
@@ -81,19 +93,23 @@ pub struct Paths {
 
 /// The durable side of the state, behind one async mutex so that a journal record and the
 /// checkpoint writer's snapshots are ordered: a record taken after a snapshot names that
-/// snapshot's file.
+/// snapshot's file, and a snapshot never sees a change whose record is not on disk yet.
 #[derive(Debug)]
 pub(crate) struct Disk {
-    /// The allocation journal.
-    pub journal: Journal,
+    /// The allocation journal; `None` while it cannot be opened for writing (a read-only state
+    /// directory, say): every change tries again, and is refused until it can be.
+    pub journal: Option<Journal>,
     /// Kubelet checksums of the checkpoint files that may be in place if the process dies now:
-    /// the last one written and any being written (or that failed to be) since.
+    /// the one found at start or last written, and any being written (or that failed to be)
+    /// since. [`NO_CHECKPOINT`] stands for "no file".
     pub on_disk: Vec<u64>,
-    /// [`PodDevices::version`] of the newest journal record.
-    pub journaled: u64,
     /// Renames since the last directory fsync.
     pub unsynced: usize,
 }
+
+/// What a journal record names for "no checkpoint file in place" (a kubelet checksum is a
+/// 32-bit FNV value, so it never equals this).
+pub const NO_CHECKPOINT: u64 = u64::MAX;
 
 impl Disk {
     /// A snapshot with this checksum is about to be written.
@@ -114,6 +130,32 @@ impl Disk {
     /// Whether the writer should fsync the directory now.
     pub fn needs_dir_sync(&self) -> bool {
         self.unsynced >= DIR_SYNC_AFTER
+    }
+
+    /// Writes `payload` as the journal's newest record, opening the journal first if it is not
+    /// open (it could not be at start, or a previous attempt failed).
+    fn append(
+        &mut self,
+        path: &Path,
+        durability: Durability,
+        payload: &[u8],
+    ) -> Result<(), CheckpointError> {
+        if self.journal.is_none() {
+            let opened = Journal::open(path, durability)?;
+            if let Some(moved_to) = &opened.set_aside {
+                tracing::warn!(
+                    path = %path.display(),
+                    moved_to = %moved_to.display(),
+                    "the allocation journal was not a journal any more; kept aside, starting a new one"
+                );
+            }
+            tracing::info!(path = %path.display(), "allocation journal open for writing again");
+            self.journal = Some(opened.journal);
+        }
+        match &mut self.journal {
+            Some(journal) => journal.append(payload),
+            None => unreachable!("opened above"),
+        }
     }
 }
 
@@ -269,33 +311,45 @@ pub(crate) struct Persistence {
 }
 
 impl Persistence {
-    /// Reads the three files (renaming corrupt ones aside) and returns what they describe.
+    /// Reads the three files and returns what they describe. A corrupt checkpoint is kept
+    /// aside as a copy and left in place until the first write replaces it; a corrupt side
+    /// file or journal is renamed aside. A journal that cannot be opened for writing is read
+    /// all the same: the state is restored, and changes are refused until it can be written.
     pub fn open(
         paths: Paths,
         durability: Durability,
         metrics: Metrics,
     ) -> Result<(Persistence, Restored), CheckpointError> {
-        let opened = Journal::open(&paths.journal, durability)?;
-        let journal = match opened.set_aside {
-            Some(moved_to) => Found::SetAside(SetAside {
-                path: paths.journal.clone(),
-                moved_to,
-                reason: "not a Pluglet journal, or both of its slots are damaged".into(),
-            }),
-            None => Found::Loaded(opened.record),
+        let (journal, journal_found) = match Journal::open(&paths.journal, durability) {
+            Ok(opened) => {
+                let found = match opened.set_aside {
+                    Some(moved_to) => Found::SetAside(SetAside {
+                        path: paths.journal.clone(),
+                        moved_to,
+                        reason: "not a Pluglet journal, or both of its slots are damaged".into(),
+                    }),
+                    None => Found::Loaded(opened.record),
+                };
+                (Some(opened.journal), found)
+            }
+            Err(err) => {
+                tracing::error!(
+                    error = %error_chain(&err),
+                    "cannot open the allocation journal for writing: allocations and releases are refused until it can be"
+                );
+                (None, Found::Loaded(Journal::read(&paths.journal)?))
+            }
         };
-        let checkpoint = found(
-            &paths.checkpoint,
-            pluglet_checkpoint::load_or_set_aside(&paths.checkpoint)?,
-        );
+        let (checkpoint, checkpoint_readable, on_disk) = read_checkpoint(&paths.checkpoint)?;
         let side = found(
             &paths.side,
             pluglet_checkpoint::load_side_or_set_aside::<SideState>(&paths.side)?,
         );
         let restored = restore::restore(Files {
             checkpoint,
+            checkpoint_readable,
             side,
-            journal,
+            journal: journal_found,
         });
         let persistence = Persistence {
             inner: Arc::new(Inner {
@@ -303,9 +357,8 @@ impl Persistence {
                 durability,
                 metrics,
                 disk: tokio::sync::Mutex::new(Disk {
-                    journal: opened.journal,
-                    on_disk: Vec::new(),
-                    journaled: 0,
+                    journal,
+                    on_disk,
                     unsynced: 0,
                 }),
                 requests: WriteRequests::new(),
@@ -319,37 +372,50 @@ impl Persistence {
         self.inner.requests.clone()
     }
 
-    /// Makes the allocations in `pods` as they are now durable (a journal record) before
-    /// returning, and asks for a checkpoint write to follow. Concurrent callers share records:
-    /// a record taken after a caller's change covers it.
-    pub async fn commit(&self, pods: &Mutex<PodDevices>) -> Result<(), Arc<CheckpointError>> {
-        let result = {
-            let mut disk = self.inner.disk.lock().await;
-            let (version, payload) = {
-                let pods = pods.lock().unwrap_or_else(|e| e.into_inner());
-                let version = pods.version();
-                if version <= disk.journaled {
-                    return Ok(());
-                }
-                (version, files::encode_journal(&disk.on_disk, &pods))
-            };
-            // On the caller's thread: one small in-place write and an `fdatasync` (~0.2 ms)
-            // cost less than handing the runtime worker to another thread around them.
-            let started = Instant::now();
-            let result = disk.journal.append(&payload);
-            self.inner
-                .metrics
-                .journal_write(result.is_ok(), started.elapsed());
-            if result.is_ok() {
-                disk.journaled = version;
+    /// Makes a change to the allocations durable, then makes it: `change` is applied to a copy
+    /// of `pods` to write the journal record of the state after it, and once that record is on
+    /// disk, to `pods` itself. On error `pods` is left as it was, so nothing that is not durable
+    /// is ever acknowledged, held or shown to the checkpoint writer. `change` must do the same
+    /// to both: it runs under the disk lock, which every change of allocated entries takes.
+    /// Returns what `change` returned on `pods`; asks for a checkpoint write to follow.
+    pub async fn change<T>(
+        &self,
+        pods: &Mutex<PodDevices>,
+        mut change: impl FnMut(&mut PodDevices) -> T,
+    ) -> Result<T, Arc<CheckpointError>> {
+        let mut disk = self.inner.disk.lock().await;
+        let payload = {
+            let mut current = lock(pods);
+            let mut next = current.clone();
+            let version = next.version();
+            change(&mut next);
+            if next.version() == version {
+                // Nothing changes: nothing to record.
+                return Ok(change(&mut current));
             }
-            result
+            files::encode_journal(&disk.on_disk, &next)
         };
-        self.inner.requests.allocations_changed();
-        result.map_err(|err| {
-            tracing::error!(error = %error_chain(&err), "cannot write the allocation journal");
-            Arc::new(err)
-        })
+        // On the caller's thread: one small in-place write and an `fdatasync` (~0.2 ms)
+        // cost less than handing the runtime worker to another thread around them.
+        let started = Instant::now();
+        let result = disk.append(&self.inner.paths.journal, self.inner.durability, &payload);
+        self.inner
+            .metrics
+            .journal_write(result.is_ok(), started.elapsed());
+        match result {
+            Ok(()) => {
+                let out = change(&mut lock(pods));
+                drop(disk);
+                self.inner.requests.allocations_changed();
+                Ok(out)
+            }
+            Err(err) => {
+                // A failed append may have left the file as it was or not (a torn slot is
+                // harmless: the other slot holds the previous record); open it again next time.
+                tracing::error!(error = %error_chain(&err), "cannot write the allocation journal");
+                Err(Arc::new(err))
+            }
+        }
     }
 
     /// Writes the current state at once and makes it survive a power cut (the first write of
@@ -371,9 +437,15 @@ impl Persistence {
         cancel: CancellationToken,
     ) {
         let requests = &self.inner.requests;
+        // After a failed write (a full disk, say), the next attempt comes without waiting for a
+        // change, sooner at first: the checkpoint catches up once the cause is gone.
+        let mut retry: Option<Duration> = None;
         loop {
             tokio::select! {
                 _ = requests.next_request() => {}
+                _ = tokio::time::sleep(retry.unwrap_or_default()), if retry.is_some() => {
+                    requests.devices_changed();
+                }
                 _ = cancel.cancelled() => {
                     if !requests.pending() {
                         break;
@@ -414,9 +486,18 @@ impl Persistence {
                 }
                 Err(err) => Err(err),
             };
-            if let Err(err) = &result {
-                tracing::error!(error = %error_chain(err), "cannot write the device manager checkpoint");
-            }
+            retry = match &result {
+                Ok(()) => None,
+                Err(err) => {
+                    let next = retry.map_or(RETRY_FIRST, |r| (r * 2).min(RETRY_MAX));
+                    tracing::error!(
+                        error = %error_chain(err),
+                        retry_in = ?next,
+                        "cannot write the device manager checkpoint"
+                    );
+                    Some(next)
+                }
+            };
             requests.done(target, result.err());
         }
         if self.inner.disk.lock().await.unsynced > 0
@@ -466,6 +547,53 @@ impl Persistence {
     }
 }
 
+/// What [`read_checkpoint`] found: the file's content, the entries still readable in it when
+/// it is corrupt, and the checksums a journal record names for the file in place.
+type CheckpointFound = (Found<CheckpointData>, Vec<PodDevicesEntry>, Vec<u64>);
+
+/// Reads the checkpoint (a corrupt one is kept aside as a copy): see [`CheckpointFound`].
+fn read_checkpoint(path: &Path) -> Result<CheckpointFound, CheckpointError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((Found::Missing, Vec::new(), vec![NO_CHECKPOINT]));
+        }
+        Err(source) => {
+            return Err(CheckpointError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    match CheckpointData::decode(&bytes) {
+        Ok(data) => {
+            let checksum = data.checksum();
+            Ok((Found::Loaded(data), Vec::new(), vec![checksum]))
+        }
+        Err(source) => {
+            let reason = CheckpointError::Corrupt {
+                path: path.to_path_buf(),
+                source,
+            };
+            let moved_to = pluglet_checkpoint::keep_copy(path)?;
+            let aside = SetAside {
+                path: path.to_path_buf(),
+                moved_to,
+                reason: error_chain(&reason),
+            };
+            Ok((
+                Found::SetAside(aside),
+                CheckpointData::readable_entries(&bytes),
+                Vec::new(),
+            ))
+        }
+    }
+}
+
+fn lock(pods: &Mutex<PodDevices>) -> std::sync::MutexGuard<'_, PodDevices> {
+    pods.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn found<T>(path: &Path, outcome: LoadOutcome<T>) -> Found<T> {
     match outcome {
         LoadOutcome::Loaded(value) => Found::Loaded(value),
@@ -496,8 +624,8 @@ mod tests {
         }
     }
 
-    fn allocate(pods: &Mutex<PodDevices>, pod: &str, device: &str) {
-        pods.lock().unwrap().insert(
+    fn allocate(pods: &mut PodDevices, pod: &str, device: &str) {
+        pods.insert(
             HolderKey::new(pod, "ctr", "vendor.com/gpu"),
             Entry {
                 devices: vec![device.into()],
@@ -534,8 +662,10 @@ mod tests {
                 .unwrap(),
         );
         persistence.write_now().await.unwrap();
-        allocate(&pods, "pod-1", "d0");
-        persistence.commit(&pods).await.unwrap();
+        persistence
+            .change(&pods, |p| allocate(p, "pod-1", "d0"))
+            .await
+            .unwrap();
         cancel.cancel();
         tasks.close();
         tasks.wait().await;
@@ -555,11 +685,12 @@ mod tests {
     fn a_record_names_the_file_in_place_and_the_one_being_written() {
         let dir = tempfile::tempdir().unwrap();
         let mut disk = Disk {
-            journal: Journal::open(&dir.path().join("j"), Durability::NoFsync)
-                .unwrap()
-                .journal,
+            journal: Some(
+                Journal::open(&dir.path().join("j"), Durability::NoFsync)
+                    .unwrap()
+                    .journal,
+            ),
             on_disk: Vec::new(),
-            journaled: 0,
             unsynced: 0,
         };
         disk.writing(1);
@@ -642,14 +773,18 @@ mod tests {
                 .run_writer(source(&pods), cancel.clone()),
         );
         persistence.write_now().await.unwrap();
-        allocate(&pods, "pod-1", "d0");
-        persistence.commit(&pods).await.unwrap();
+        persistence
+            .change(&pods, |p| allocate(p, "pod-1", "d0"))
+            .await
+            .unwrap();
         // The writer may or may not have caught up; stop it before the second commit, as a
         // crash would, so that only the journal holds pod-2.
         cancel.cancel();
         writer.await.unwrap();
-        allocate(&pods, "pod-2", "d1");
-        persistence.commit(&pods).await.unwrap();
+        persistence
+            .change(&pods, |p| allocate(p, "pod-2", "d1"))
+            .await
+            .unwrap();
         drop(persistence);
 
         let (_, restored) =
@@ -661,5 +796,188 @@ mod tests {
             .map(|(k, _)| k.pod_uid.to_string())
             .collect();
         assert_eq!(held, ["pod-1", "pod-2"]);
+    }
+
+    /// The files a node leaves behind: three allocations written to the kubelet checkpoint by
+    /// the writer (with the side file), then pod-1 released, which only the journal holds.
+    async fn real_files(dir: &Path) -> (Vec<u8>, Vec<u8>) {
+        use crate::persistence::files::SideResource;
+        use crate::persistence::files::tests::gpu_set;
+        let pods = Arc::new(Mutex::new(PodDevices::default()));
+        let (persistence, _) =
+            Persistence::open(paths(dir), Durability::NoFsync, Metrics::default()).unwrap();
+        let source = {
+            let pods = pods.clone();
+            move |with_side: bool| {
+                let resources = BTreeMap::from([(ResourceName::from("vendor.com/gpu"), gpu_set())]);
+                let data = files::kubelet_data(resources.iter(), &pods.lock().unwrap());
+                let side = with_side.then(|| {
+                    Box::new(move || SideState {
+                        resources: BTreeMap::from([(
+                            ResourceName::from("vendor.com/gpu"),
+                            SideResource::of(&gpu_set(), "builtin:device-plugin", "ab"),
+                        )]),
+                    }) as SideSource
+                });
+                (data, side)
+            }
+        };
+        let cancel = CancellationToken::new();
+        let writer = tokio::spawn(persistence.clone().run_writer(source, cancel.clone()));
+        for (pod, device) in [("pod-1", "d0"), ("pod-2", "d1"), ("pod-3", "d2")] {
+            persistence
+                .change(&pods, |p| allocate(p, pod, device))
+                .await
+                .unwrap();
+        }
+        persistence.write_now().await.unwrap();
+        cancel.cancel();
+        writer.await.unwrap();
+        persistence
+            .change(&pods, |p| p.release("pod-1", None))
+            .await
+            .unwrap();
+        let checkpoint = std::fs::read(paths(dir).checkpoint).unwrap();
+        let entries = CheckpointData::decode(&checkpoint)
+            .unwrap()
+            .pod_device_entries
+            .unwrap();
+        assert_eq!(entries.len(), 3, "the checkpoint holds pod-1 still");
+        (checkpoint, std::fs::read(paths(dir).journal).unwrap())
+    }
+
+    fn pods_of(restored: &Restored) -> Vec<String> {
+        restored
+            .pods
+            .iter()
+            .map(|(k, e)| format!("{}:{}", k.pod_uid, e.devices.join(",")))
+            .collect()
+    }
+
+    /// Every strict prefix of a real checkpoint is corrupt: it is kept aside byte for byte and
+    /// left in place (the first write replaces it), the journal gives back exactly what Pluglet
+    /// acknowledged last (never the released pod-1), the side file the devices, and the report
+    /// names what the copy still shows that is not restored.
+    #[tokio::test]
+    async fn a_checkpoint_cut_at_every_byte_offset_loses_nothing_the_journal_proves() {
+        let dir = tempfile::tempdir().unwrap();
+        let (full, journal) = real_files(dir.path()).await;
+        let paths = paths(dir.path());
+        // Where pod-1's entry ends: from there on the copy shows it.
+        let pod1_end = {
+            let text = String::from_utf8(full.clone()).unwrap();
+            let start = text.find(r#"{"PodUID":"pod-1""#).unwrap();
+            let alloc = start + text[start..].find(r#""AllocResp""#).unwrap();
+            alloc + text[alloc..].find('}').unwrap() + 1
+        };
+        let started = Instant::now();
+        for cut in 0..full.len() {
+            let prefix = &full[..cut];
+            std::fs::write(&paths.checkpoint, prefix).unwrap();
+            let (_, restored) =
+                Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
+            let report = &restored.report;
+            assert_eq!(pods_of(&restored), ["pod-2:d1", "pod-3:d2"], "cut at {cut}");
+            assert!(report.from_journal, "cut at {cut}");
+            assert_eq!(report.set_aside.len(), 1, "cut at {cut}");
+            let aside = &report.set_aside[0];
+            assert_eq!(aside.path, paths.checkpoint);
+            assert!(
+                aside.reason.contains("is corrupt"),
+                "cut at {cut}: {}",
+                aside.reason
+            );
+            assert_eq!(
+                std::fs::read(&aside.moved_to).unwrap(),
+                prefix,
+                "cut at {cut}"
+            );
+            assert_eq!(
+                std::fs::read(&paths.checkpoint).unwrap(),
+                prefix,
+                "still in place"
+            );
+            let recovery = report.recovery.as_ref().expect("a recovery report");
+            assert_eq!(recovery.from_journal, Some(2), "cut at {cut}");
+            let lost: &[&str] = if cut >= pod1_end {
+                &["pod-1/ctr vendor.com/gpu [d0]"]
+            } else {
+                &[]
+            };
+            assert_eq!(recovery.not_restored, lost, "cut at {cut}");
+            let summary = recovery.summary();
+            assert!(
+                summary.starts_with("recovered 2 allocations from the journal"),
+                "{summary}"
+            );
+            assert!(summary.contains("other entries"), "{summary}");
+            let gpu = &restored.resources["vendor.com/gpu"];
+            assert_eq!(
+                gpu.capacity(),
+                3,
+                "devices from the side file, cut at {cut}"
+            );
+            std::fs::remove_file(&aside.moved_to).unwrap();
+        }
+        // The whole file is the checkpoint as written: it stands, nothing is set aside.
+        std::fs::write(&paths.checkpoint, &full).unwrap();
+        let (_, restored) =
+            Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
+        assert!(restored.report.set_aside.is_empty());
+        assert_eq!(
+            std::fs::read(&paths.journal).unwrap(),
+            journal,
+            "the journal untouched"
+        );
+        eprintln!(
+            "{} cut checkpoints opened in {:?}",
+            full.len(),
+            started.elapsed()
+        );
+    }
+
+    /// A checkpoint edited by hand fails its checksum: kept aside, the journal's allocations
+    /// stand, and the entries the copy shows that are not restored are named.
+    #[tokio::test]
+    async fn a_checkpoint_edited_by_hand_is_kept_aside_and_the_journal_stands() {
+        let dir = tempfile::tempdir().unwrap();
+        let (full, _) = real_files(dir.path()).await;
+        let paths = paths(dir.path());
+        let edited = String::from_utf8(full)
+            .unwrap()
+            .replace(r#"["d2"]"#, r#"["d1"]"#);
+        std::fs::write(&paths.checkpoint, &edited).unwrap();
+        let (_, restored) =
+            Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
+        assert_eq!(pods_of(&restored), ["pod-2:d1", "pod-3:d2"]);
+        let aside = &restored.report.set_aside[0];
+        assert!(
+            aside.reason.contains("checksum mismatch"),
+            "{}",
+            aside.reason
+        );
+        assert_eq!(std::fs::read_to_string(&aside.moved_to).unwrap(), edited);
+        let recovery = restored.report.recovery.as_ref().unwrap();
+        assert_eq!(
+            recovery.not_restored,
+            [
+                "pod-1/ctr vendor.com/gpu [d0]",
+                "pod-3/ctr vendor.com/gpu [d1]"
+            ]
+        );
+
+        // Without the journal nothing is proven: no allocation, devices from the side file.
+        std::fs::remove_file(&aside.moved_to).unwrap();
+        std::fs::remove_file(&paths.journal).unwrap();
+        let (_, restored) =
+            Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
+        assert!(restored.pods.is_empty());
+        assert_eq!(restored.resources["vendor.com/gpu"].capacity(), 3);
+        let summary = restored.report.recovery.as_ref().unwrap().summary();
+        assert!(summary.starts_with("no journal record"), "{summary}");
+        assert!(
+            summary.contains("3 still readable in the copy are not restored"),
+            "{summary}"
+        );
     }
 }

@@ -1,26 +1,34 @@
 //! The state at start as a pure function of what the files held: [`restore`]. Reading the
-//! files, and renaming the corrupt ones aside, happen before it (`Persistence::open`), so every
+//! files, and keeping the corrupt ones aside, happen before it (`Persistence::open`), so every
 //! combination of files is a table test here.
 //!
 //! The rules:
-//! - without a valid kubelet checkpoint the state starts empty, whatever the side file and the
-//!   journal say (the checkpoint is the shared truth a kubelet would also read);
 //! - the journal's allocations win over the checkpoint's only when its newest record names
 //!   that very checkpoint (by kubelet checksum) as written before the record: Pluglet answered
 //!   allocations and stopped before the checkpoint caught up. A checkpoint the record does not
 //!   name was written later, by Pluglet (and then holds every journaled change) or by a
 //!   kubelet, and wins;
+//! - a missing checkpoint means an empty state (someone removed it to start afresh), unless
+//!   the journal's record says no checkpoint was in place when it was written (Pluglet could
+//!   not write one yet): then the record's allocations stand;
+//! - a corrupt checkpoint (cut short, edited, unreadable as JSON) proves nothing. The
+//!   allocations come from the journal's newest record if there is one: every allocation and
+//!   release Pluglet ever answered was in the journal first, so it is the last state Pluglet
+//!   acknowledged. Whatever else the checkpoint held is lost; the entries still readable in
+//!   the kept copy that are not restored are named in the report ([`Recovery`]);
 //! - restored devices are unhealthy until their plugin is back; the side file adds their NUMA
-//!   nodes and the devices the checkpoint does not list (unhealthy ones).
+//!   nodes and the devices the checkpoint does not list (unhealthy ones), and gives the
+//!   devices alone when the checkpoint is corrupt.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use pluglet_checkpoint::{CheckpointData, JournalRecord};
+use pluglet_checkpoint::{CheckpointData, JournalRecord, PodDevicesEntry};
 use pluglet_core::ResourceName;
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 use prost::Message as _;
 
+use super::NO_CHECKPOINT;
 use super::files::{SideState, decode_journal};
 use crate::devices::{Device, DeviceSet, Health};
 use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices};
@@ -65,6 +73,9 @@ impl<T> Found<T> {
 pub struct Files {
     /// `kubelet_internal_checkpoint`.
     pub checkpoint: Found<CheckpointData>,
+    /// The entries still readable in a corrupt checkpoint (unverified; only to say what is
+    /// lost).
+    pub checkpoint_readable: Vec<PodDevicesEntry>,
     /// The side file.
     pub side: Found<SideState>,
     /// The journal's newest record.
@@ -81,8 +92,76 @@ pub struct RestoreReport {
     /// Corrupt files set aside (the state started empty for them).
     pub set_aside: Vec<SetAside>,
     /// True when the allocations came from the journal (newer than the checkpoint: Pluglet
-    /// stopped between answering an allocation and writing the checkpoint).
+    /// stopped between answering an allocation and writing the checkpoint; or the checkpoint
+    /// is corrupt or could not be written yet).
     pub from_journal: bool,
+    /// What became of the allocations of a corrupt checkpoint.
+    pub recovery: Option<Recovery>,
+}
+
+/// What became of the allocations of a corrupt checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Allocations recovered from the journal's newest record; `None` when there was no record
+    /// to recover from.
+    pub from_journal: Option<usize>,
+    /// Entries still readable in the kept copy that are not restored, each as
+    /// `pod/container resource [ids]`.
+    pub not_restored: Vec<String>,
+}
+
+impl Recovery {
+    /// One sentence for the log and the event: what was recovered, what is lost.
+    pub fn summary(&self) -> String {
+        let recovered = match self.from_journal {
+            Some(n) => format!(
+                "recovered {n} allocation{} from the journal (the last state Pluglet acknowledged)",
+                plural(n)
+            ),
+            None => "no journal record to recover allocations from: none are restored".to_owned(),
+        };
+        let lost = if self.not_restored.is_empty() {
+            "the checkpoint's other entries, if it held any, are lost (none is readable in the copy)"
+                .to_owned()
+        } else {
+            format!(
+                "the checkpoint's other entries are lost; {} still readable in the copy {} not restored: {}",
+                self.not_restored.len(),
+                if self.not_restored.len() == 1 {
+                    "is"
+                } else {
+                    "are"
+                },
+                self.not_restored.join("; ")
+            )
+        };
+        format!("{recovered}; {lost}")
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// `pod/container resource [ids]`.
+fn entry_text(entry: &PodDevicesEntry) -> String {
+    let mut ids: Vec<&str> = entry
+        .device_ids
+        .iter()
+        .flat_map(|m| m.values())
+        .flatten()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    format!(
+        "{}/{} {} [{}]",
+        entry.pod_uid,
+        entry.container_name,
+        entry.resource_name,
+        ids.join(",")
+    )
 }
 
 /// The state the files describe.
@@ -99,25 +178,68 @@ pub struct Restored {
 /// The state `files` describe (see the module doc for the rules).
 pub fn restore(files: Files) -> Restored {
     let mut report = RestoreReport::default();
+    let checkpoint_corrupt = matches!(files.checkpoint, Found::SetAside(_));
+    let checkpoint_missing = matches!(files.checkpoint, Found::Missing);
     let data = files.checkpoint.into_loaded(&mut report);
     let side = files.side.into_loaded(&mut report).unwrap_or_default();
-    let journal = files.journal.into_loaded(&mut report).flatten();
-    let Some(mut data) = data else {
-        return Restored {
-            report,
-            ..Restored::default()
-        };
+    let journal = files
+        .journal
+        .into_loaded(&mut report)
+        .flatten()
+        .and_then(|r| decode_journal(&r.payload));
+    let (registered, entries) = match data {
+        Some(data) => {
+            let entries = match journal {
+                Some((named, journaled))
+                    if named.contains(&data.checksum())
+                        && journaled.pod_device_entries != data.pod_device_entries =>
+                {
+                    report.from_journal = true;
+                    journaled.pod_device_entries
+                }
+                _ => data.pod_device_entries,
+            };
+            (data.registered_devices, entries.unwrap_or_default())
+        }
+        None if checkpoint_corrupt => {
+            let entries = match journal {
+                Some((_, journaled)) => {
+                    report.from_journal = true;
+                    journaled.pod_device_entries.unwrap_or_default()
+                }
+                None => Vec::new(),
+            };
+            let restored: BTreeSet<String> = entries.iter().map(entry_text).collect();
+            report.recovery = Some(Recovery {
+                from_journal: report.from_journal.then_some(entries.len()),
+                not_restored: files
+                    .checkpoint_readable
+                    .iter()
+                    .map(entry_text)
+                    .filter(|text| !restored.contains(text))
+                    .collect(),
+            });
+            (BTreeMap::new(), entries)
+        }
+        None => match journal {
+            Some((named, journaled)) if checkpoint_missing && named.contains(&NO_CHECKPOINT) => {
+                report.from_journal = true;
+                (
+                    BTreeMap::new(),
+                    journaled.pod_device_entries.unwrap_or_default(),
+                )
+            }
+            // Removed to start afresh (or a new node): the side file's devices go too.
+            _ => {
+                return Restored {
+                    report,
+                    ..Restored::default()
+                };
+            }
+        },
     };
-    if let Some((named, journaled)) = journal.and_then(|r| decode_journal(&r.payload))
-        && named.contains(&data.checksum())
-        && journaled.pod_device_entries != data.pod_device_entries
-    {
-        data.pod_device_entries = journaled.pod_device_entries;
-        report.from_journal = true;
-    }
 
-    let names: BTreeSet<ResourceName> = data
-        .registered_devices
+    let names: BTreeSet<ResourceName> = registered
         .keys()
         .map(|k| ResourceName::from(k.as_str()))
         .chain(side.resources.keys().cloned())
@@ -137,7 +259,7 @@ pub fn restore(files: Files) -> Restored {
                     .collect()
             })
             .unwrap_or_default();
-        if let Some(Some(healthy)) = data.registered_devices.get(name.as_str()) {
+        if let Some(Some(healthy)) = registered.get(name.as_str()) {
             for id in healthy {
                 if !devices.iter().any(|d| &d.id == id) {
                     devices.push(Device {
@@ -153,7 +275,7 @@ pub fn restore(files: Files) -> Restored {
     }
 
     let mut pods = PodDevices::default();
-    for entry in data.pod_device_entries.unwrap_or_default() {
+    for entry in entries {
         let numa: BTreeMap<i64, Vec<String>> = entry
             .device_ids
             .unwrap_or_default()
@@ -201,6 +323,7 @@ pub fn restore(files: Files) -> Restored {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::persistence::NO_CHECKPOINT;
     use crate::persistence::files::tests::gpu_set;
     use crate::persistence::files::{SideResource, encode_journal, kubelet_data};
     use crate::pod_devices::group_by_numa;
@@ -247,9 +370,14 @@ mod tests {
         holders: &[(&str, &str)],
     ) -> Found<Option<JournalRecord>> {
         let sums: Vec<u64> = named.iter().map(|d| d.checksum()).collect();
+        journal_naming(&sums, holders)
+    }
+
+    /// A journal record of `holders` naming the checksums `sums`.
+    fn journal_naming(sums: &[u64], holders: &[(&str, &str)]) -> Found<Option<JournalRecord>> {
         Found::Loaded(Some(JournalRecord {
             seq: 3,
-            payload: encode_journal(&sums, &pods(holders)),
+            payload: encode_journal(sums, &pods(holders)),
         }))
     }
 
@@ -287,6 +415,7 @@ mod tests {
                 files: Files {
                     checkpoint: Found::Missing,
                     side: Found::Missing,
+                    checkpoint_readable: Vec::new(),
                     journal: Found::Loaded(None),
                 },
                 holders: &[],
@@ -299,6 +428,7 @@ mod tests {
                 files: Files {
                     checkpoint: Found::Loaded(one.clone()),
                     side: Found::Loaded(side()),
+                    checkpoint_readable: Vec::new(),
                     journal: journal(&[&by_kubelet], &[("pod-1", "d0"), ("pod-2", "d1")]),
                 },
                 holders: &["pod-1:d0"],
@@ -311,6 +441,7 @@ mod tests {
                 files: Files {
                     checkpoint: Found::Loaded(one.clone()),
                     side: Found::Loaded(side()),
+                    checkpoint_readable: Vec::new(),
                     journal: journal(&[&one], &[("pod-1", "d0"), ("pod-2", "d1")]),
                 },
                 holders: &["pod-1:d0", "pod-2:d1"],
@@ -323,6 +454,7 @@ mod tests {
                 files: Files {
                     checkpoint: Found::Loaded(one.clone()),
                     side: Found::Loaded(side()),
+                    checkpoint_readable: Vec::new(),
                     journal: journal(&[&one], &[]),
                 },
                 holders: &[],
@@ -335,6 +467,7 @@ mod tests {
                 files: Files {
                     checkpoint: Found::Loaded(one.clone()),
                     side: Found::Loaded(side()),
+                    checkpoint_readable: Vec::new(),
                     journal: Found::Missing,
                 },
                 holders: &["pod-1:d0"],
@@ -347,6 +480,7 @@ mod tests {
                 files: Files {
                     checkpoint: Found::Missing,
                     side: Found::Loaded(side()),
+                    checkpoint_readable: Vec::new(),
                     journal: journal(&[&one], &[("pod-1", "d0")]),
                 },
                 holders: &[],
@@ -355,22 +489,63 @@ mod tests {
                 resources: 0,
             },
             Case {
-                name: "checkpoint corrupt: set aside, start empty",
+                name: "checkpoint corrupt: the journal's allocations, the side file's devices",
                 files: Files {
                     checkpoint: Found::SetAside(aside("kubelet_internal_checkpoint")),
                     side: Found::Loaded(side()),
+                    checkpoint_readable: Vec::new(),
                     journal: journal(&[&one], &[("pod-1", "d0")]),
+                },
+                holders: &["pod-1:d0"],
+                from_journal: true,
+                set_aside: 1,
+                resources: 1,
+            },
+            Case {
+                name: "checkpoint corrupt, no journal record: devices only",
+                files: Files {
+                    checkpoint: Found::SetAside(aside("kubelet_internal_checkpoint")),
+                    side: Found::Loaded(side()),
+                    checkpoint_readable: Vec::new(),
+                    journal: Found::Loaded(None),
                 },
                 holders: &[],
                 from_journal: false,
                 set_aside: 1,
+                resources: 1,
+            },
+            Case {
+                name: "checkpoint corrupt, side file corrupt too: the journal's allocations",
+                files: Files {
+                    checkpoint: Found::SetAside(aside("kubelet_internal_checkpoint")),
+                    side: Found::SetAside(aside("device-manager.json")),
+                    checkpoint_readable: Vec::new(),
+                    journal: journal(&[], &[("pod-1", "d0"), ("pod-2", "d1")]),
+                },
+                holders: &["pod-1:d0", "pod-2:d1"],
+                from_journal: true,
+                set_aside: 2,
                 resources: 0,
+            },
+            Case {
+                name: "checkpoint missing, the journal written when there was none: it stands",
+                files: Files {
+                    checkpoint: Found::Missing,
+                    side: Found::Loaded(side()),
+                    checkpoint_readable: Vec::new(),
+                    journal: journal_naming(&[NO_CHECKPOINT], &[("pod-1", "d0")]),
+                },
+                holders: &["pod-1:d0"],
+                from_journal: true,
+                set_aside: 0,
+                resources: 1,
             },
             Case {
                 name: "journal corrupt: set aside, the checkpoint stands",
                 files: Files {
                     checkpoint: Found::Loaded(one.clone()),
                     side: Found::Loaded(side()),
+                    checkpoint_readable: Vec::new(),
                     journal: Found::SetAside(aside("device-manager.journal")),
                 },
                 holders: &["pod-1:d0"],
@@ -383,6 +558,7 @@ mod tests {
                 files: Files {
                     checkpoint: Found::Loaded(one.clone()),
                     side: Found::SetAside(aside("device-manager.json")),
+                    checkpoint_readable: Vec::new(),
                     journal: Found::Loaded(None),
                 },
                 holders: &["pod-1:d0"],
@@ -395,6 +571,7 @@ mod tests {
                 files: Files {
                     checkpoint: Found::Loaded(by_kubelet.clone()),
                     side: Found::Missing,
+                    checkpoint_readable: Vec::new(),
                     journal: journal(&[&one], &[("pod-1", "d0")]),
                 },
                 holders: &["pod-9:d1"],
@@ -432,6 +609,7 @@ mod tests {
         let restored = restore(Files {
             checkpoint: Found::Loaded(checkpoint(&[("pod-1", "d0")])),
             side: Found::Loaded(side()),
+            checkpoint_readable: Vec::new(),
             journal: Found::Missing,
         });
         let set = &restored.resources[GPU];
@@ -455,6 +633,7 @@ mod tests {
         let without_side = restore(Files {
             checkpoint: Found::Loaded(checkpoint(&[])),
             side: Found::Missing,
+            checkpoint_readable: Vec::new(),
             journal: Found::Missing,
         });
         let set = &without_side.resources[GPU];
