@@ -2,6 +2,7 @@
 //!
 //! | mode | behaviour |
 //! |---|---|
+//! | `by-name` | the mode named by the plugin's name (so one slot can be called well and badly) |
 //! | `ok` (default) | accepts, logs the node name, `accepted.version` = setting `version` |
 //! | `loop` | spins forever (hits the deadline or the fuel budget) |
 //! | `spin` | spins for setting `ms` milliseconds (default 5), then accepts |
@@ -13,10 +14,14 @@
 //! | `panic` | panics with "misbehave: asked to panic" |
 //! | `log` | logs setting `lines` lines (default 10), then accepts |
 //! | `refuse` | refuses with kind `other` |
+//! | `recurse` | recurses without end (overflows the call stack) |
+//! | `huge-string` | answers a string of setting `mib` MiB (default 100) where setting `in` says: `message` (a refusal's message, the default), `version` (the accepted version) or `log` (a log line) |
 //!
 //! It also exports `allocation-policy`; the `allocate` setting chooses what that hook answers:
 //! `ok` (default, the SDK's first fit), `unknown-id` (the last id replaced by `no-such-device`),
-//! `too-few` (one id short), `duplicate` (the first id twice), or any `mode` above (run first).
+//! `too-few` (one id short), `duplicate` (the first id twice), `huge-ids` (setting `ids` empty ids,
+//! default 2,000,000), `by-request` (the mode named by the request's first preferred id, `ok`
+//! without one), or any `mode` above (run first).
 
 use pluglet_guest::{
     Accepted, AllocationPolicy, AllocationRequest, PluginInfo, Refusal, RefusalKind,
@@ -75,6 +80,21 @@ pub fn run(mode: &str) -> Result<Accepted, Refusal> {
             std::hint::black_box(&block);
         }
         "panic" => panic!("misbehave: asked to panic"),
+        "recurse" => {
+            std::hint::black_box(recurse(0));
+        }
+        "huge-string" => {
+            let huge = "x".repeat((number("mib", 100) as usize) << 20);
+            match pluglet_guest::setting("in").as_deref() {
+                Some("version") => {
+                    return Ok(Accepted {
+                        version: Some(huge),
+                    });
+                }
+                Some("log") => pluglet_guest::info(&huge),
+                _ => return Err(Refusal::new(RefusalKind::Other, huge)),
+            }
+        }
         "log" => {
             for i in 0..number("lines", 10) {
                 pluglet_guest::info(&format!("line {i}"));
@@ -93,18 +113,35 @@ pub fn run(mode: &str) -> Result<Accepted, Refusal> {
     })
 }
 
+/// Calls itself without end; `black_box` keeps the compiler from turning it into a loop.
+fn recurse(depth: u64) -> u64 {
+    std::hint::black_box(recurse(std::hint::black_box(depth + 1))) + 1
+}
+
 impl Registration for Misbehave {
     fn validate(
-        _plugin: PluginInfo,
+        plugin: PluginInfo,
         _existing: Option<RegisteredPlugin>,
     ) -> Result<Accepted, Refusal> {
-        run(&pluglet_guest::setting("mode").unwrap_or_else(|| "ok".into()))
+        match pluglet_guest::setting("mode").as_deref() {
+            Some("by-name") => run(&plugin.name),
+            Some(mode) => run(mode),
+            None => run("ok"),
+        }
     }
 }
 
 impl AllocationPolicy for Misbehave {
     fn allocate(request: AllocationRequest) -> Result<Vec<String>, Refusal> {
-        let mode = pluglet_guest::setting("allocate").unwrap_or_else(|| "ok".into());
+        let mode = match pluglet_guest::setting("allocate").as_deref() {
+            Some("by-request") => request
+                .preferred
+                .as_ref()
+                .and_then(|p| p.first().cloned())
+                .unwrap_or_else(|| "ok".into()),
+            Some(mode) => mode.to_owned(),
+            None => "ok".into(),
+        };
         answer(&mode, &request)
     }
 }
@@ -113,6 +150,7 @@ impl AllocationPolicy for Misbehave {
 pub fn answer(mode: &str, request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
     match mode {
         "ok" | "unknown-id" | "too-few" | "duplicate" => {}
+        "huge-ids" => return Ok(vec![String::new(); number("ids", 2_000_000) as usize]),
         other => {
             run(other)?;
         }
