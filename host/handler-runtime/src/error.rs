@@ -139,13 +139,12 @@ pub enum HandlerFault {
     },
     /// The guest overflowed its call stack (recursion too deep).
     #[error(
-        "stack overflow: the call stack of {} KiB is exhausted (recursion too deep); make the \
-         hook iterate instead of recursing",
-        .stack_bytes >> 10
+        "stack overflow: {stack} is exhausted (recursion too deep); make the hook iterate \
+         instead of recursing"
     )]
     StackOverflow {
-        /// The call stack size.
-        stack_bytes: usize,
+        /// Which stack: the native call stack (its size), or the guest's own stack in its memory.
+        stack: String,
     },
     /// The guest's answer (or what it passed to a host import) is larger than the host accepts.
     #[error("answer too large: {detail}; make the hook answer less")]

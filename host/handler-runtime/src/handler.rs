@@ -28,6 +28,26 @@ fn thread_cpu_time() -> Option<Duration> {
     ))
 }
 
+/// What wasmtime adds to a memory trap: the address the guest touched.
+const MEMORY_FAULT: &str = "memory fault at wasm address 0x";
+
+/// Whether a memory trap touched just below address 0 (wrapped round to the top of the 32-bit
+/// address space): a guest's shadow stack, which sits at the bottom of its memory and grows
+/// down (the Rust and C toolchains' layout), has overflowed. Recursion with locals on the
+/// shadow stack ends here rather than on the native stack.
+fn below_address_zero(error: &wasmtime::Error) -> bool {
+    error.chain().any(|cause| {
+        let text = cause.to_string();
+        let Some(rest) = text.split(MEMORY_FAULT).nth(1) else {
+            return false;
+        };
+        let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+        u64::from_str_radix(&hex, 16).is_ok_and(|address| {
+            (u64::from(u32::MAX) - (1 << 20)..=u64::from(u32::MAX) + (1 << 20)).contains(&address)
+        })
+    })
+}
+
 /// Export indices of the families a component implements, looked up once at load by the exact
 /// export names the component carries (so a 1.0.0 component serves a 1.1.0 host).
 #[derive(Clone, Debug)]
@@ -476,8 +496,16 @@ impl Handler {
         }
         match error.downcast_ref::<Trap>().copied() {
             Some(Trap::StackOverflow) => HandlerFault::StackOverflow {
-                stack_bytes: crate::engine::WASM_STACK_BYTES,
+                stack: format!(
+                    "the call stack of {} KiB",
+                    crate::engine::WASM_STACK_BYTES >> 10
+                ),
             },
+            Some(Trap::MemoryOutOfBounds) if below_address_zero(&error) => {
+                HandlerFault::StackOverflow {
+                    stack: "the guest's own stack (in its memory, below its data)".into(),
+                }
+            }
             Some(Trap::Interrupt) => HandlerFault::Deadline {
                 deadline: self.limits.deadline,
             },

@@ -15,12 +15,14 @@
 //! | `log` | logs setting `lines` lines (default 10), then accepts |
 //! | `refuse` | refuses with kind `other` |
 //! | `recurse` | recurses without end (overflows the call stack) |
-//! | `huge-string` | answers a string of setting `mib` MiB (default 100) where setting `in` says: `message` (a refusal's message, the default), `version` (the accepted version) or `log` (a log line) |
+//! | `huge-message[:MIB]` | refuses with a message of MIB MiB (default 100) |
+//! | `huge-version[:MIB]` | accepts with a version of MIB MiB (default 100) |
+//! | `huge-log[:MIB]` | logs a line of MIB MiB (default 100), then accepts |
 //!
 //! It also exports `allocation-policy`; the `allocate` setting chooses what that hook answers:
 //! `ok` (default, the SDK's first fit), `unknown-id` (the last id replaced by `no-such-device`),
-//! `too-few` (one id short), `duplicate` (the first id twice), `huge-ids` (setting `ids` empty ids,
-//! default 2,000,000), `by-request` (the mode named by the request's first preferred id, `ok`
+//! `too-few` (one id short), `duplicate` (the first id twice), `huge-ids[:N]` (N empty ids, default
+//! 2,000,000), `by-request` (the mode named by the request's first preferred id, `ok`
 //! without one), or any `mode` above (run first).
 
 use pluglet_guest::{
@@ -39,7 +41,16 @@ fn number(key: &str, default: u64) -> u64 {
 
 /// Runs the behaviour `mode` asks for.
 pub fn run(mode: &str) -> Result<Accepted, Refusal> {
+    let (mode, size) = mode.split_once(':').unwrap_or((mode, ""));
+    let huge = || "x".repeat(size.parse::<usize>().unwrap_or(100) << 20);
     match mode {
+        "huge-message" => return Err(Refusal::new(RefusalKind::Other, huge())),
+        "huge-version" => {
+            return Ok(Accepted {
+                version: Some(huge()),
+            });
+        }
+        "huge-log" => pluglet_guest::info(&huge()),
         "loop" => {
             let mut x = 0u64;
             loop {
@@ -82,18 +93,6 @@ pub fn run(mode: &str) -> Result<Accepted, Refusal> {
         "panic" => panic!("misbehave: asked to panic"),
         "recurse" => {
             std::hint::black_box(recurse(0));
-        }
-        "huge-string" => {
-            let huge = "x".repeat((number("mib", 100) as usize) << 20);
-            match pluglet_guest::setting("in").as_deref() {
-                Some("version") => {
-                    return Ok(Accepted {
-                        version: Some(huge),
-                    });
-                }
-                Some("log") => pluglet_guest::info(&huge),
-                _ => return Err(Refusal::new(RefusalKind::Other, huge)),
-            }
         }
         "log" => {
             for i in 0..number("lines", 10) {
@@ -150,7 +149,13 @@ impl AllocationPolicy for Misbehave {
 pub fn answer(mode: &str, request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
     match mode {
         "ok" | "unknown-id" | "too-few" | "duplicate" => {}
-        "huge-ids" => return Ok(vec![String::new(); number("ids", 2_000_000) as usize]),
+        huge if huge.starts_with("huge-ids") => {
+            let count = huge
+                .strip_prefix("huge-ids:")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(2_000_000);
+            return Ok(vec![String::new(); count]);
+        }
         other => {
             run(other)?;
         }
