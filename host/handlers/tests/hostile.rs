@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, Device, HandlerError, Limits, PluginInfo, Runtime,
+    AllocationRequest, CallContext, CompileCache, Device, HandlerError, PluginInfo, Runtime,
     RuntimeConfig,
 };
 use pluglet_handlers::{Builtins, Handlers, ReloadOutcome, SlotKey, Trust};
@@ -41,7 +41,7 @@ const SLOW_TYPE: &str = "SlowPlugin";
 
 /// The deadline and memory cap of the hostile slots: room for a 100 MiB string, and a deadline
 /// the memory bomb does not reach first.
-const DEADLINE_MS: u64 = 500;
+const DEADLINE_MS: u64 = 200;
 const MEMORY_MIB: u32 = 128;
 
 fn handlers_toml() -> String {
@@ -73,11 +73,11 @@ fn suite() -> Suite {
         std::fs::copy(&misbehave, dir.path().join(name)).unwrap();
     }
     std::fs::write(dir.path().join("handlers.toml"), handlers_toml()).unwrap();
-    let runtime = Runtime::new(RuntimeConfig {
-        default_limits: Limits::default(),
-        ..RuntimeConfig::default()
-    })
-    .expect("runtime");
+    // One compile cache for every test of the suite: each module is compiled once.
+    static STATE: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let state = STATE.get_or_init(|| tempfile::tempdir().unwrap());
+    let cache = CompileCache::open(state.path()).expect("compile cache");
+    let runtime = Runtime::with_cache(RuntimeConfig::default(), cache).expect("runtime");
     let builtins = Builtins::embedded(&runtime).expect("built-ins");
     let handlers = Handlers::load(runtime, dir.path(), None, builtins, Trust::default())
         .expect("the suite's handlers.toml loads");
@@ -406,7 +406,7 @@ fn hostile_calls_running_concurrently_leave_good_calls_served() {
 fn a_call_finding_its_slot_at_the_limit_is_refused_naming_the_limit() {
     let s = Arc::new(suite());
     // One call holds the slot's only permit, sleeping 2.5 s (its deadline counts CPU time,
-    // and its wall-time cap is 4 s).
+    // and its wall-time cap is 4 s); the next call waits its deadline, at least 1 s.
     let holder = {
         let s = s.clone();
         std::thread::spawn(move || s.validate(SLOW_TYPE, "sleep"))
