@@ -213,7 +213,8 @@ pub enum AllocateError {
     /// The policy answered something other than `count` distinct available ids including the
     /// must-include ones.
     #[error(
-        "allocation policy {module} answered {answer:?} for {count} devices of {resource}: {problem}; fix the policy (or remove it from handlers.toml)"
+        "allocation policy {module} answered {} for {count} devices of {resource}: {problem}; fix the policy (or remove it from handlers.toml)",
+        shown_ids(answer)
     )]
     BadPolicyAnswer {
         /// The resource.
@@ -294,4 +295,50 @@ pub enum AllocateError {
     /// The device manager is shutting down.
     #[error("the device manager is shutting down")]
     Stopped,
+}
+
+/// At most this many ids of a bad policy answer are shown in its error.
+const SHOWN_IDS: usize = 16;
+
+/// Longer ids are cut to this many bytes in the error.
+const SHOWN_ID_BYTES: usize = 64;
+
+/// A policy's answer for an error message: the first [`SHOWN_IDS`] ids (each cut to
+/// [`SHOWN_ID_BYTES`]), then how many more (an answer may hold tens of thousands).
+fn shown_ids(answer: &[String]) -> String {
+    let shown: Vec<String> = answer
+        .iter()
+        .take(SHOWN_IDS)
+        .map(|id| {
+            let mut end = id.len().min(SHOWN_ID_BYTES);
+            while !id.is_char_boundary(end) {
+                end -= 1;
+            }
+            if end < id.len() {
+                format!("{:?}…", &id[..end])
+            } else {
+                format!("{id:?}")
+            }
+        })
+        .collect();
+    match answer.len().saturating_sub(SHOWN_IDS) {
+        0 => format!("[{}]", shown.join(", ")),
+        more => format!("[{}, … {more} more]", shown.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_bad_answer_is_shown_in_part() {
+        let mut answer: Vec<String> = (0..20_000).map(|i| format!("dev-{i}")).collect();
+        answer[1] = "x".repeat(10_000);
+        let shown = shown_ids(&answer);
+        assert!(shown.starts_with("[\"dev-0\", \"xxx"), "{shown}");
+        assert!(shown.ends_with("\"dev-15\", … 19984 more]"), "{shown}");
+        assert!(shown.len() < 400, "{} bytes", shown.len());
+        assert_eq!(shown_ids(&["a".into()]), "[\"a\"]");
+    }
 }

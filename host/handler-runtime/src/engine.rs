@@ -21,6 +21,10 @@ use crate::handler::{ExportIndices, Handler};
 /// The largest memory cap a handler may ask for; also the pool's per-memory maximum.
 pub const MAX_MEMORY_MIB: u32 = 256;
 
+/// The native stack one call's WebAssembly may use (wasmtime's `max_wasm_stack`, here its
+/// default made explicit so that the stack overflow error can name it).
+pub const WASM_STACK_BYTES: usize = 512 << 10;
+
 /// Core instances, memories and tables one component may hold in the pool. A Rust
 /// `wasm32-wasip2` component has one memory, one main core instance and a few shim instances.
 const CORE_INSTANCES_PER_COMPONENT: u32 = 20;
@@ -73,6 +77,19 @@ pub struct Limits {
     pub memory_mib: u32,
     /// Fuel (instruction budget) of one call; `None`: unlimited.
     pub fuel: Option<u64>,
+}
+
+/// A call may take at most this many times its deadline in wall time, however little CPU it got.
+pub const WALL_CAP_FACTOR: u32 = 20;
+/// … and at least this long.
+pub const MIN_WALL_CAP: Duration = Duration::from_secs(1);
+
+impl Limits {
+    /// The most wall time one call may take: [`WALL_CAP_FACTOR`] times the deadline, at least
+    /// [`MIN_WALL_CAP`] (the deadline itself counts CPU time).
+    pub fn wall_cap(&self) -> Duration {
+        (self.deadline * WALL_CAP_FACTOR).max(MIN_WALL_CAP)
+    }
 }
 
 impl Default for Limits {
@@ -140,42 +157,67 @@ impl ModuleSource {
     }
 }
 
-/// A counting gate in front of the instance pool: a burst of calls waits for a slot rather than
-/// failing instantiation.
-pub(crate) struct Gate {
-    free: Mutex<u32>,
+/// A counting gate: at most a given number of calls hold a permit at once; the others wait.
+///
+/// The runtime keeps one in front of its instance pool (a burst of calls waits for a slot rather
+/// than failing instantiation); the host keeps one per slot, so that one runaway module cannot
+/// take every permit and every core ([`CallGate::enter`] with the slot's limit). The limit is
+/// given at each entry, so versions of a slot with different limits can share one count.
+#[derive(Debug, Default)]
+pub struct CallGate {
+    running: Mutex<u32>,
     freed: Condvar,
 }
 
-impl Gate {
-    fn new(slots: u32) -> Gate {
-        Gate {
-            free: Mutex::new(slots),
-            freed: Condvar::new(),
-        }
+impl CallGate {
+    /// A gate with no call running.
+    pub fn new() -> CallGate {
+        CallGate::default()
     }
 
-    /// Waits for a free slot and holds it until the permit drops.
-    pub(crate) fn acquire(&self) -> Permit<'_> {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        while *free == 0 {
-            free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
+    /// Waits until fewer than `limit` calls hold a permit, then holds one until the permit
+    /// drops. `wait`: how long to wait at most (`None`: as long as it takes); `Err` is the time
+    /// waited, when it gave up.
+    pub fn enter(&self, limit: u32, wait: Option<Duration>) -> Result<GatePermit<'_>, Duration> {
+        let started = Instant::now();
+        let limit = limit.max(1);
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        while *running >= limit {
+            running = match wait {
+                None => self.freed.wait(running).unwrap_or_else(|e| e.into_inner()),
+                Some(wait) => {
+                    let Some(left) = wait.checked_sub(started.elapsed()).filter(|l| !l.is_zero())
+                    else {
+                        return Err(started.elapsed());
+                    };
+                    self.freed
+                        .wait_timeout(running, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
         }
-        *free -= 1;
-        Permit { gate: self }
+        *running += 1;
+        Ok(GatePermit { gate: self })
+    }
+
+    /// How many calls hold a permit now.
+    pub fn running(&self) -> u32 {
+        *self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// One held slot of the [`Gate`].
-pub(crate) struct Permit<'a> {
-    gate: &'a Gate,
+/// One held permit of a [`CallGate`]; dropping it lets the next call in.
+#[derive(Debug)]
+pub struct GatePermit<'a> {
+    gate: &'a CallGate,
 }
 
-impl Drop for Permit<'_> {
+impl Drop for GatePermit<'_> {
     fn drop(&mut self) {
-        let mut free = self.gate.free.lock().unwrap_or_else(|e| e.into_inner());
-        *free += 1;
-        self.gate.freed.notify_one();
+        let mut running = self.gate.running.lock().unwrap_or_else(|e| e.into_inner());
+        *running -= 1;
+        self.gate.freed.notify_all();
     }
 }
 
@@ -183,7 +225,7 @@ impl Drop for Permit<'_> {
 pub(crate) struct RuntimeInner {
     pub(crate) engine: Engine,
     pub(crate) linker: Linker<CallState>,
-    pub(crate) gate: Gate,
+    pub(crate) gate: CallGate,
     pub(crate) config: RuntimeConfig,
     cache: Option<ActiveCache>,
     compiler: Compiler,
@@ -261,7 +303,7 @@ impl Runtime {
             inner: Arc::new(RuntimeInner {
                 engine,
                 linker,
-                gate: Gate::new(config.pool_size),
+                gate: CallGate::new(),
                 config,
                 cache,
                 compiler,
@@ -456,6 +498,7 @@ pub(crate) fn engine_config(config: &RuntimeConfig) -> Result<Config, LoadError>
 
     let mut cfg = Config::new();
     cfg.epoch_interruption(true)
+        .max_wasm_stack(WASM_STACK_BYTES)
         .consume_fuel(true)
         .concurrency_support(false)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));

@@ -137,6 +137,35 @@ pub enum HandlerFault {
         /// The cap.
         mib: u32,
     },
+    /// The guest overflowed its call stack (recursion too deep).
+    #[error(
+        "stack overflow: {stack} is exhausted (recursion too deep); make the hook iterate \
+         instead of recursing"
+    )]
+    StackOverflow {
+        /// Which stack: the native call stack (its size), or the guest's own stack in its memory.
+        stack: String,
+    },
+    /// The guest's answer (or what it passed to a host import) is larger than the host accepts.
+    #[error("answer too large: {detail}; make the hook answer less")]
+    AnswerTooLarge {
+        /// Which bound, with the size found and the bound.
+        detail: String,
+    },
+    /// The slot already runs as many calls as it may; this call waited for one to end and gave
+    /// up after its own deadline.
+    #[error(
+        "busy: {limit} calls of this slot already running (max_concurrent_calls = {limit}); \
+         waited {} ms for one to end; the slot's earlier calls are too slow (see its failures in \
+         `pluglet ctl handlers`) or max_concurrent_calls in handlers.toml is too low",
+        .waited.as_millis()
+    )]
+    Busy {
+        /// The slot's limit.
+        limit: u32,
+        /// How long the call waited.
+        waited: Duration,
+    },
     /// The guest trapped (panicked, hit `unreachable`, …); `message` holds the guest's panic text
     /// from its stderr when it printed one.
     #[error("trapped: {message}")]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, ComponentExportIndex, Instance, InstancePre};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
+use crate::answer;
 use crate::bindings::pluglet::handler::types as wit_types;
 use crate::call_state::CallState;
 use crate::engine::{Limits, RuntimeInner};
@@ -17,11 +18,6 @@ use crate::types::{
     PackedRequest, PluginInfo, Refusal, RegisteredPlugin, RegistrationFacts,
 };
 
-/// A call may take at most this many times its deadline in wall time, however little CPU it got.
-const WALL_CAP_FACTOR: u32 = 20;
-/// … and at least this long.
-const MIN_WALL_CAP: Duration = Duration::from_secs(1);
-
 /// CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`); `None` if the clock
 /// is unavailable (the deadline then counts wall time).
 fn thread_cpu_time() -> Option<Duration> {
@@ -30,6 +26,26 @@ fn thread_cpu_time() -> Option<Duration> {
         u64::try_from(ts.tv_sec()).ok()?,
         u32::try_from(ts.tv_nsec()).ok()?,
     ))
+}
+
+/// What wasmtime adds to a memory trap: the address the guest touched.
+const MEMORY_FAULT: &str = "memory fault at wasm address 0x";
+
+/// Whether a memory trap touched just below address 0 (wrapped round to the top of the 32-bit
+/// address space): a guest's shadow stack, which sits at the bottom of its memory and grows
+/// down (the Rust and C toolchains' layout), has overflowed. Recursion with locals on the
+/// shadow stack ends here rather than on the native stack.
+fn below_address_zero(error: &wasmtime::Error) -> bool {
+    error.chain().any(|cause| {
+        let text = cause.to_string();
+        let Some(rest) = text.split(MEMORY_FAULT).nth(1) else {
+            return false;
+        };
+        let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+        u64::from_str_radix(&hex, 16).is_ok_and(|address| {
+            (u64::from(u32::MAX) - (1 << 20)..=u64::from(u32::MAX) + (1 << 20)).contains(&address)
+        })
+    })
 }
 
 /// Export indices of the families a component implements, looked up once at load by the exact
@@ -244,14 +260,20 @@ impl Handler {
         existing: Option<&RegisteredPlugin>,
     ) -> Result<Call<Result<Accepted, Refusal>>, HandlerError> {
         let index = self.indices.registration.as_ref().map(|r| r.validate);
-        self.call(cx, Hook::Validate, index, |store, instance, index| {
-            let func = instance.get_typed_func::<
+        self.call(
+            cx,
+            Hook::Validate,
+            index,
+            |store, instance, index| {
+                let func = instance.get_typed_func::<
                 (&PluginInfo, Option<&RegisteredPlugin>),
                 (Result<Accepted, Refusal>,),
             >(&mut *store, index)?;
-            let (out,) = func.call(&mut *store, (plugin, existing))?;
-            Ok(out)
-        })
+                let (out,) = func.call(&mut *store, (plugin, existing))?;
+                Ok(out)
+            },
+            answer::check_validate,
+        )
     }
 
     /// Runs `registration.register` with the facts the host gathered natively.
@@ -274,14 +296,20 @@ impl Handler {
                 })
                 .collect(),
         };
-        self.call(cx, Hook::Register, index, |store, instance, index| {
-            let func = instance.get_typed_func::<
+        self.call(
+            cx,
+            Hook::Register,
+            index,
+            |store, instance, index| {
+                let func = instance.get_typed_func::<
                 (&PluginInfo, &wit_types::RegistrationFacts),
                 (Result<(), Refusal>,),
             >(&mut *store, index)?;
-            let (out,) = func.call(&mut *store, (plugin, &wire))?;
-            Ok(out)
-        })
+                let (out,) = func.call(&mut *store, (plugin, &wire))?;
+                Ok(out)
+            },
+            answer::check_register,
+        )
     }
 
     /// Runs `registration.deregister` (the plugin's socket has gone).
@@ -291,11 +319,17 @@ impl Handler {
         plugin: &PluginInfo,
     ) -> Result<Call<()>, HandlerError> {
         let index = self.indices.registration.as_ref().map(|r| r.deregister);
-        self.call(cx, Hook::Deregister, index, |store, instance, index| {
-            let func = instance.get_typed_func::<(&PluginInfo,), ()>(&mut *store, index)?;
-            func.call(&mut *store, (plugin,))?;
-            Ok(())
-        })
+        self.call(
+            cx,
+            Hook::Deregister,
+            index,
+            |store, instance, index| {
+                let func = instance.get_typed_func::<(&PluginInfo,), ()>(&mut *store, index)?;
+                func.call(&mut *store, (plugin,))?;
+                Ok(())
+            },
+            |_| Ok(()),
+        )
     }
 
     /// Runs `allocation-policy.allocate`: which `count` device ids to give one container.
@@ -319,18 +353,25 @@ impl Handler {
                     let (out,) = func.call(&mut *store, (&request,))?;
                     Ok(out)
                 },
+                answer::check_allocate,
             );
         }
         let index = self.indices.allocate;
-        self.call(cx, Hook::Allocate, index, |store, instance, index| {
-            let func = instance
-                .get_typed_func::<(&AllocationRequest,), (Result<Vec<String>, Refusal>,)>(
-                    &mut *store,
-                    index,
-                )?;
-            let (out,) = func.call(&mut *store, (request,))?;
-            Ok(out)
-        })
+        self.call(
+            cx,
+            Hook::Allocate,
+            index,
+            |store, instance, index| {
+                let func = instance
+                    .get_typed_func::<(&AllocationRequest,), (Result<Vec<String>, Refusal>,)>(
+                        &mut *store,
+                        index,
+                    )?;
+                let (out,) = func.call(&mut *store, (request,))?;
+                Ok(out)
+            },
+            answer::check_allocate,
+        )
     }
 
     /// One call: wait for a pool slot, build a fresh store (WASI, limits, fuel, deadline),
@@ -345,6 +386,7 @@ impl Handler {
             &Instance,
             &ComponentExportIndex,
         ) -> wasmtime::Result<R>,
+        check: impl FnOnce(&R) -> Result<(), HandlerFault>,
     ) -> Result<Call<R>, HandlerError> {
         let fail = |fault: HandlerFault| HandlerError {
             module: self.module.clone(),
@@ -356,7 +398,12 @@ impl Handler {
                 family: hook.family(),
             }));
         };
-        let _permit = self.runtime.gate.acquire();
+        // Without a bound on the wait, entering never gives up.
+        let _permit = self
+            .runtime
+            .gate
+            .enter(self.runtime.config.pool_size, None)
+            .ok();
         let started = Instant::now();
         let state = CallState::new(
             self.module_arc.clone(),
@@ -366,6 +413,7 @@ impl Handler {
         );
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
+        store.set_hostcall_fuel(answer::MAX_TRANSFER_BYTES);
         let fuel = self.limits.fuel.unwrap_or(u64::MAX);
         store
             .set_fuel(fuel)
@@ -379,6 +427,7 @@ impl Handler {
         let elapsed = started.elapsed();
         match outcome {
             Ok(value) => {
+                check(&value).map_err(fail)?;
                 let fuel_used = fuel.saturating_sub(store.get_fuel().unwrap_or(fuel));
                 let state = store.into_data();
                 let mut logs = state.logs;
@@ -412,12 +461,12 @@ impl Handler {
     /// Arms the deadline as a CPU-time budget of this thread. The epoch deadline fires after the
     /// deadline in wall time; the callback then looks at the CPU time the calling thread actually
     /// used, and only interrupts if the budget is spent (or the call has taken
-    /// [`WALL_CAP_FACTOR`] times the deadline in wall time). A call that was merely descheduled on
+    /// [`Limits::wall_cap`] in wall time). A call that was merely descheduled on
     /// a loaded machine gets the rest of its budget instead of failing spuriously.
     fn arm_deadline(&self, store: &mut Store<CallState>) {
         let tick = self.runtime.config.epoch_tick;
         let budget = self.limits.deadline;
-        let wall_cap = (budget * WALL_CAP_FACTOR).max(MIN_WALL_CAP);
+        let wall_cap = self.limits.wall_cap();
         let started = Instant::now();
         let cpu_start = thread_cpu_time();
         store.data_mut().wall_end = started.checked_add(wall_cap);
@@ -442,7 +491,21 @@ impl Handler {
                 mib: self.limits.memory_mib,
             };
         }
+        if answer::is_transfer_bound(&error) {
+            return answer::transfer_too_large();
+        }
         match error.downcast_ref::<Trap>().copied() {
+            Some(Trap::StackOverflow) => HandlerFault::StackOverflow {
+                stack: format!(
+                    "the call stack of {} KiB",
+                    crate::engine::WASM_STACK_BYTES >> 10
+                ),
+            },
+            Some(Trap::MemoryOutOfBounds) if below_address_zero(&error) => {
+                HandlerFault::StackOverflow {
+                    stack: "the guest's own stack (in its memory, below its data)".into(),
+                }
+            }
             Some(Trap::Interrupt) => HandlerFault::Deadline {
                 deadline: self.limits.deadline,
             },

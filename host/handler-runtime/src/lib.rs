@@ -42,6 +42,7 @@
 //! ```
 
 mod admission;
+mod answer;
 mod bindings;
 mod cache;
 mod call_state;
@@ -51,10 +52,14 @@ mod error;
 mod handler;
 mod types;
 
+pub use answer::{MAX_ANSWER_IDS, MAX_ANSWER_STRING_BYTES, MAX_TRANSFER_BYTES};
 pub use bindings::CONTRACT_VERSION;
 pub use cache::{CACHE_DIR, CacheError, CacheStats, CompileCache, KEY_FILE};
 pub use compiler::Compiler;
-pub use engine::{Limits, MAX_MEMORY_MIB, ModuleSource, Runtime, RuntimeConfig};
+pub use engine::{
+    CallGate, GatePermit, Limits, MAX_MEMORY_MIB, MIN_WALL_CAP, ModuleSource, Runtime,
+    RuntimeConfig, WALL_CAP_FACTOR, WASM_STACK_BYTES,
+};
 pub use error::{BoxError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;
 pub use handler::run_in_place;

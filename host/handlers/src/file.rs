@@ -7,6 +7,7 @@
 //! deadline_ms = 50                   # optional limits
 //! memory_mib = 16
 //! fuel = 50000000
+//! max_concurrent_calls = 1           # calls of this slot at once (default: half the cores)
 //! settings = { min_version = "1.2.0" }
 //! rollback_after = 3                 # failures during probation before the previous version
 //!                                    # comes back (0: never)
@@ -51,6 +52,7 @@ struct EntryConfig {
     deadline_ms: Option<u64>,
     memory_mib: Option<u32>,
     fuel: Option<u64>,
+    max_concurrent_calls: Option<u32>,
     #[serde(default)]
     settings: BTreeMap<String, toml::Value>,
     rollback_after: Option<u32>,
@@ -77,6 +79,13 @@ impl std::fmt::Display for OnFailure {
     }
 }
 
+/// Calls of one slot that may run at once unless its entry says otherwise: half the cores the
+/// daemon may use, at least one, so that a runaway module never holds every core.
+pub fn default_max_concurrent_calls() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    u32::try_from(cores / 2).unwrap_or(u32::MAX).max(1)
+}
+
 /// One checked entry: the module a slot is configured to run, and how.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Entry {
@@ -91,6 +100,9 @@ pub struct Entry {
     pub memory_mib: Option<u32>,
     /// `fuel`, if given.
     pub fuel: Option<u64>,
+    /// `max_concurrent_calls`, if given: how many calls of the slot may run at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_calls: Option<u32>,
     /// Settings handed to the guest, as strings.
     pub settings: BTreeMap<String, String>,
     /// Failures during probation before the previous version comes back (0: never).
@@ -139,7 +151,7 @@ pub enum FileError {
     #[error(
         "{path} is not a valid handlers file: {message}; expected [plugin_types.<type>] and \
          [resources.\"<resource>\"] tables with module, settings and optional \
-         sha256/deadline_ms/memory_mib/fuel/rollback_after/on_failure"
+         sha256/deadline_ms/memory_mib/fuel/max_concurrent_calls/rollback_after/on_failure"
     )]
     Parse {
         /// The file.
@@ -216,6 +228,11 @@ fn check(dir: &Path, path: &Path, slot: &SlotKey, entry: EntryConfig) -> Result<
             "deadline_ms must be at least 1 (leave it out for the default)".into(),
         ));
     }
+    if entry.max_concurrent_calls == Some(0) {
+        return Err(invalid(
+            "max_concurrent_calls must be at least 1 (leave it out for the default)".into(),
+        ));
+    }
     let sha256 = entry
         .sha256
         .as_deref()
@@ -233,6 +250,7 @@ fn check(dir: &Path, path: &Path, slot: &SlotKey, entry: EntryConfig) -> Result<
         deadline_ms: entry.deadline_ms,
         memory_mib: entry.memory_mib,
         fuel: entry.fuel,
+        max_concurrent_calls: entry.max_concurrent_calls,
         settings,
         rollback_after: entry.rollback_after.unwrap_or(DEFAULT_ROLLBACK_AFTER),
         on_failure: entry.on_failure.unwrap_or_default(),

@@ -36,7 +36,8 @@ pub use event::{
     ALLOCATE_EVENT_SHAPE, Event, Outcome, PLUGIN_EVENT_SHAPE, PluginEvent, PluginRecord, run_hook,
 };
 pub use file::{
-    DEFAULT_ROLLBACK_AFTER, Entry, FileError, HANDLERS_FILE, HandlersFile, OnFailure, parse, read,
+    DEFAULT_ROLLBACK_AFTER, Entry, FileError, HANDLERS_FILE, HandlersFile, OnFailure,
+    default_max_concurrent_calls, parse, read,
 };
 pub use integrity::{
     KeyError, SIGNATURE_SUFFIX, SignatureError, SignatureInfo, Trust, TrustedKey, parse_pin,
@@ -46,7 +47,7 @@ pub use live::{
     Builtins, ChangeRecord, ChangeState, EntryRefusal, Handlers, HandlersEvent, ReloadOutcome,
     RollbackError, SlotStatus, StartError, Status,
 };
-pub use served::{Origin, PROBATION_CLEAN_CALLS, Served};
+pub use served::{MIN_SLOT_WAIT, Origin, PROBATION_CLEAN_CALLS, Served};
 pub use set::{HandlerSet, SlotState};
 pub use slot::SlotKey;
 pub use state::{Decision, StateStore, Version};

@@ -22,7 +22,7 @@ use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use pluglet_core::events::{EventKind, EventLog};
-use pluglet_handler_runtime::{Handler, LoadError, ModuleSource, Runtime};
+use pluglet_handler_runtime::{CallGate, Handler, LoadError, ModuleSource, Runtime};
 use sha2::{Digest, Sha256};
 use tokio::sync::broadcast;
 
@@ -290,6 +290,8 @@ pub(crate) struct Shared {
     /// The daemon's event log, once given.
     log: std::sync::OnceLock<EventLog>,
     me: Weak<Shared>,
+    /// Per slot: the calls running, whichever version of the slot runs them.
+    gates: Mutex<BTreeMap<SlotKey, Arc<CallGate>>>,
 }
 
 /// The live handler set: cheap to clone; every clone is the same set.
@@ -386,6 +388,7 @@ impl Handlers {
                 events: broadcast::channel(256).0,
                 log: std::sync::OnceLock::new(),
                 me: me.clone(),
+                gates: Mutex::new(BTreeMap::new()),
             }
         });
         let handlers = Handlers { shared };
@@ -519,6 +522,12 @@ enum TransactionError {
 }
 
 impl Shared {
+    /// The gate counting the calls of `slot` (one per slot, shared by its versions).
+    pub(crate) fn gate(&self, slot: &SlotKey) -> Arc<CallGate> {
+        let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+        gates.entry(slot.clone()).or_default().clone()
+    }
+
     fn record(
         &self,
         kind: EventKind,

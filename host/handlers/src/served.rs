@@ -8,14 +8,14 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use pluglet_handler_runtime::{
-    Accepted, AllocationRequest, Call, CallContext, Family, Handler, HandlerError, PluginInfo,
-    Refusal, RegisteredPlugin, RegistrationFacts,
+    Accepted, AllocationRequest, Call, CallContext, CallGate, Family, Handler, HandlerError,
+    HandlerFault, Hook, PluginInfo, Refusal, RegisteredPlugin, RegistrationFacts,
 };
 
-use crate::file::{Entry, OnFailure};
+use crate::file::{Entry, OnFailure, default_max_concurrent_calls};
 use crate::integrity::SignatureInfo;
 use crate::live::Shared;
 use crate::slot::SlotKey;
@@ -23,6 +23,11 @@ use crate::stats::{CallStats, FailureKind};
 
 /// Clean calls in a row that end a new module's probation.
 pub const PROBATION_CLEAN_CALLS: u32 = 100;
+
+/// The least time a call waits for its slot to run fewer calls than its limit (a call waits
+/// its deadline, at least this long), so that a call merely queued behind other good calls on
+/// a loaded machine is not refused.
+pub const MIN_SLOT_WAIT: Duration = Duration::from_secs(1);
 
 /// Where a served version came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,6 +66,9 @@ pub struct Served {
     probation: Option<Probation>,
     stats: CallStats,
     owner: Weak<Shared>,
+    /// A configured module's slot gate and the calls it may run at once (built-ins, trusted,
+    /// are not limited).
+    gate: Option<(Arc<CallGate>, u32)>,
 }
 
 impl Served {
@@ -89,6 +97,18 @@ impl Served {
                 }),
             ),
         };
+        let gate = match &origin {
+            Origin::Builtin => None,
+            Origin::Configured { entry, .. } => {
+                let gate = owner
+                    .upgrade()
+                    .map_or_else(|| Arc::new(CallGate::new()), |shared| shared.gate(&slot));
+                let limit = entry
+                    .max_concurrent_calls
+                    .unwrap_or_else(default_max_concurrent_calls);
+                Some((gate, limit))
+            }
+        };
         Served {
             slot,
             handler,
@@ -99,6 +119,7 @@ impl Served {
             probation,
             stats: CallStats::default(),
             owner,
+            gate,
         }
     }
 
@@ -168,6 +189,16 @@ impl Served {
         &self.stats
     }
 
+    /// How many calls of its slot run now; `None` for a built-in (not counted).
+    pub fn running_calls(&self) -> Option<u32> {
+        self.gate.as_ref().map(|(gate, _)| gate.running())
+    }
+
+    /// How many calls of its slot may run at once; `None` for a built-in (not limited).
+    pub fn max_concurrent_calls(&self) -> Option<u32> {
+        self.gate.as_ref().map(|(_, limit)| *limit)
+    }
+
     /// `registration.validate` (see [`Handler::validate`]).
     pub fn validate(
         &self,
@@ -175,7 +206,11 @@ impl Served {
         plugin: &PluginInfo,
         existing: Option<&RegisteredPlugin>,
     ) -> Result<Call<Result<Accepted, Refusal>>, HandlerError> {
-        self.observe(|h| h.validate(cx, plugin, existing), |v| v.is_err())
+        self.observe(
+            Hook::Validate,
+            |h| h.validate(cx, plugin, existing),
+            |v| v.is_err(),
+        )
     }
 
     /// `registration.register` (see [`Handler::register`]).
@@ -185,7 +220,11 @@ impl Served {
         plugin: &PluginInfo,
         facts: &RegistrationFacts,
     ) -> Result<Call<Result<(), Refusal>>, HandlerError> {
-        self.observe(|h| h.register(cx, plugin, facts), |v| v.is_err())
+        self.observe(
+            Hook::Register,
+            |h| h.register(cx, plugin, facts),
+            |v| v.is_err(),
+        )
     }
 
     /// `registration.deregister` (see [`Handler::deregister`]).
@@ -194,7 +233,7 @@ impl Served {
         cx: &CallContext,
         plugin: &PluginInfo,
     ) -> Result<Call<()>, HandlerError> {
-        self.observe(|h| h.deregister(cx, plugin), |_| false)
+        self.observe(Hook::Deregister, |h| h.deregister(cx, plugin), |_| false)
     }
 
     /// `allocation-policy.allocate` (see [`Handler::allocate`]).
@@ -203,16 +242,19 @@ impl Served {
         cx: &CallContext,
         request: &AllocationRequest,
     ) -> Result<Call<Result<Vec<String>, Refusal>>, HandlerError> {
-        self.observe(|h| h.allocate(cx, request), |v| v.is_err())
+        self.observe(Hook::Allocate, |h| h.allocate(cx, request), |v| v.is_err())
     }
 
+    /// Runs `call` on the module once its slot lets it in: counts it, and on failure counts the
+    /// failure against the probation and hands the call to the fallback, if any.
     fn observe<T>(
         &self,
+        hook: Hook,
         call: impl Fn(&Handler) -> Result<Call<T>, HandlerError>,
         refused: impl Fn(&T) -> bool,
     ) -> Result<Call<T>, HandlerError> {
         let started = Instant::now();
-        let result = call(&self.handler);
+        let result = self.enter(hook).and_then(|_permit| call(&self.handler));
         let elapsed = started.elapsed();
         let err = match result {
             Ok(answer) => {
@@ -242,6 +284,28 @@ impl Served {
             }
             None => Err(err),
         }
+    }
+
+    /// Waits until the slot runs fewer calls than its limit; gives up, with the module's error
+    /// naming the limit, after the call's deadline (at least [`MIN_SLOT_WAIT`]).
+    fn enter(
+        &self,
+        hook: Hook,
+    ) -> Result<Option<pluglet_handler_runtime::GatePermit<'_>>, HandlerError> {
+        let Some((gate, limit)) = &self.gate else {
+            return Ok(None);
+        };
+        let wait = self.handler.limits().deadline.max(MIN_SLOT_WAIT);
+        gate.enter(*limit, Some(wait))
+            .map(Some)
+            .map_err(|waited| HandlerError {
+                module: self.module().to_owned(),
+                hook,
+                fault: HandlerFault::Busy {
+                    limit: *limit,
+                    waited,
+                },
+            })
     }
 
     fn clean_call(&self) {

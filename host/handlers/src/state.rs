@@ -163,6 +163,7 @@ mod tests {
                 sha256: None,
                 deadline_ms: None,
                 memory_mib: None,
+                max_concurrent_calls: None,
                 fuel: None,
                 settings: Default::default(),
                 rollback_after: 3,

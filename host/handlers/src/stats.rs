@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureKind {
-    /// The guest trapped, panicked or exited.
+    /// The guest trapped, panicked, exited, overflowed its stack or answered more than the host
+    /// accepts.
     Trap,
     /// The call ran past its deadline.
     Deadline,
@@ -21,8 +22,8 @@ pub enum FailureKind {
     Memory,
     /// The call used up its fuel.
     Fuel,
-    /// The host could not run the call (no instance slot, a family the module lacks): not the
-    /// module's failure, and not counted against its probation.
+    /// The host could not run the call (no instance slot, a family the module lacks, its slot
+    /// busy with as many calls as it may run): not counted against the module's probation.
     Other,
 }
 
@@ -30,13 +31,16 @@ impl FailureKind {
     /// The kind of a fault.
     pub fn of(fault: &HandlerFault) -> FailureKind {
         match fault {
-            HandlerFault::Trapped { .. } | HandlerFault::Failed { .. } => FailureKind::Trap,
+            HandlerFault::Trapped { .. }
+            | HandlerFault::Failed { .. }
+            | HandlerFault::StackOverflow { .. }
+            | HandlerFault::AnswerTooLarge { .. } => FailureKind::Trap,
             HandlerFault::Deadline { .. } => FailureKind::Deadline,
             HandlerFault::MemoryCap { .. } => FailureKind::Memory,
             HandlerFault::Fuel { .. } => FailureKind::Fuel,
-            HandlerFault::MissingFamily { .. } | HandlerFault::Instantiate { .. } => {
-                FailureKind::Other
-            }
+            HandlerFault::MissingFamily { .. }
+            | HandlerFault::Instantiate { .. }
+            | HandlerFault::Busy { .. } => FailureKind::Other,
         }
     }
 

@@ -2,6 +2,7 @@
 //!
 //! | mode | behaviour |
 //! |---|---|
+//! | `by-name` | the mode named by the plugin's name (so one slot can be called well and badly) |
 //! | `ok` (default) | accepts, logs the node name, `accepted.version` = setting `version` |
 //! | `loop` | spins forever (hits the deadline or the fuel budget) |
 //! | `spin` | spins for setting `ms` milliseconds (default 5), then accepts |
@@ -13,10 +14,16 @@
 //! | `panic` | panics with "misbehave: asked to panic" |
 //! | `log` | logs setting `lines` lines (default 10), then accepts |
 //! | `refuse` | refuses with kind `other` |
+//! | `recurse` | recurses without end (overflows the call stack) |
+//! | `huge-message[:MIB]` | refuses with a message of MIB MiB (default 100) |
+//! | `huge-version[:MIB]` | accepts with a version of MIB MiB (default 100) |
+//! | `huge-log[:MIB]` | logs a line of MIB MiB (default 100), then accepts |
 //!
 //! It also exports `allocation-policy`; the `allocate` setting chooses what that hook answers:
 //! `ok` (default, the SDK's first fit), `unknown-id` (the last id replaced by `no-such-device`),
-//! `too-few` (one id short), `duplicate` (the first id twice), or any `mode` above (run first).
+//! `too-few` (one id short), `duplicate` (the first id twice), `huge-ids[:N]` (N empty ids, default
+//! 2,000,000), `by-request` (the mode named by the request's first preferred id, `ok`
+//! without one), or any `mode` above (run first).
 
 use pluglet_guest::{
     Accepted, AllocationPolicy, AllocationRequest, PluginInfo, Refusal, RefusalKind,
@@ -34,7 +41,16 @@ fn number(key: &str, default: u64) -> u64 {
 
 /// Runs the behaviour `mode` asks for.
 pub fn run(mode: &str) -> Result<Accepted, Refusal> {
+    let (mode, size) = mode.split_once(':').unwrap_or((mode, ""));
+    let huge = || "x".repeat(size.parse::<usize>().unwrap_or(100) << 20);
     match mode {
+        "huge-message" => return Err(Refusal::new(RefusalKind::Other, huge())),
+        "huge-version" => {
+            return Ok(Accepted {
+                version: Some(huge()),
+            });
+        }
+        "huge-log" => pluglet_guest::info(&huge()),
         "loop" => {
             let mut x = 0u64;
             loop {
@@ -75,6 +91,9 @@ pub fn run(mode: &str) -> Result<Accepted, Refusal> {
             std::hint::black_box(&block);
         }
         "panic" => panic!("misbehave: asked to panic"),
+        "recurse" => {
+            std::hint::black_box(recurse(0));
+        }
         "log" => {
             for i in 0..number("lines", 10) {
                 pluglet_guest::info(&format!("line {i}"));
@@ -93,18 +112,39 @@ pub fn run(mode: &str) -> Result<Accepted, Refusal> {
     })
 }
 
+/// Calls itself until the stack overflows (the end it names is never reached); `black_box`
+/// keeps the compiler from turning it into a loop.
+fn recurse(depth: u64) -> u64 {
+    if depth == u64::MAX {
+        return 0;
+    }
+    std::hint::black_box(recurse(std::hint::black_box(depth + 1))) + 1
+}
+
 impl Registration for Misbehave {
     fn validate(
-        _plugin: PluginInfo,
+        plugin: PluginInfo,
         _existing: Option<RegisteredPlugin>,
     ) -> Result<Accepted, Refusal> {
-        run(&pluglet_guest::setting("mode").unwrap_or_else(|| "ok".into()))
+        match pluglet_guest::setting("mode").as_deref() {
+            Some("by-name") => run(&plugin.name),
+            Some(mode) => run(mode),
+            None => run("ok"),
+        }
     }
 }
 
 impl AllocationPolicy for Misbehave {
     fn allocate(request: AllocationRequest) -> Result<Vec<String>, Refusal> {
-        let mode = pluglet_guest::setting("allocate").unwrap_or_else(|| "ok".into());
+        let mode = match pluglet_guest::setting("allocate").as_deref() {
+            Some("by-request") => request
+                .preferred
+                .as_ref()
+                .and_then(|p| p.first().cloned())
+                .unwrap_or_else(|| "ok".into()),
+            Some(mode) => mode.to_owned(),
+            None => "ok".into(),
+        };
         answer(&mode, &request)
     }
 }
@@ -113,6 +153,13 @@ impl AllocationPolicy for Misbehave {
 pub fn answer(mode: &str, request: &AllocationRequest) -> Result<Vec<String>, Refusal> {
     match mode {
         "ok" | "unknown-id" | "too-few" | "duplicate" => {}
+        huge if huge.starts_with("huge-ids") => {
+            let count = huge
+                .strip_prefix("huge-ids:")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(2_000_000);
+            return Ok(vec![String::new(); count]);
+        }
         other => {
             run(other)?;
         }
