@@ -276,6 +276,13 @@ struct SoakSetup<'a> {
     soak: Duration,
 }
 
+/// Open file descriptors of `pid`.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("daemon fds")
+        .count()
+}
+
 /// VmRSS and VmHWM of `pid`, in MB.
 fn memory_mb(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
@@ -382,6 +389,7 @@ async fn soak_run(setup: &SoakSetup<'_>, mut flapping: Vec<oneshot::Sender<()>>)
 
     let before = plugin_count(&mut admin).await;
     let (rss_start, _) = memory_mb(setup.pid);
+    let fds_start = open_fds(setup.pid);
     let stop = Arc::new(AtomicBool::new(false));
     let allocations = tokio::spawn(allocate_until(setup.admin.to_path_buf(), stop.clone()));
     let (mut registrations, mut deregistrations) = (Vec::new(), Vec::new());
@@ -438,6 +446,7 @@ async fn soak_run(setup: &SoakSetup<'_>, mut flapping: Vec<oneshot::Sender<()>>)
     let (mut allocs, failed) = allocations.await.expect("allocation task");
     let registered_at_end = plugin_count(&mut admin).await;
     let (rss_end, hwm) = memory_mb(setup.pid);
+    let fds_end = open_fds(setup.pid);
     registrations.sort();
     deregistrations.sort();
     allocs.sort();
@@ -471,7 +480,8 @@ async fn soak_run(setup: &SoakSetup<'_>, mut flapping: Vec<oneshot::Sender<()>>)
         ms(percentile(&allocs, 0.99)),
     );
     println!(
-        "  daemon RSS: start {rss_start:.1} MB, end {rss_end:.1} MB, peak (VmHWM) {hwm:.1} MB"
+        "  daemon RSS: start {rss_start:.1} MB, end {rss_end:.1} MB, peak (VmHWM) {hwm:.1} MB; \
+         open files: start {fds_start}, end {fds_end}"
     );
     stub.stop();
 }
