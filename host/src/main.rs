@@ -90,9 +90,21 @@ fn finish(result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
+/// Threads of tokio's blocking pool, which also takes over a worker's queue while a handler hook
+/// runs in place (`block_in_place`). Unbounded (tokio's default is 512), a node whose plugins
+/// register and deregister without pause grew to hundreds of threads, each keeping the stack a
+/// handler call touched and its own allocator heap: the soak in `benches/registration.rs` went
+/// from 64 to 250 MB. Past this many, the hand-over waits for a free thread instead.
+const MAX_BLOCKING_THREADS: usize = 16;
+
+/// How long an idle blocking thread is kept before it exits (tokio's default is 10 s).
+const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
         .build()?)
 }
 
