@@ -6,8 +6,11 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the tests run, as package:program: `minisign` makes the keys and signatures
 # of the handler signature tests; `systemd` brings `systemd-analyze`, which checks the shipped
-# unit file; `mount` mounts the small tmpfs and read-only bind mounts of the state tests.
-packages=(minisign:minisign systemd:systemd-analyze mount:mount)
+# unit file; `mount` mounts the small tmpfs and read-only bind mounts of the state tests;
+# podman with runc runs a container given an allocation by its CDI name, in an image made of
+# busybox-static.
+packages=(minisign:minisign systemd:systemd-analyze mount:mount podman:podman runc:runc
+    busybox-static:busybox)
 missing=()
 for entry in "${packages[@]}"; do
     command -v "${entry#*:}" >/dev/null 2>&1 || missing+=("${entry%%:*}")

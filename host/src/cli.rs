@@ -71,8 +71,9 @@ pub struct RunArgs {
     /// `--config`) and exit.
     #[arg(long)]
     pub print_config: bool,
-    /// Put every path under DIR: DIR/plugins_registry, DIR/device-plugins, DIR/handlers, DIR/state
-    /// and the admin socket DIR/pluglet.sock (for running as a non-root user).
+    /// Put every path under DIR: DIR/plugins_registry, DIR/device-plugins, DIR/handlers,
+    /// DIR/state, DIR/cdi and the admin socket DIR/pluglet.sock (for running as a non-root
+    /// user).
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
     /// Plugin registry directory watched for registration sockets
@@ -91,6 +92,14 @@ pub struct RunArgs {
     /// [default: /var/lib/pluglet/state, or DIR/state with --root].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Directory each allocation is written to as a CDI spec (`pluglet-*.json`) that container
+    /// runtimes read [default: /var/run/cdi, or DIR/cdi with --root, which runtimes do not
+    /// read].
+    #[arg(long, value_name = "DIR")]
+    pub cdi_spec_dir: Option<PathBuf>,
+    /// Write no CDI specs (allocations then carry only the plugin's own CDI names).
+    #[arg(long)]
+    pub no_cdi: bool,
     /// Admin API socket [default: /run/pluglet/pluglet.sock, or DIR/pluglet.sock with --root].
     #[arg(long, value_name = "PATH")]
     pub admin_socket: Option<PathBuf>,

@@ -30,6 +30,9 @@ pub const DEFAULT_HANDLERS_DIR: &str = "/var/lib/pluglet/handlers";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/pluglet/state";
 /// Pluglet: admin API socket.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/run/pluglet/pluglet.sock";
+/// CDI: the spec directory runtimes read for specs made at run time (podman, containerd and
+/// CRI-O read `/etc/cdi` and `/var/run/cdi`).
+pub const DEFAULT_CDI_SPEC_DIR: &str = "/var/run/cdi";
 /// File name of the admin socket under `--root`.
 pub const ADMIN_SOCKET_NAME: &str = "pluglet.sock";
 
@@ -127,6 +130,8 @@ pub struct Paths {
     pub state_dir: PathBuf,
     /// Admin API socket.
     pub admin_socket: PathBuf,
+    /// Where allocations are written as CDI specs.
+    pub cdi_spec_dir: PathBuf,
 }
 
 impl Paths {
@@ -138,6 +143,7 @@ impl Paths {
             handlers_dir: DEFAULT_HANDLERS_DIR.into(),
             state_dir: DEFAULT_STATE_DIR.into(),
             admin_socket: DEFAULT_ADMIN_SOCKET.into(),
+            cdi_spec_dir: DEFAULT_CDI_SPEC_DIR.into(),
         }
     }
 
@@ -149,6 +155,7 @@ impl Paths {
             handlers_dir: root.join("handlers"),
             state_dir: root.join("state"),
             admin_socket: root.join(ADMIN_SOCKET_NAME),
+            cdi_spec_dir: root.join("cdi"),
         }
     }
 
@@ -218,6 +225,8 @@ pub struct Config {
     pub admin_socket_group: Option<SocketGroup>,
     /// Log format and filter.
     pub log: LogConfig,
+    /// Whether allocations are written as CDI specs to `paths.cdi_spec_dir`.
+    pub cdi: bool,
 }
 
 /// `--admin-socket-group`: a group that exists.
@@ -341,6 +350,9 @@ impl Config {
         if let Some(p) = &args.admin_socket {
             paths.admin_socket = p.clone();
         }
+        if let Some(p) = &args.cdi_spec_dir {
+            paths.cdi_spec_dir = p.clone();
+        }
         let admin_socket_mode = parse_mode(&args.admin_socket_mode)?;
         let node_name = args.node_name.clone().unwrap_or_else(hostname);
         if node_name.trim().is_empty() {
@@ -406,6 +418,7 @@ impl Config {
                 format: args.log_format,
                 level: log_level(args.log_level.as_deref(), rust_log)?,
             },
+            cdi: !args.no_cdi,
         })
     }
 }

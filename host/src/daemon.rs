@@ -287,6 +287,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     device_config.dial_timeout = timings.dial_timeout;
     let device_metrics = device_config.metrics.clone();
     device_config.events = events.clone();
+    device_config.cdi_spec_dir = config.cdi.then(|| paths.cdi_spec_dir.clone());
     // One registration pipeline for both doors: the device manager gives it the device plugin
     // type's steps and serves kubelet.sock through it; the plugin manager feeds it what the
     // watcher finds.

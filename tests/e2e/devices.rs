@@ -57,7 +57,8 @@ fn allocation_returns_the_plugin_answer_and_is_idempotent() {
     for flow in FLOWS {
         let root = TestRoot::new();
         let daemon = Daemon::start(&root.path(), &[]);
-        let plugin = DevicePluginProcess::start(&root, flow, GPU, &["--pre-start"]);
+        let plugin =
+            DevicePluginProcess::start(&root, flow, GPU, &["--pre-start", "--cdi-devices"]);
         wait_allocatable(&daemon, GPU, 4);
 
         let got = allocate(&daemon, "pod-1", "ctr", GPU, 2).unwrap();
@@ -76,6 +77,15 @@ fn allocation_returns_the_plugin_answer_and_is_idempotent() {
         assert_eq!(
             got["cdi_devices"],
             serde_json::json!(["vendor.com/gpu=dev-0", "vendor.com/gpu=dev-2"])
+        );
+        // The plugin's own CDI names pass through; Pluglet's spec adds one for the container.
+        assert_eq!(
+            got["cdi_names"],
+            serde_json::json!([
+                "vendor.com/gpu=dev-0",
+                "vendor.com/gpu=dev-2",
+                "vendor.com/gpu=pluglet-pod-1_ctr"
+            ])
         );
         let pre_start = plugin.calls_of("PreStartContainer");
         assert_eq!(pre_start.len(), 1);

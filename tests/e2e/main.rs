@@ -2,7 +2,8 @@
 //! separate processes, and `pluglet ctl` to observe. One module per user story; shared harness in
 //! `support/`. Run them with `bash scripts/test.sh`: it builds the binaries first and installs
 //! the programs the tests run (`minisign` for the signature tests, `systemd-analyze` for the
-//! unit file, `mount` for the state tests, which run as root).
+//! unit file, `mount` for the state tests, which run as root, and podman, runc and
+//! busybox-static for the container runtime test).
 
 mod support;
 
@@ -15,6 +16,7 @@ mod refusal;
 mod registration;
 
 mod admin_access;
+mod cdi_runtime;
 mod compile_cache;
 mod crash_consistency;
 mod device_authority;

@@ -26,8 +26,9 @@
 //!
 //! Allocate answers, for the ids `a,b`: env `VENDOR_DEVICES=a,b`, a mount
 //! `/var/run/vendor` → `/tmp/vendor/<resource with / as _>` (read-only), one device spec per id
-//! (`/dev/vendor/<id>` → `/dev/null`, `rw`), annotation `vendor.com/devices=a,b` and one CDI
-//! device `<resource>=<id>` per id.
+//! (`/dev/vendor/<id>` → `/dev/null`, `rw`), annotation `vendor.com/devices=a,b`, and with
+//! `--cdi-devices` one CDI device name `<resource>=<id>` per id (as a plugin that installs its
+//! own CDI spec would; this one installs none, so a runtime cannot resolve those names).
 //!
 //! On SIGTERM or SIGINT it removes its sockets and exits 0. It prints `READY` on stdout once it
 //! serves and (in the classic flow) has registered.
@@ -99,6 +100,9 @@ struct Args {
     /// Bind and register again when the device socket disappears.
     #[arg(long)]
     reregister: bool,
+    /// Answer Allocate with a CDI device name `<resource>=<id>` per device.
+    #[arg(long)]
+    cdi_devices: bool,
 }
 
 /// Device list as ListAndWatch sends it, plus the inputs it is computed from.
@@ -259,6 +263,7 @@ impl Plugin {
             annotations: [("vendor.com/devices".to_string(), joined)].into(),
             cdi_devices: ids
                 .iter()
+                .filter(|_| self.args.cdi_devices)
                 .map(|id| v1beta1::CdiDevice {
                     name: format!("{}={id}", self.args.resource),
                 })

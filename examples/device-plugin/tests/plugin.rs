@@ -75,6 +75,7 @@ async fn watcher_flow_serves_info_devices_health_and_allocate() {
         "2",
         "--preferred",
         "--pre-start",
+        "--cdi-devices",
         "--resource",
         "example.com/fpga",
     ]);

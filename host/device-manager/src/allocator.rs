@@ -34,6 +34,7 @@ use pluglet_uds::Channel;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::cdi::Handoff;
 use crate::devices::Health;
 use crate::error::{AllocateError, ReleaseError};
 use crate::metrics::Metrics;
@@ -57,6 +58,9 @@ pub struct Allocation {
     pub response: v1beta1::ContainerAllocateResponse,
     /// True when the container already held these devices and no RPC was made.
     pub reused: bool,
+    /// Every CDI device name to give a container runtime: the plugin's own `cdi_devices`, then
+    /// the one of Pluglet's spec (see [`crate::cdi`]; none with CDI off).
+    pub cdi_names: Vec<String>,
 }
 
 /// Checks a policy answer: exactly `count` distinct ids, all in `available`, including every
@@ -100,16 +104,23 @@ pub struct AllocationInfo {
     pub device_ids: Vec<String>,
     /// False while the plugin's Allocate is still running.
     pub allocated: bool,
+    /// The CDI device names of the allocation (see [`Allocation::cdi_names`]).
+    pub cdi_names: Vec<String>,
 }
 
 impl AllocationInfo {
-    fn of(key: &HolderKey, entry: &Entry) -> AllocationInfo {
+    fn of(key: &HolderKey, entry: &Entry, cdi: Option<&Handoff>) -> AllocationInfo {
+        let (allocated, cdi_names) = match &entry.state {
+            EntryState::Allocated { response } => (true, crate::cdi::names(cdi, key, response)),
+            EntryState::Reserved { .. } => (false, Vec::new()),
+        };
         AllocationInfo {
             pod_uid: key.pod_uid.clone(),
             container: key.container.clone(),
             resource: key.resource.clone(),
             device_ids: entry.devices.clone(),
-            allocated: matches!(entry.state, EntryState::Allocated { .. }),
+            allocated,
+            cdi_names,
         }
     }
 }
@@ -124,6 +135,7 @@ struct Inner {
     handlers: Handlers,
     node_name: String,
     metrics: Metrics,
+    cdi: Option<Handoff>,
     cancel: CancellationToken,
 }
 
@@ -136,7 +148,9 @@ pub(crate) struct Allocator {
 impl Allocator {
     /// An allocator starting from `pods` (restored), choosing among the `registry`'s devices
     /// with the policies of `handlers`, committing through `persistence`, recording allocations,
-    /// their failures and releases in the registry's event log.
+    /// their failures and releases in the registry's event log, handing allocations to
+    /// container runtimes as CDI specs through `cdi` when it is given.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         pods: PodDevices,
         registry: Registry,
@@ -144,6 +158,7 @@ impl Allocator {
         handlers: Handlers,
         node_name: String,
         metrics: Metrics,
+        cdi: Option<Handoff>,
         cancel: CancellationToken,
     ) -> Allocator {
         Allocator {
@@ -156,6 +171,7 @@ impl Allocator {
                 handlers,
                 node_name,
                 metrics,
+                cdi,
                 cancel,
             }),
         }
@@ -314,11 +330,52 @@ impl Allocator {
         let (client, pre_start) = self.reserve(&key, &chosen, token)?;
         drop(decision);
 
-        match call_plugin(client, pre_start, &key, &chosen, &self.inner.metrics).await {
-            Ok(response) => self.commit(key, token, chosen, response).await,
+        let answered = call_plugin(client, pre_start, &key, &chosen, &self.inner.metrics).await;
+        let handed_off = answered.and_then(|response| {
+            let names = self.hand_off(&key, &response)?;
+            Ok((response, names))
+        });
+        match handed_off {
+            Ok((response, cdi_names)) => self.commit(key, token, chosen, response, cdi_names).await,
             Err(err) => {
                 self.lock().cancel(&key, token);
                 Err(err)
+            }
+        }
+    }
+
+    /// Writes the CDI spec of the allocation (with CDI on); returns its CDI names.
+    fn hand_off(
+        &self,
+        key: &HolderKey,
+        response: &v1beta1::ContainerAllocateResponse,
+    ) -> Result<Vec<String>, AllocateError> {
+        let Some(cdi) = &self.inner.cdi else {
+            return Ok(crate::cdi::names(None, key, response));
+        };
+        cdi.write(key, response)
+            .map_err(|source| AllocateError::Cdi {
+                resource: key.resource.clone(),
+                source,
+            })
+    }
+
+    /// Removes the CDI specs of allocations that are gone (with CDI on). A spec that cannot be
+    /// removed is logged; the next start removes it.
+    fn unhand(&self, keys: impl IntoIterator<Item = HolderKey>) {
+        let Some(cdi) = &self.inner.cdi else {
+            return;
+        };
+        for key in keys {
+            if let Err(err) = cdi.remove(&key) {
+                tracing::warn!(
+                    pod = %key.pod_uid,
+                    container = %key.container,
+                    resource = %key.resource,
+                    dir = %cdi.dir().display(),
+                    error = %err,
+                    "cannot remove the CDI spec of a released allocation; it is removed at the next start"
+                );
             }
         }
     }
@@ -352,7 +409,7 @@ impl Allocator {
                 .lock()
                 .iter()
                 .filter(|(key, _)| !keep.contains(&key.pod_uid))
-                .map(|(key, entry)| AllocationInfo::of(key, entry))
+                .map(|(key, entry)| AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
                 .collect());
         }
         self.release_where(
@@ -376,7 +433,7 @@ impl Allocator {
             .change(&self.inner.pods, |pods| {
                 pods.release_where(&mut gone)
                     .iter()
-                    .map(|(key, entry)| AllocationInfo::of(key, entry))
+                    .map(|(key, entry)| AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
                     .collect::<Vec<_>>()
             })
             .await;
@@ -387,7 +444,7 @@ impl Allocator {
                     .lock()
                     .iter()
                     .filter(|(key, _)| gone(key))
-                    .map(|(key, entry)| AllocationInfo::of(key, entry))
+                    .map(|(key, entry)| AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
                     .collect();
                 let err = ReleaseError { held, source };
                 for a in &err.held {
@@ -409,6 +466,11 @@ impl Allocator {
         if released.is_empty() {
             return Ok(released);
         }
+        self.unhand(
+            released.iter().map(|a| {
+                HolderKey::new(a.pod_uid.clone(), a.container.clone(), a.resource.clone())
+            }),
+        );
         tracing::info!(
             entries = released.len(),
             pods = ?released.iter().map(|a| a.pod_uid.as_str()).collect::<BTreeSet<_>>(),
@@ -434,7 +496,7 @@ impl Allocator {
     pub fn allocations(&self) -> Vec<AllocationInfo> {
         self.lock()
             .iter()
-            .map(|(key, entry)| AllocationInfo::of(key, entry))
+            .map(|(key, entry)| AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
             .collect()
     }
 
@@ -494,6 +556,7 @@ impl Allocator {
                     device_ids: entry.devices.clone(),
                     response: response.clone(),
                     reused: true,
+                    cdi_names: crate::cdi::names(self.inner.cdi.as_ref(), key, response),
                 })))
             }
             EntryState::Allocated { .. } => Err(AllocateError::ChangedRequest {
@@ -553,14 +616,15 @@ impl Allocator {
         Ok((offer.client, offer.pre_start_required))
     }
 
-    /// Records the allocation once it is durable; drops the reservation if it cannot be made
-    /// durable (nothing held, nothing checkpointed).
+    /// Records the allocation once it is durable; drops the reservation and its CDI spec if it
+    /// cannot be made durable (nothing held, nothing checkpointed).
     async fn commit(
         &self,
         key: HolderKey,
         token: u64,
         chosen: Vec<String>,
         response: v1beta1::ContainerAllocateResponse,
+        cdi_names: Vec<String>,
     ) -> Result<Allocation, AllocateError> {
         let committed = self
             .inner
@@ -572,6 +636,7 @@ impl Allocator {
         match committed {
             Ok(true) => {}
             Ok(false) => {
+                self.unhand([key.clone()]);
                 return Err(AllocateError::Released {
                     pod_uid: key.pod_uid,
                     container: key.container,
@@ -580,6 +645,7 @@ impl Allocator {
             }
             Err(source) => {
                 self.lock().cancel(&key, token);
+                self.unhand([key.clone()]);
                 return Err(AllocateError::Checkpoint {
                     resource: key.resource,
                     source,
@@ -592,6 +658,7 @@ impl Allocator {
             device_ids: chosen,
             response,
             reused: false,
+            cdi_names,
         })
     }
 
@@ -764,6 +831,7 @@ mod alone {
             handlers(),
             "node-1".into(),
             Metrics::default(),
+            None,
             cancel,
         );
         let journaled = || std::fs::metadata(dir.path().join(JOURNAL_FILE_NAME)).unwrap();

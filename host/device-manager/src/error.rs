@@ -292,6 +292,16 @@ pub enum AllocateError {
         #[source]
         source: std::sync::Arc<CheckpointError>,
     },
+    /// The allocation could not be handed to container runtimes as a CDI device; nothing is
+    /// held.
+    #[error("the allocation of {resource} was refused and nothing is held")]
+    Cdi {
+        /// The resource.
+        resource: ResourceName,
+        /// Why.
+        #[source]
+        source: crate::cdi::CdiError,
+    },
     /// The device manager is shutting down.
     #[error("the device manager is shutting down")]
     Stopped,

@@ -24,6 +24,7 @@
 //! (`kubelet.sock` and start-up), `kind` (the device plugin type's pipeline steps), [`error`].
 
 pub mod allocator;
+pub mod cdi;
 mod device_list;
 pub mod devices;
 pub mod endpoint;

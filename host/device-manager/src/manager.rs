@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::allocator::{Allocation, AllocationInfo, Allocator};
+use crate::cdi::{Handoff, Reconciled};
 use crate::error::{AllocateError, ReleaseError, StartError};
 use crate::kind::DevicePluginKind;
 use crate::persistence::files::{SideResource, SideState, kubelet_data};
@@ -68,6 +69,9 @@ pub struct Config {
     /// Where connections, allocations and releases are recorded (a log of its own unless the
     /// daemon's is given).
     pub events: EventLog,
+    /// Where each allocation is written as a CDI spec for container runtimes (see
+    /// [`crate::cdi`]); `None` (the library's default) writes none.
+    pub cdi_spec_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -82,6 +86,7 @@ impl Config {
             durability: Durability::Fsync,
             metrics: crate::Metrics::default(),
             events: EventLog::default(),
+            cdi_spec_dir: None,
         }
     }
 
@@ -183,6 +188,10 @@ impl DeviceManager {
             config.events.clone(),
         );
         let handlers = pipeline.handlers().clone();
+        let cdi = config.cdi_spec_dir.clone().map(Handoff::new);
+        if let Some(cdi) = &cdi {
+            log_cdi(cdi, &cdi.reconcile(&restored.pods));
+        }
         let allocator = Allocator::new(
             restored.pods,
             registry.clone(),
@@ -190,6 +199,7 @@ impl DeviceManager {
             handlers.clone(),
             config.node_name.clone(),
             config.metrics.clone(),
+            cdi,
             cancel.clone(),
         );
         pipeline.set_kind(
@@ -385,6 +395,20 @@ impl DeviceManager {
 
 /// Logs what the start restored, and for each corrupt file kept aside also records a
 /// `state_set_aside` event: what was wrong, where the copy is, what was recovered and lost.
+fn log_cdi(cdi: &Handoff, report: &Reconciled) {
+    let dir = cdi.dir().display();
+    for error in &report.errors {
+        tracing::error!(%dir, error = %error, "CDI spec directory not converged");
+    }
+    tracing::info!(
+        %dir,
+        written = report.written,
+        removed = report.removed,
+        kept = report.kept,
+        "CDI specs of the restored allocations in place"
+    );
+}
+
 fn log_restore(report: &RestoreReport, events: &EventLog) {
     if report.from_journal && report.recovery.is_none() {
         tracing::info!(

@@ -45,6 +45,7 @@ pub fn allocation_to_wire(a: &AllocationInfo) -> pb::Allocation {
         container: a.container.to_string(),
         resource: a.resource.to_string(),
         device_ids: a.device_ids.clone(),
+        cdi_names: a.cdi_names.clone(),
     }
 }
 
@@ -69,6 +70,8 @@ pub fn allocate_status(err: &AllocateError) -> Status {
         AllocateError::PolicyFailed { .. } => Code::Internal,
         // Not durable: retry once the disk has room or the state directory is writable.
         AllocateError::Checkpoint { .. } => Code::Unavailable,
+        // The plugin's answer is unusable by a runtime, or the spec directory is not writable.
+        AllocateError::Cdi { .. } => Code::FailedPrecondition,
     };
     Status::new(code, error_chain(err))
 }
@@ -100,6 +103,7 @@ pub async fn allocate(
     Ok(pb::AllocateResponse {
         device_ids: allocation.device_ids,
         response: Some(allocation.response),
+        cdi_names: allocation.cdi_names,
     })
 }
 

@@ -502,6 +502,8 @@ pub struct AllocationView {
     pub resource: String,
     /// The devices.
     pub device_ids: Vec<String>,
+    /// CDI device names to give a container runtime (see [`AllocateResultView::cdi_names`]).
+    pub cdi_names: Vec<String>,
 }
 
 impl From<&pb::Allocation> for AllocationView {
@@ -511,6 +513,7 @@ impl From<&pb::Allocation> for AllocationView {
             container: a.container.clone(),
             resource: a.resource.clone(),
             device_ids: a.device_ids.clone(),
+            cdi_names: a.cdi_names.clone(),
         }
     }
 }
@@ -550,8 +553,11 @@ pub struct AllocateResultView {
     pub device_specs: Vec<DeviceSpecView>,
     /// Annotations.
     pub annotations: BTreeMap<String, String>,
-    /// Fully qualified CDI device names.
+    /// The plugin's own CDI device names (its `cdi_devices`), as it answered them.
     pub cdi_devices: Vec<String>,
+    /// Every CDI device name to give a container runtime: the plugin's `cdi_devices`, then the
+    /// one of the spec Pluglet wrote (none with CDI off).
+    pub cdi_names: Vec<String>,
 }
 
 impl From<&pb::AllocateResponse> for AllocateResultView {
@@ -580,13 +586,14 @@ impl From<&pb::AllocateResponse> for AllocateResultView {
                 .collect(),
             annotations: sorted(&r.annotations),
             cdi_devices: r.cdi_devices.iter().map(|c| c.name.clone()).collect(),
+            cdi_names: a.cdi_names.clone(),
         }
     }
 }
 
 impl AllocateResultView {
     /// One `WHAT  VALUE` row per device list, env, mount, device node, annotation and CDI
-    /// device.
+    /// name (the plugin's own CDI names without a spec of Pluglet's when CDI is off).
     pub fn table(&self) -> String {
         let mut rows = vec![vec!["devices".to_owned(), self.device_ids.join(",")]];
         rows.extend(
@@ -615,11 +622,12 @@ impl AllocateResultView {
                 .iter()
                 .map(|(k, v)| vec!["annotation".to_owned(), format!("{k}={v}")]),
         );
-        rows.extend(
-            self.cdi_devices
-                .iter()
-                .map(|c| vec!["cdi".to_owned(), c.clone()]),
-        );
+        let cdi = if self.cdi_names.is_empty() {
+            &self.cdi_devices
+        } else {
+            &self.cdi_names
+        };
+        rows.extend(cdi.iter().map(|c| vec!["cdi".to_owned(), c.clone()]));
         columns(&["WHAT", "VALUE"], rows)
     }
 }
@@ -1141,13 +1149,14 @@ impl Table for ResourceView {
 }
 
 impl Table for AllocationView {
-    const HEADER: &'static [&'static str] = &["POD", "CONTAINER", "RESOURCE", "DEVICES"];
+    const HEADER: &'static [&'static str] = &["POD", "CONTAINER", "RESOURCE", "DEVICES", "CDI"];
     fn row(&self) -> Vec<String> {
         vec![
             self.pod_uid.clone(),
             self.container.clone(),
             self.resource.clone(),
             self.device_ids.join(","),
+            dash(&self.cdi_names.join(",")),
         ]
     }
 }
@@ -1354,6 +1363,7 @@ mod tests {
                 container: container.into(),
                 resource: "vendor.com/gpu".into(),
                 device_ids: ids.iter().map(|s| s.to_string()).collect(),
+                cdi_names: vec![format!("vendor.com/gpu=pluglet-{pod}_{container}")],
             })
                 .into()
         })
@@ -1380,6 +1390,10 @@ mod tests {
                     name: "vendor.com/gpu=d0".into(),
                 }],
             }),
+            cdi_names: vec![
+                "vendor.com/gpu=d0".into(),
+                "vendor.com/gpu=pluglet-p_c".into(),
+            ],
         }
     }
 
@@ -1391,6 +1405,7 @@ mod tests {
                 container: a.container.clone(),
                 resource: a.resource.clone(),
                 device_ids: a.device_ids.clone(),
+                cdi_names: a.cdi_names.clone(),
             })
             .collect();
         (&pb::SyncPodsResponse { freed, dry_run }).into()
@@ -1448,7 +1463,8 @@ mod tests {
              mount       /h -> /c (ro)\n\
              device      /dev/null -> /dev/x (rw)\n\
              annotation  k=v\n\
-             cdi         vendor.com/gpu=d0\n"
+             cdi         vendor.com/gpu=d0\n\
+             cdi         vendor.com/gpu=pluglet-p_c\n"
         );
 
         let released = ReleaseResultView { released: 2 };
@@ -1481,7 +1497,9 @@ mod tests {
         let freed = sync_pods(false).table();
         assert!(freed.ends_with("\nfreed 2 entries of 2 pods\n"), "{freed}");
         assert!(
-            freed.contains("pod-1  a          vendor.com/gpu  d0,d2\n"),
+            freed.contains(
+                "pod-1  a          vendor.com/gpu  d0,d2    vendor.com/gpu=pluglet-pod-1_a\n"
+            ),
             "{freed}"
         );
         let dry = sync_pods(true).table();
@@ -1495,7 +1513,7 @@ mod tests {
         };
         assert_eq!(
             nothing.table(),
-            "POD  CONTAINER  RESOURCE  DEVICES\nnothing to free\n"
+            "POD  CONTAINER  RESOURCE  DEVICES  CDI\nnothing to free\n"
         );
         assert_eq!(
             serde_json::to_value(&nothing).unwrap(),
@@ -1530,6 +1548,7 @@ mod tests {
                 "device_specs": [{"container_path": "/dev/x", "host_path": "/dev/null", "permissions": "rw"}],
                 "annotations": {"k": "v"},
                 "cdi_devices": ["vendor.com/gpu=d0"],
+                "cdi_names": ["vendor.com/gpu=d0", "vendor.com/gpu=pluglet-p_c"],
             })
         );
     }
@@ -1623,7 +1642,13 @@ mod tests {
         assert_eq!(keys(&resources()[0].devices[0]), ["health", "id", "numa"]);
         assert_eq!(
             keys(&allocations()[0]),
-            ["container", "device_ids", "pod_uid", "resource"]
+            [
+                "cdi_names",
+                "container",
+                "device_ids",
+                "pod_uid",
+                "resource"
+            ]
         );
         assert_eq!(keys(&ReleaseResultView { released: 1 }), ["released"]);
     }

@@ -21,6 +21,8 @@ pub const KEYS: &[&str] = &[
     "device_plugins_dir",
     "handlers_dir",
     "state_dir",
+    "cdi_spec_dir",
+    "no_cdi",
     "admin_socket",
     "admin_socket_mode",
     "admin_socket_group",
@@ -50,6 +52,8 @@ pub struct ConfigFile {
     device_plugins_dir: Option<PathBuf>,
     handlers_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
+    cdi_spec_dir: Option<PathBuf>,
+    no_cdi: Option<bool>,
     admin_socket: Option<PathBuf>,
     admin_socket_mode: Option<String>,
     admin_socket_group: Option<String>,
@@ -133,6 +137,8 @@ impl ConfigFile {
             device_plugins_dir as Some,
             handlers_dir as Some,
             state_dir as Some,
+            cdi_spec_dir as Some,
+            no_cdi,
             admin_socket as Some,
             admin_socket_mode,
             admin_socket_group as Some,
@@ -216,6 +222,8 @@ pub fn to_toml(config: &Config) -> String {
     );
     line("handlers_dir", Some(path(&paths.handlers_dir)), "");
     line("state_dir", Some(path(&paths.state_dir)), "");
+    line("cdi_spec_dir", Some(path(&paths.cdi_spec_dir)), "");
+    line("no_cdi", Some((!config.cdi).to_string()), "");
     line("admin_socket", Some(path(&paths.admin_socket)), "");
     line(
         "admin_socket_mode",

@@ -1,0 +1,182 @@
+//! The CDI spec directory: Pluglet's `pluglet-*.json` files in it, each written whole or not at
+//! all (a temporary file renamed over the old one, mode 0644) so that a runtime reading the
+//! directory at any moment sees either the old spec or the new one. Nothing else in the
+//! directory is read, changed or removed.
+
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
+
+use super::names::{DEVICE_PREFIX, Kind};
+
+/// Start of every file name Pluglet writes in the directory.
+pub const FILE_PREFIX: &str = "pluglet-";
+/// End of every spec file name (runtimes read `*.json` and `*.yaml`).
+pub const FILE_SUFFIX: &str = ".json";
+/// Start of a temporary file while it is written (never matched by a runtime's `*.json`).
+const TEMP_PREFIX: &str = ".pluglet-";
+
+/// The file name of the spec of `device` of `kind`: `pluglet-<vendor>=<class>=<device>.json`
+/// with the device name's own `pluglet-` left out (`=` appears in no vendor, class or device
+/// name, so no two specs share a file), or `pluglet-h<hash>.json` when that would be longer
+/// than a file name may be.
+pub fn file_name(kind: &Kind, device: &str) -> String {
+    let tail = device.strip_prefix(DEVICE_PREFIX).unwrap_or(device);
+    let name = format!(
+        "{FILE_PREFIX}{}={}={tail}{FILE_SUFFIX}",
+        kind.vendor, kind.class
+    );
+    if name.len() <= 250 {
+        return name;
+    }
+    let hash = Sha256::digest(format!("{kind}={device}").as_bytes());
+    format!("{FILE_PREFIX}h{}{FILE_SUFFIX}", &hex::encode(hash)[..40])
+}
+
+/// Pluglet's files in one CDI spec directory.
+#[derive(Clone, Debug)]
+pub struct SpecDir {
+    path: PathBuf,
+}
+
+impl SpecDir {
+    /// The directory at `path` (created, mode 0755, at the first write).
+    pub fn new(path: PathBuf) -> SpecDir {
+        SpecDir { path }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `content` as `file`, replacing what was there in one step. No fsync: after a
+    /// crash the start-up reconciliation rewrites every spec from the checkpoint.
+    pub fn write(&self, file: &str, content: &[u8]) -> std::io::Result<()> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&self.path)?;
+        let temp = self
+            .path
+            .join(format!("{TEMP_PREFIX}{}.tmp", &file[FILE_PREFIX.len()..]));
+        let result = (|| {
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o644)
+                .open(&temp)?;
+            // The mode given to open is narrowed by the umask; runtimes of other users read it.
+            out.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            out.write_all(content)?;
+            std::fs::rename(&temp, self.path.join(file))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+        result
+    }
+
+    /// Removes `file`; one already gone is no error.
+    pub fn remove(&self, file: &str) -> std::io::Result<()> {
+        match std::fs::remove_file(self.path.join(file)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// What `file` holds now, if it exists.
+    pub fn read(&self, file: &str) -> std::io::Result<Option<Vec<u8>>> {
+        match std::fs::read(self.path.join(file)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Pluglet's spec files (`pluglet-*.json`) now in the directory, and its temporary files
+    /// left by a crash; none when the directory does not exist.
+    pub fn own_files(&self) -> std::io::Result<(Vec<String>, Vec<String>)> {
+        let entries = match std::fs::read_dir(&self.path) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
+            Err(e) => return Err(e),
+        };
+        let (mut specs, mut temps) = (Vec::new(), Vec::new());
+        for entry in entries {
+            let entry = entry?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if name.starts_with(FILE_PREFIX) && name.ends_with(FILE_SUFFIX) {
+                specs.push(name);
+            } else if name.starts_with(TEMP_PREFIX) && name.ends_with(".tmp") {
+                temps.push(name);
+            }
+        }
+        specs.sort();
+        Ok((specs, temps))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cdi::names::kind_of;
+
+    #[test]
+    fn file_names_are_readable_distinct_and_bounded() {
+        let kind = kind_of("vendor.com/gpu");
+        assert_eq!(
+            file_name(&kind, "pluglet-0f3e_main"),
+            "pluglet-vendor.com=gpu=0f3e_main.json"
+        );
+        let long = "pluglet-".to_owned() + &"a".repeat(253) + "_c";
+        let name = file_name(&kind, &long);
+        assert!(name.len() <= 255 && name.starts_with("pluglet-h"), "{name}");
+        assert_ne!(name, file_name(&kind, &(long.clone() + "d")));
+        let a = Kind {
+            vendor: "a_b".into(),
+            class: "c".into(),
+        };
+        let b = Kind {
+            vendor: "a".into(),
+            class: "b_c".into(),
+        };
+        assert_ne!(file_name(&a, "pluglet-x"), file_name(&b, "pluglet-x"));
+    }
+
+    #[test]
+    fn writes_whole_files_readable_by_all_and_touches_nothing_else() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = SpecDir::new(tmp.path().join("cdi"));
+        assert_eq!(
+            dir.own_files().unwrap(),
+            (vec![], vec![]),
+            "no directory yet"
+        );
+        dir.write("pluglet-a.json", b"{}").unwrap();
+        dir.write("pluglet-a.json", b"{\"x\":1}").unwrap();
+        std::fs::write(tmp.path().join("cdi/vendor.json"), b"{}").unwrap();
+        std::fs::write(tmp.path().join("cdi/.pluglet-b.json.tmp"), b"").unwrap();
+        let meta = std::fs::metadata(tmp.path().join("cdi/pluglet-a.json")).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o644);
+        assert_eq!(
+            dir.read("pluglet-a.json").unwrap().as_deref(),
+            Some(&b"{\"x\":1}"[..])
+        );
+        assert_eq!(
+            dir.own_files().unwrap(),
+            (
+                vec!["pluglet-a.json".to_owned()],
+                vec![".pluglet-b.json.tmp".to_owned()]
+            )
+        );
+        dir.remove("pluglet-a.json").unwrap();
+        dir.remove("pluglet-a.json").unwrap();
+        assert!(tmp.path().join("cdi/vendor.json").exists());
+    }
+}

@@ -1,0 +1,342 @@
+//! Runtime hand-off: every allocation as a Container Device Interface (CDI) device that a
+//! container runtime (podman, containerd, CRI-O, Docker) injects by name.
+//!
+//! For each allocation whose plugin answered envs, mounts or device specs, [`Handoff`] writes
+//! one spec file, `pluglet-<vendor>=<class>=<device>.json`, defining one device named for the
+//! container (`vendor.com/gpu=pluglet-<pod uid>_<container>`: see [`names`]) whose edits are
+//! the plugin's answer ([`spec`]). One file per allocation, not per resource: an allocation is
+//! written, replaced and removed on its own, with no read-modify-write of a file others share,
+//! and a runtime never sees one allocation's file half-changed because another changed. The
+//! plugin's own `cdi_devices` names are passed through untouched.
+//!
+//! The allocator writes the spec after the plugin answered and before the allocation is
+//! committed (a spec that cannot be written refuses the allocation), and removes it once a
+//! release is durable. At start, [`Handoff::reconcile`] converges the directory to the
+//! restored allocations: Pluglet's files of allocations that no longer exist are removed,
+//! missing or different ones rewritten. The README's "Using allocations with podman,
+//! containerd or Docker (CDI)" shows the commands.
+
+pub mod dir;
+pub mod names;
+pub mod spec;
+
+use std::path::{Path, PathBuf};
+
+use pluglet_proto::v1beta1::ContainerAllocateResponse;
+
+use crate::pod_devices::{EntryState, HolderKey, PodDevices};
+use dir::SpecDir;
+use spec::{Spec, SpecError};
+
+/// Why an allocation could not be handed to a runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    /// The plugin's answer cannot be expressed as a CDI spec a runtime would accept.
+    #[error(
+        "the plugin's Allocate answer cannot be given to a container runtime as a CDI device: {0}"
+    )]
+    Spec(#[from] SpecError),
+    /// The spec file could not be written.
+    #[error("cannot write the CDI spec {path}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What an allocation is to a runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    /// The spec file name in the directory.
+    pub file: String,
+    /// Its content.
+    pub spec: Spec,
+    /// The fully qualified name of the device it defines.
+    pub name: String,
+}
+
+/// The spec of the allocation `key` holds with the plugin's `response`, if it has edits.
+pub fn plan(
+    key: &HolderKey,
+    response: &ContainerAllocateResponse,
+) -> Result<Option<Planned>, SpecError> {
+    let kind = names::kind_of(key.resource.as_str());
+    let device = names::device_name(key.pod_uid.as_str(), key.container.as_str());
+    let Some(spec) = Spec::for_allocation(&kind, &device, response)? else {
+        return Ok(None);
+    };
+    Ok(Some(Planned {
+        file: dir::file_name(&kind, &device),
+        name: format!("{kind}={device}"),
+        spec,
+    }))
+}
+
+/// Every CDI name a runtime should be given for the allocation of `key`: the plugin's own
+/// `cdi_devices`, then, with CDI on (`handoff`), the one Pluglet's spec defines when the answer
+/// has edits.
+pub fn names(
+    handoff: Option<&Handoff>,
+    key: &HolderKey,
+    response: &ContainerAllocateResponse,
+) -> Vec<String> {
+    let mut all = passed_through(response);
+    if handoff.is_some() && has_edits(response) {
+        let kind = names::kind_of(key.resource.as_str());
+        let device = names::device_name(key.pod_uid.as_str(), key.container.as_str());
+        all.push(format!("{kind}={device}"));
+    }
+    all
+}
+
+fn has_edits(response: &ContainerAllocateResponse) -> bool {
+    !response.envs.is_empty() || !response.devices.is_empty() || !response.mounts.is_empty()
+}
+
+/// What start-up reconciliation did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Specs written because they were missing or different.
+    pub written: usize,
+    /// Pluglet's files of allocations that no longer exist, removed.
+    pub removed: usize,
+    /// Specs already right.
+    pub kept: usize,
+    /// What could not be done, one line each.
+    pub errors: Vec<String>,
+}
+
+/// Pluglet's specs in one CDI directory. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Handoff {
+    dir: SpecDir,
+}
+
+impl Handoff {
+    /// Specs written to `dir` (created at the first write).
+    pub fn new(dir: PathBuf) -> Handoff {
+        Handoff {
+            dir: SpecDir::new(dir),
+        }
+    }
+
+    /// The spec directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes the spec of the allocation of `key` (none when the answer has no edits) and
+    /// returns every CDI name of the allocation.
+    pub fn write(
+        &self,
+        key: &HolderKey,
+        response: &ContainerAllocateResponse,
+    ) -> Result<Vec<String>, CdiError> {
+        let mut names = passed_through(response);
+        if let Some(planned) = plan(key, response)? {
+            self.write_planned(&planned)?;
+            names.push(planned.name);
+        }
+        Ok(names)
+    }
+
+    fn write_planned(&self, planned: &Planned) -> Result<(), CdiError> {
+        self.dir
+            .write(&planned.file, &render(&planned.spec))
+            .map_err(|source| CdiError::Write {
+                path: self.dir.path().join(&planned.file),
+                source,
+            })
+    }
+
+    /// Removes the spec of the allocation of `key`, if Pluglet wrote one.
+    pub fn remove(&self, key: &HolderKey) -> std::io::Result<()> {
+        let kind = names::kind_of(key.resource.as_str());
+        let device = names::device_name(key.pod_uid.as_str(), key.container.as_str());
+        self.dir.remove(&dir::file_name(&kind, &device))
+    }
+
+    /// Makes the directory hold exactly the specs of `pods`' allocations: Pluglet's files of
+    /// allocations that no longer exist (and temporary files a crash left) are removed, missing
+    /// or different ones written. Other files are not touched.
+    pub fn reconcile(&self, pods: &PodDevices) -> Reconciled {
+        let mut report = Reconciled::default();
+        let mut wanted = std::collections::BTreeMap::new();
+        for (key, entry) in pods.iter() {
+            let EntryState::Allocated { response } = &entry.state else {
+                continue;
+            };
+            match plan(key, response) {
+                Ok(Some(planned)) => {
+                    wanted.insert(planned.file.clone(), planned);
+                }
+                Ok(None) => {}
+                Err(err) => report.errors.push(format!(
+                    "pod {} container {} resource {}: {err}",
+                    key.pod_uid, key.container, key.resource
+                )),
+            }
+        }
+        let (files, temps) = match self.dir.own_files() {
+            Ok(found) => found,
+            Err(err) => {
+                report
+                    .errors
+                    .push(format!("cannot list {}: {err}", self.dir.path().display()));
+                Default::default()
+            }
+        };
+        for file in files.iter().chain(&temps) {
+            if wanted.contains_key(file) {
+                continue;
+            }
+            match self.dir.remove(file) {
+                Ok(()) => report.removed += usize::from(!file.starts_with('.')),
+                Err(err) => report.errors.push(format!("cannot remove {file}: {err}")),
+            }
+        }
+        for (file, planned) in &wanted {
+            let content = render(&planned.spec);
+            match self.dir.read(file) {
+                Ok(Some(now)) if now == content => {
+                    report.kept += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            match self.write_planned(planned) {
+                Ok(()) => report.written += 1,
+                Err(err) => report.errors.push(pluglet_core::error_chain(&err)),
+            }
+        }
+        report
+    }
+}
+
+fn passed_through(response: &ContainerAllocateResponse) -> Vec<String> {
+    response
+        .cdi_devices
+        .iter()
+        .map(|d| d.name.clone())
+        .collect()
+}
+
+fn render(spec: &Spec) -> Vec<u8> {
+    let mut bytes = serde_json::to_vec_pretty(spec).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod_devices::Entry;
+    use pluglet_proto::v1beta1::CdiDevice;
+
+    fn response(env: &str) -> ContainerAllocateResponse {
+        ContainerAllocateResponse {
+            envs: [("E".to_owned(), env.to_owned())].into(),
+            cdi_devices: vec![CdiDevice {
+                name: "vendor.com/gpu=d0".into(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn allocated(pods: &mut PodDevices, pod: &str, env: &str) -> HolderKey {
+        let key = HolderKey::new(pod, "c", "vendor.com/gpu");
+        pods.insert(
+            key.clone(),
+            Entry {
+                devices: vec!["d0".into()],
+                numa: Default::default(),
+                state: EntryState::Allocated {
+                    response: response(env),
+                },
+            },
+        );
+        key
+    }
+
+    #[test]
+    fn names_pass_the_plugins_through_and_add_pluglets() {
+        let tmp = tempfile::tempdir().unwrap();
+        let handoff = Handoff::new(tmp.path().to_owned());
+        let key = HolderKey::new("p1", "c", "vendor.com/gpu");
+        let names = handoff.write(&key, &response("x")).unwrap();
+        assert_eq!(names, ["vendor.com/gpu=d0", "vendor.com/gpu=pluglet-p1_c"]);
+        assert_eq!(super::names(Some(&handoff), &key, &response("x")), names);
+        assert_eq!(
+            super::names(None, &key, &response("x")),
+            ["vendor.com/gpu=d0"]
+        );
+        let only_cdi = ContainerAllocateResponse {
+            cdi_devices: response("x").cdi_devices,
+            ..Default::default()
+        };
+        let other = HolderKey::new("p2", "c", "vendor.com/gpu");
+        assert_eq!(
+            handoff.write(&other, &only_cdi).unwrap(),
+            ["vendor.com/gpu=d0"]
+        );
+        let (files, _) = SpecDir::new(tmp.path().to_owned()).own_files().unwrap();
+        assert_eq!(files, ["pluglet-vendor.com=gpu=p1_c.json"]);
+        handoff.remove(&key).unwrap();
+        handoff.remove(&other).unwrap();
+        assert!(
+            SpecDir::new(tmp.path().to_owned())
+                .own_files()
+                .unwrap()
+                .0
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn reconcile_converges_on_the_allocations_and_leaves_other_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let handoff = Handoff::new(tmp.path().to_owned());
+        let mut pods = PodDevices::default();
+        let kept = allocated(&mut pods, "kept", "1");
+        let changed = allocated(&mut pods, "changed", "new");
+        handoff.write(&kept, &response("1")).unwrap();
+        handoff.write(&changed, &response("old")).unwrap();
+        handoff
+            .write(
+                &HolderKey::new("gone", "c", "vendor.com/gpu"),
+                &response("1"),
+            )
+            .unwrap();
+        allocated(&mut pods, "missing", "1");
+        std::fs::write(tmp.path().join("vendor.json"), "{}").unwrap();
+        std::fs::write(tmp.path().join(".pluglet-x.json.tmp"), "").unwrap();
+
+        let report = handoff.reconcile(&pods);
+        assert_eq!(
+            report,
+            Reconciled {
+                written: 2,
+                removed: 1,
+                kept: 1,
+                errors: vec![]
+            }
+        );
+        let (files, temps) = SpecDir::new(tmp.path().to_owned()).own_files().unwrap();
+        assert_eq!(
+            files,
+            [
+                "pluglet-vendor.com=gpu=changed_c.json",
+                "pluglet-vendor.com=gpu=kept_c.json",
+                "pluglet-vendor.com=gpu=missing_c.json"
+            ]
+        );
+        assert!(temps.is_empty());
+        let text = std::fs::read_to_string(tmp.path().join(&files[0])).unwrap();
+        assert!(text.contains("E=new"), "{text}");
+        assert!(tmp.path().join("vendor.json").exists());
+        assert_eq!(handoff.reconcile(&pods).kept, 3, "nothing left to do");
+    }
+}

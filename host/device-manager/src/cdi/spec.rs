@@ -1,0 +1,455 @@
+//! A CDI spec for one allocation, made from the device plugin's Allocate answer for the
+//! container, and the checks a runtime makes of it.
+//!
+//! Mapping: each env becomes `KEY=VALUE`; each device spec a device node (`path` the container
+//! path, `hostPath` only when it differs, `permissions` as the plugin gave them); each mount a
+//! bind mount (`options` `bind`, plus `ro` when read-only: runc refuses a mount with no type
+//! and no `bind`). Annotations have no container edit in CDI and device annotations need
+//! cdiVersion 0.6.0, which the runtimes of Debian 12 refuse, so they are left out. The
+//! plugin's own `cdi_devices` are names, not edits: they are passed through, not written.
+
+use serde::{Deserialize, Serialize};
+
+use super::names::{self, Kind};
+use pluglet_proto::v1beta1::ContainerAllocateResponse;
+
+/// A CDI spec file's content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spec {
+    /// The lowest CDI version that carries the content (see [`Spec::required_version`]).
+    #[serde(rename = "cdiVersion")]
+    pub cdi_version: String,
+    /// `vendor/class`.
+    pub kind: String,
+    /// The devices of the kind this file defines.
+    pub devices: Vec<Device>,
+}
+
+/// One named device and its edits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    /// The name after `=` in `vendor/class=name`.
+    pub name: String,
+    /// What the runtime adds to the container.
+    #[serde(rename = "containerEdits")]
+    pub container_edits: ContainerEdits,
+}
+
+/// The edits of one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerEdits {
+    /// `KEY=VALUE` entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Device nodes.
+    #[serde(rename = "deviceNodes", default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNode>,
+    /// Mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+impl ContainerEdits {
+    /// True when there is nothing for a runtime to do.
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.device_nodes.is_empty() && self.mounts.is_empty()
+    }
+}
+
+/// A device node to create in the container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceNode {
+    /// Path in the container.
+    pub path: String,
+    /// Path on the host, when it differs (cdiVersion 0.5.0).
+    #[serde(rename = "hostPath", default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+    /// Cgroup permissions, some of `r`, `w` and `m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<String>,
+}
+
+/// A bind mount.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    /// Path on the host.
+    #[serde(rename = "hostPath")]
+    pub host_path: String,
+    /// Path in the container.
+    #[serde(rename = "containerPath")]
+    pub container_path: String,
+    /// Mount options.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+/// Why an Allocate answer cannot be handed to a runtime as CDI.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// An env key is empty or holds `=` or NUL, or its value holds NUL.
+    #[error(
+        "env {0:?} cannot be set in a container (empty key, or '=' or NUL in the key, or NUL in the value)"
+    )]
+    Env(String),
+    /// A path is empty or relative.
+    #[error("{what} {path:?} is not an absolute path")]
+    Path {
+        /// Which path.
+        what: &'static str,
+        /// The path.
+        path: String,
+    },
+    /// Device permissions other than `r`, `w`, `m`.
+    #[error(
+        "device {path:?} has permissions {permissions:?}; only the letters r, w and m are allowed"
+    )]
+    Permissions {
+        /// The device's container path.
+        path: String,
+        /// The permissions.
+        permissions: String,
+    },
+    /// Two device nodes at one container path.
+    #[error("two device nodes at {0:?} in the container")]
+    DuplicateNode(String),
+    /// The kind or a device name breaks CDI's syntax (a bug in the naming).
+    #[error("{0:?} is not a valid CDI name")]
+    Name(String),
+    /// Two devices of the file share a name.
+    #[error("the device name {0:?} appears twice")]
+    DuplicateDevice(String),
+}
+
+impl Spec {
+    /// The spec of one allocation: `kind`, one device `name` with the edits of `response`.
+    /// `None` when the answer has nothing a runtime could apply (no envs, devices or mounts).
+    pub fn for_allocation(
+        kind: &Kind,
+        name: &str,
+        response: &ContainerAllocateResponse,
+    ) -> Result<Option<Spec>, SpecError> {
+        let mut env: Vec<String> = response
+            .envs
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        env.sort();
+        let device_nodes = response
+            .devices
+            .iter()
+            .map(|d| DeviceNode {
+                path: d.container_path.clone(),
+                host_path: (d.host_path != d.container_path).then(|| d.host_path.clone()),
+                permissions: (!d.permissions.is_empty()).then(|| d.permissions.clone()),
+            })
+            .collect();
+        let mounts = response
+            .mounts
+            .iter()
+            .map(|m| Mount {
+                host_path: m.host_path.clone(),
+                container_path: m.container_path.clone(),
+                options: if m.read_only {
+                    vec!["ro".into(), "bind".into()]
+                } else {
+                    vec!["bind".into()]
+                },
+            })
+            .collect();
+        let edits = ContainerEdits {
+            env,
+            device_nodes,
+            mounts,
+        };
+        for (key, value) in &response.envs {
+            if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
+                return Err(SpecError::Env(format!("{key}={value}")));
+            }
+        }
+        if edits.is_empty() {
+            return Ok(None);
+        }
+        let mut spec = Spec {
+            cdi_version: String::new(),
+            kind: kind.to_string(),
+            devices: vec![Device {
+                name: name.to_owned(),
+                container_edits: edits,
+            }],
+        };
+        spec.cdi_version = spec.required_version().to_owned();
+        spec.validate()?;
+        Ok(Some(spec))
+    }
+
+    /// The lowest cdiVersion that carries this spec: `0.5.0` when a device node has a host
+    /// path or a device name starts with a digit, `0.6.0` when the class holds a `.`, else
+    /// `0.3.0` (the oldest version runtimes still read).
+    pub fn required_version(&self) -> &'static str {
+        let class = self.kind.split_once('/').map_or("", |(_, c)| c);
+        if class.contains('.') {
+            return "0.6.0";
+        }
+        let v050 = self.devices.iter().any(|d| {
+            d.name.starts_with(|c: char| !c.is_ascii_alphabetic())
+                || d.container_edits
+                    .device_nodes
+                    .iter()
+                    .any(|n| n.host_path.is_some())
+        });
+        if v050 { "0.5.0" } else { "0.3.0" }
+    }
+
+    /// The checks a CDI runtime makes of a spec file: valid kind and device names, no device
+    /// name twice, absolute paths, device permissions of `r`, `w` and `m`, `KEY=VALUE` envs.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let (vendor, class) = self
+            .kind
+            .split_once('/')
+            .ok_or_else(|| SpecError::Name(self.kind.clone()))?;
+        if !names::valid_vendor(vendor) || !names::valid_class(class, true) {
+            return Err(SpecError::Name(self.kind.clone()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for device in &self.devices {
+            if !names::valid_device_name(&device.name) {
+                return Err(SpecError::Name(format!("{}={}", self.kind, device.name)));
+            }
+            if !seen.insert(device.name.as_str()) {
+                return Err(SpecError::DuplicateDevice(device.name.clone()));
+            }
+            let edits = &device.container_edits;
+            for env in &edits.env {
+                match env.split_once('=') {
+                    Some((key, value))
+                        if !key.is_empty() && !key.contains('\0') && !value.contains('\0') => {}
+                    _ => return Err(SpecError::Env(env.clone())),
+                }
+            }
+            let mut paths = std::collections::HashSet::new();
+            for node in &edits.device_nodes {
+                absolute("device node container path", &node.path)?;
+                if let Some(host) = &node.host_path {
+                    absolute("device node host path", host)?;
+                }
+                if let Some(p) = &node.permissions
+                    && (p.is_empty() || !p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')))
+                {
+                    return Err(SpecError::Permissions {
+                        path: node.path.clone(),
+                        permissions: p.clone(),
+                    });
+                }
+                if !paths.insert(node.path.as_str()) {
+                    return Err(SpecError::DuplicateNode(node.path.clone()));
+                }
+            }
+            for mount in &edits.mounts {
+                absolute("mount host path", &mount.host_path)?;
+                absolute("mount container path", &mount.container_path)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn absolute(what: &'static str, path: &str) -> Result<(), SpecError> {
+    if path.starts_with('/') {
+        Ok(())
+    } else {
+        Err(SpecError::Path {
+            what,
+            path: path.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pluglet_proto::v1beta1::{CdiDevice, DeviceSpec, Mount as PluginMount};
+
+    fn answer() -> ContainerAllocateResponse {
+        ContainerAllocateResponse {
+            envs: [
+                ("VENDOR_DEVICES".to_owned(), "d0,d1".to_owned()),
+                ("A".to_owned(), "x=y".to_owned()),
+            ]
+            .into(),
+            mounts: vec![
+                PluginMount {
+                    container_path: "/var/run/vendor".into(),
+                    host_path: "/tmp/vendor".into(),
+                    read_only: true,
+                },
+                PluginMount {
+                    container_path: "/data".into(),
+                    host_path: "/srv/data".into(),
+                    read_only: false,
+                },
+            ],
+            devices: vec![
+                DeviceSpec {
+                    container_path: "/dev/vendor/d0".into(),
+                    host_path: "/dev/null".into(),
+                    permissions: "rw".into(),
+                },
+                DeviceSpec {
+                    container_path: "/dev/fuse".into(),
+                    host_path: "/dev/fuse".into(),
+                    permissions: String::new(),
+                },
+            ],
+            annotations: [("vendor.com/devices".to_owned(), "d0,d1".to_owned())].into(),
+            cdi_devices: vec![CdiDevice {
+                name: "vendor.com/gpu=d0".into(),
+            }],
+        }
+    }
+
+    fn kind() -> Kind {
+        names::kind_of("vendor.com/gpu")
+    }
+
+    #[test]
+    fn an_answer_becomes_edits() {
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer())
+            .unwrap()
+            .unwrap();
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "cdiVersion": "0.5.0",
+                "kind": "vendor.com/gpu",
+                "devices": [{
+                    "name": "pluglet-p_c",
+                    "containerEdits": {
+                        "env": ["A=x=y", "VENDOR_DEVICES=d0,d1"],
+                        "deviceNodes": [
+                            {"path": "/dev/vendor/d0", "hostPath": "/dev/null", "permissions": "rw"},
+                            {"path": "/dev/fuse"}
+                        ],
+                        "mounts": [
+                            {"hostPath": "/tmp/vendor", "containerPath": "/var/run/vendor", "options": ["ro", "bind"]},
+                            {"hostPath": "/srv/data", "containerPath": "/data", "options": ["bind"]}
+                        ]
+                    }
+                }]
+            })
+        );
+    }
+
+    #[test]
+    fn annotations_and_cdi_names_are_not_written() {
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer())
+            .unwrap()
+            .unwrap();
+        let text = serde_json::to_string(&spec).unwrap();
+        assert!(!text.contains("annotations"), "{text}");
+        assert!(!text.contains("vendor.com/gpu=d0"), "{text}");
+    }
+
+    #[test]
+    fn the_lowest_version_that_carries_the_content() {
+        let mut only_env = answer();
+        only_env.devices.clear();
+        only_env.mounts.clear();
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &only_env)
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.cdi_version, "0.3.0");
+        let mut same_path = answer();
+        same_path.devices.remove(0);
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &same_path)
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.cdi_version, "0.3.0", "no host path, no 0.5.0");
+        let digit = Spec::for_allocation(&kind(), "0abc", &only_env)
+            .unwrap()
+            .unwrap();
+        assert_eq!(digit.cdi_version, "0.5.0");
+        let dotted = Kind {
+            vendor: "v.com".into(),
+            class: "a.b".into(),
+        };
+        let spec = Spec::for_allocation(&dotted, "n", &only_env)
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.cdi_version, "0.6.0");
+    }
+
+    #[test]
+    fn nothing_to_apply_writes_no_spec() {
+        let mut empty = answer();
+        empty.envs.clear();
+        empty.devices.clear();
+        empty.mounts.clear();
+        assert_eq!(
+            Spec::for_allocation(&kind(), "pluglet-p_c", &empty),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn answers_no_runtime_could_apply_are_named() {
+        let cases: Vec<(fn(&mut ContainerAllocateResponse), &str)> = vec![
+            (
+                |a| a.mounts[0].container_path = "relative".into(),
+                "mount container path \"relative\" is not an absolute path",
+            ),
+            (
+                |a| a.mounts[1].host_path = String::new(),
+                "mount host path \"\" is not an absolute path",
+            ),
+            (
+                |a| a.devices[0].host_path = "dev/null".into(),
+                "device node host path \"dev/null\"",
+            ),
+            (
+                |a| a.devices[0].permissions = "rwx".into(),
+                "permissions \"rwx\"",
+            ),
+            (
+                |a| a.devices[1].container_path = "/dev/vendor/d0".into(),
+                "two device nodes at \"/dev/vendor/d0\"",
+            ),
+            (
+                |a| {
+                    a.envs.insert("BAD=KEY".into(), "v".into());
+                },
+                "env \"BAD=KEY=v\"",
+            ),
+            (
+                |a| {
+                    a.envs.insert(String::new(), "v".into());
+                },
+                "env \"=v\"",
+            ),
+        ];
+        for (edit, expected) in cases {
+            let mut a = answer();
+            edit(&mut a);
+            let err = Spec::for_allocation(&kind(), "pluglet-p_c", &a).unwrap_err();
+            assert!(err.to_string().contains(expected), "{err} ({expected})");
+        }
+    }
+
+    #[test]
+    fn bad_names_and_duplicates_are_refused() {
+        let mut spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer())
+            .unwrap()
+            .unwrap();
+        spec.devices.push(spec.devices[0].clone());
+        assert_eq!(
+            spec.validate(),
+            Err(SpecError::DuplicateDevice("pluglet-p_c".into()))
+        );
+        spec.devices.truncate(1);
+        spec.devices[0].name = "bad name".into();
+        assert!(matches!(spec.validate(), Err(SpecError::Name(_))));
+        spec.devices[0].name = "ok".into();
+        spec.kind = "vendor.com".into();
+        assert!(matches!(spec.validate(), Err(SpecError::Name(_))));
+    }
+}
