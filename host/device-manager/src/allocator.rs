@@ -779,19 +779,27 @@ mod alone {
 
     const GPU: &str = "vendor.com/gpu";
 
-    #[tokio::test]
-    async fn alone_it_allocates_reuses_syncs_and_releases_durably() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A registry with a stub plugin of 4 devices of [`GPU`] connected, and its persistence,
+    /// event log and cancel token.
+    async fn connected(
+        dir: &std::path::Path,
+    ) -> (
+        Stub,
+        Registry,
+        Persistence,
+        pluglet_core::events::EventLog,
+        CancellationToken,
+    ) {
         let stub = Stub::start(
-            &dir.path().join("gpu.sock"),
+            &dir.join("gpu.sock"),
             devices(4, 2),
             DevicePluginOptions::default(),
         );
         let (persistence, _) = Persistence::open(
             Paths {
-                checkpoint: dir.path().join("kubelet_internal_checkpoint"),
-                side: dir.path().join(SIDE_FILE_NAME),
-                journal: dir.path().join(JOURNAL_FILE_NAME),
+                checkpoint: dir.join("kubelet_internal_checkpoint"),
+                side: dir.join(SIDE_FILE_NAME),
+                journal: dir.join(JOURNAL_FILE_NAME),
             },
             Durability::NoFsync,
             Metrics::default(),
@@ -824,6 +832,13 @@ mod alone {
         while registry.counts(GPU) != Some((4, 4)) {
             changes.changed().await.unwrap();
         }
+        (stub, registry, persistence, log, cancel)
+    }
+
+    #[tokio::test]
+    async fn alone_it_allocates_reuses_syncs_and_releases_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_stub, registry, persistence, log, cancel) = connected(dir.path()).await;
         let allocator = Allocator::new(
             PodDevices::default(),
             registry,
@@ -901,5 +916,70 @@ mod alone {
         );
         assert!(events[3].1.contains("sync of pods"), "{events:?}");
         assert!(events[4].1.starts_with("2 devices ("), "{events:?}");
+    }
+
+    #[tokio::test]
+    async fn specs_follow_allocations_and_an_answer_no_runtime_can_use_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (stub, registry, persistence, _log, cancel) = connected(dir.path()).await;
+        let cdi_dir = dir.path().join("cdi");
+        let allocator = Allocator::new(
+            PodDevices::default(),
+            registry,
+            persistence,
+            handlers(),
+            "node-1".into(),
+            Metrics::default(),
+            Some(Handoff::new(cdi_dir.clone())),
+            cancel,
+        );
+        let spec = cdi_dir.join("pluglet-vendor.com=gpu=pod-a_ctr.json");
+        let a = allocator
+            .allocate(HolderKey::new("pod-a", "ctr", GPU), 1)
+            .await
+            .unwrap();
+        assert_eq!(a.cdi_names, ["vendor.com/gpu=pluglet-pod-a_ctr"]);
+        assert!(spec.exists());
+        let again = allocator
+            .allocate(HolderKey::new("pod-a", "ctr", GPU), 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            again.cdi_names, a.cdi_names,
+            "a reused allocation has the same names"
+        );
+        allocator.sync_pods(&BTreeSet::new(), false).await.unwrap();
+        assert!(!spec.exists(), "the spec went with the allocation");
+
+        *stub.state.allocate_answer.lock().unwrap() = Some(v1beta1::ContainerAllocateResponse {
+            mounts: vec![v1beta1::Mount {
+                container_path: "relative/path".into(),
+                host_path: "/tmp".into(),
+                read_only: true,
+            }],
+            ..Default::default()
+        });
+        let err = allocator
+            .allocate(HolderKey::new("pod-b", "ctr", GPU), 1)
+            .await
+            .unwrap_err();
+        let text = pluglet_core::error_chain(&err);
+        assert!(matches!(err, AllocateError::Cdi { .. }), "{text}");
+        assert!(
+            text.contains("mount container path \"relative/path\" is not an absolute path"),
+            "{text}"
+        );
+        assert!(allocator.allocations().is_empty(), "nothing held");
+
+        *stub.state.allocate_answer.lock().unwrap() = None;
+        std::fs::remove_dir(&cdi_dir).unwrap();
+        std::fs::write(&cdi_dir, "not a directory").unwrap();
+        let err = allocator
+            .allocate(HolderKey::new("pod-c", "ctr", GPU), 1)
+            .await
+            .unwrap_err();
+        let text = pluglet_core::error_chain(&err);
+        assert!(text.contains("cannot write the CDI spec"), "{text}");
+        assert!(allocator.allocations().is_empty(), "nothing held");
     }
 }

@@ -38,6 +38,8 @@ pub struct StubState {
     pub allocate_gate: Mutex<Option<Arc<Semaphore>>>,
     /// Notified when an Allocate call arrives.
     pub allocating: Notify,
+    /// When set, Allocate answers this for every container instead of the stub's own answer.
+    pub allocate_answer: Mutex<Option<v1beta1::ContainerAllocateResponse>>,
 }
 
 /// A running stub plugin; stops (and ends its streams) when dropped or [`Stub::stop`]ped.
@@ -239,13 +241,23 @@ impl DevicePlugin for StubService {
         if self.state.fail_allocate.load(Ordering::SeqCst) {
             return Err(tonic::Status::internal("stub: Allocate fails on purpose"));
         }
+        let fixed = self
+            .state
+            .allocate_answer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let container_responses = request
             .into_inner()
             .container_requests
             .into_iter()
-            .map(|r| v1beta1::ContainerAllocateResponse {
-                envs: [("STUB_DEVICES".to_string(), r.devices_ids.join(","))].into(),
-                ..Default::default()
+            .map(|r| {
+                fixed
+                    .clone()
+                    .unwrap_or_else(|| v1beta1::ContainerAllocateResponse {
+                        envs: [("STUB_DEVICES".to_string(), r.devices_ids.join(","))].into(),
+                        ..Default::default()
+                    })
             })
             .collect();
         Ok(tonic::Response::new(v1beta1::AllocateResponse {
