@@ -19,9 +19,16 @@ use crate::support::{Daemon, TestRoot};
 const RUNTIME_CDI_DIR: &str = "/var/run/cdi";
 const WIDGET: &str = "example.com/widget";
 
-/// `podman ARGS`, failing with a clear message when podman cannot be started.
-fn podman(args: &[&str]) -> Output {
+/// `podman ARGS` with its own image store under `root` (vfs: no overlay mounts, nothing left in
+/// the machine's store), failing with a clear message when podman cannot be started.
+fn podman(root: &Path, args: &[&str]) -> Output {
+    let store = root.join("podman");
     Command::new("podman")
+        .arg("--root")
+        .arg(store.join("storage"))
+        .arg("--runroot")
+        .arg(store.join("run"))
+        .args(["--storage-driver", "vfs"])
         .args(args)
         .output()
         .unwrap_or_else(|e| {
@@ -72,34 +79,37 @@ fn busybox_image(root: &Path) -> String {
         .expect("run tar");
     assert!(out.status.success(), "tar: {}", text(&out));
     let image = "localhost/pluglet-e2e-busybox:latest";
-    let out = podman(&["import", "-q", &tar.display().to_string(), image]);
+    let out = podman(root, &["import", "-q", &tar.display().to_string(), image]);
     assert!(out.status.success(), "podman import: {}", text(&out));
     image.to_owned()
 }
 
 /// `podman run` of `script` in `image` with `device`, as these 2-core VMs run it.
-fn run_with_device(image: &str, device: &str, script: &str) -> Output {
-    podman(&[
-        "run",
-        "--rm",
-        "--runtime",
-        "runc",
-        "--cgroup-manager",
-        "cgroupfs",
-        "--network",
-        "none",
-        "--ulimit",
-        "nofile=1024:1024",
-        "--ulimit",
-        "nproc=1024:1024",
-        "--device",
-        device,
-        image,
-        "/bin/busybox",
-        "sh",
-        "-c",
-        script,
-    ])
+fn run_with_device(root: &Path, image: &str, device: &str, script: &str) -> Output {
+    podman(
+        root,
+        &[
+            "run",
+            "--rm",
+            "--runtime",
+            "runc",
+            "--cgroup-manager",
+            "cgroupfs",
+            "--network",
+            "none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--device",
+            device,
+            image,
+            "/bin/busybox",
+            "sh",
+            "-c",
+            script,
+        ],
+    )
 }
 
 /// Pluglet's spec files in `dir`.
@@ -128,13 +138,13 @@ fn podman_injects_an_allocation_by_its_cdi_name_until_it_is_released() {
         nix::unistd::geteuid().is_root(),
         "podman runs containers as root here: run the tests as root (CI does)"
     );
-    let version = podman(&["--version"]);
+    let root = TestRoot::new();
+    let version = podman(&root.path(), &["--version"]);
     assert!(
         version.status.success(),
         "podman --version: {}",
         text(&version)
     );
-    let root = TestRoot::new();
     let image = busybox_image(&root.path());
     // The plugin's mount source (read-only bind mount of the allocation).
     std::fs::create_dir_all(format!("/tmp/vendor/{}", WIDGET.replace('/', "_"))).unwrap();
@@ -164,6 +174,7 @@ fn podman_injects_an_allocation_by_its_cdi_name_until_it_is_released() {
     assert_eq!(spec["cdiVersion"], "0.5.0", "{spec}");
 
     let out = run_with_device(
+        &root.path(),
         &image,
         &expected,
         "echo \"VENDOR_DEVICES=$VENDOR_DEVICES\"; \
@@ -181,7 +192,7 @@ fn podman_injects_an_allocation_by_its_cdi_name_until_it_is_released() {
 
     release(&daemon, &pod, None);
     assert!(!spec_path.exists(), "spec left after the release");
-    let out = run_with_device(&image, &expected, "true");
+    let out = run_with_device(&root.path(), &image, &expected, "true");
     assert!(!out.status.success(), "a released name still resolves");
     assert!(
         text(&out).contains("unresolvable CDI devices"),
