@@ -156,13 +156,13 @@ fn podman_injects_an_allocation_by_its_cdi_name_until_it_is_released() {
     let got = allocate(&daemon, &pod, "main", WIDGET, 1).unwrap();
     let device = ids(&got["device_ids"]).remove(0);
     let expected = format!("{WIDGET}=pluglet-{pod}_main");
-    assert_eq!(names(&got["cdi_names"]), [expected.clone()], "{got}");
+    assert_eq!(names(&got["cdi_names"]), [expected.as_str()], "{got}");
     let listed = allocations(&daemon);
     let mine = listed
         .iter()
         .find(|a| a["pod_uid"] == pod.as_str())
         .unwrap();
-    assert_eq!(names(&mine["cdi_names"]), [expected.clone()]);
+    assert_eq!(names(&mine["cdi_names"]), [expected.as_str()]);
 
     let spec_path =
         Path::new(RUNTIME_CDI_DIR).join(format!("pluglet-example.com=widget={pod}_main.json"));

@@ -393,7 +393,8 @@ mod tests {
 
     #[test]
     fn answers_no_runtime_could_apply_are_named() {
-        let cases: Vec<(fn(&mut ContainerAllocateResponse), &str)> = vec![
+        type Edit = fn(&mut ContainerAllocateResponse);
+        let cases: Vec<(Edit, &str)> = vec![
             (
                 |a| a.mounts[0].container_path = "relative".into(),
                 "mount container path \"relative\" is not an absolute path",
