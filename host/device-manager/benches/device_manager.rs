@@ -10,7 +10,11 @@
 //!   Allocate, ending when the answer is durable (the journal record; the kubelet checkpoint
 //!   follows after the answer). Released again between iterations, untimed, and the
 //!   checkpoint writes left to finish before the next one;
-//! - update 10,000: one ListAndWatch update of 10,000 devices (one health flips) → applied.
+//! - update 10,000: one ListAndWatch update of 10,000 devices (one health flips) → applied;
+//! - with CDI spec: the same allocation with the CDI hand-off on (the spec written before the
+//!   answer, on a tmpfs as `/var/run/cdi` is on a systemd node); and the spec write alone
+//!   (median and p99), on a tmpfs and in the temporary directory, against its floor: the same
+//!   bytes written to a temporary file and renamed with plain `std::fs` calls.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -49,13 +53,19 @@ fn allocatable(manager: &DeviceManager, resource: &str) -> Option<usize> {
     manager.counts(resource).map(|(_, allocatable)| allocatable)
 }
 
-async fn start(root: &Path, handlers: Handlers, durability: Durability) -> DeviceManager {
+async fn start(
+    root: &Path,
+    handlers: Handlers,
+    durability: Durability,
+    cdi: bool,
+) -> DeviceManager {
     let mut config = Config::new(
         root.join("device-plugins"),
         root.join("state"),
         "bench".into(),
     );
     config.durability = durability;
+    config.cdi_spec_dir = cdi.then(|| cdi_dir().join(root.file_name().expect("a temporary root")));
     DeviceManager::start(
         config,
         pluglet_registration::Pipeline::new(handlers, "bench"),
@@ -67,7 +77,7 @@ async fn start(root: &Path, handlers: Handlers, durability: Durability) -> Devic
 
 async fn bench_register(handlers: Handlers, durability: Durability, n: usize) -> Duration {
     let root = tempfile::tempdir().unwrap();
-    let manager = start(root.path(), handlers, durability).await;
+    let manager = start(root.path(), handlers, durability, false).await;
     let kubelet = manager.config().kubelet_socket();
     let mut samples = Vec::new();
     let mut visible = Vec::new();
@@ -102,9 +112,10 @@ async fn bench_allocate(
     devices_n: usize,
     count: u32,
     n: usize,
+    cdi: bool,
 ) -> Duration {
     let root = tempfile::tempdir().unwrap();
-    let manager = start(root.path(), handlers, durability).await;
+    let manager = start(root.path(), handlers, durability, cdi).await;
     let resource = "bench.example.com/gpu";
     let stub = Stub::start(
         &manager.device_plugins_dir().join("gpu.sock"),
@@ -147,7 +158,7 @@ async fn bench_allocate(
 
 async fn bench_update(handlers: Handlers, durability: Durability, n: usize) -> Duration {
     let root = tempfile::tempdir().unwrap();
-    let manager = start(root.path(), handlers, durability).await;
+    let manager = start(root.path(), handlers, durability, false).await;
     let resource = "bench.example.com/many";
     let size = 10_000;
     let stub = Stub::start(
@@ -258,6 +269,81 @@ fn bench_policy(handlers: &Handlers, n: usize, count: u32, iterations: usize) ->
     median(samples)
 }
 
+/// Where the CDI rows write their specs: `/dev/shm`, a tmpfs like the `/run` (and so
+/// `/var/run/cdi`) of a systemd node, when it exists.
+fn cdi_dir() -> std::path::PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_owned()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// Median and p99.
+fn median_p99(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let p99 = samples[(samples.len() * 99 / 100).min(samples.len() - 1)];
+    (samples[samples.len() / 2], p99)
+}
+
+/// The CDI spec of one allocation of `devices` device nodes written `iterations` times, and
+/// the floor: the same bytes written to a temporary file and renamed over the spec.
+fn bench_cdi_write(
+    base: &Path,
+    devices: usize,
+    iterations: usize,
+) -> ((Duration, Duration), (Duration, Duration)) {
+    use pluglet_device_manager::cdi::Handoff;
+    use pluglet_device_manager::pod_devices::HolderKey;
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let handoff = Handoff::new(dir.path().to_owned());
+    let ids: Vec<String> = (0..devices).map(|i| format!("d{i}")).collect();
+    let answer = v1beta1::ContainerAllocateResponse {
+        envs: [("VENDOR_DEVICES".to_owned(), ids.join(","))].into(),
+        mounts: vec![v1beta1::Mount {
+            container_path: "/var/run/vendor".into(),
+            host_path: "/tmp/vendor".into(),
+            read_only: true,
+        }],
+        devices: ids
+            .iter()
+            .map(|id| v1beta1::DeviceSpec {
+                container_path: format!("/dev/vendor/{id}"),
+                host_path: "/dev/null".into(),
+                permissions: "rw".into(),
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let key = HolderKey::new(
+        "0f3e41aa-5b6c-4d7e-8f90-123456789abc",
+        "main",
+        "vendor.com/gpu",
+    );
+    let mut spec = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let started = Instant::now();
+        handoff.write(&key, &answer).expect("write the spec");
+        spec.push(started.elapsed());
+    }
+    let file = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "json"))
+        .expect("the spec");
+    let bytes = std::fs::read(&file).unwrap();
+    let temp = dir.path().join(".floor.tmp");
+    let mut floor = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let started = Instant::now();
+        std::fs::write(&temp, &bytes).unwrap();
+        std::fs::rename(&temp, &file).unwrap();
+        floor.push(started.elapsed());
+    }
+    (median_p99(spec), median_p99(floor))
+}
+
 fn main() {
     // `cargo bench … -- <text>` runs only the rows whose name contains <text>.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -292,18 +378,33 @@ fn main() {
         "  of which journal record, fdatasync",
         ms(bench_journal(400, 200))
     );
+    for (base, fs) in [(cdi_dir(), "tmpfs"), (std::env::temp_dir(), "temp dir")] {
+        for devices in [1, 1024] {
+            let (spec, floor) = bench_cdi_write(&base, devices, 400);
+            println!(
+                "{:<34} {:>12} p99 {} (floor: write+rename {} p99 {})",
+                format!("  CDI spec, {devices} node(s), {fs}"),
+                ms(spec.0),
+                ms(spec.1),
+                ms(floor.0),
+                ms(floor.1)
+            );
+        }
+    }
     runtime.block_on(async {
         println!(
             "{:<34} {:>12}",
             "  of which one unary RPC",
             ms(bench_rpc(500).await)
         );
-        let rows: [(&str, &str); 5] = [
+        let rows: [(&str, &str); 7] = [
             ("Register -> devices visible", "1.8 ms"),
             ("allocate 1 of 8", "0.77 ms"),
             ("allocate 1 of 1,024", "1.48 ms"),
             ("allocate 1,024 of 1,024", "7.8 ms"),
             ("ListAndWatch update of 10,000", "10 ms"),
+            ("allocate 1 of 8, CDI spec", "-"),
+            ("allocate 1,024 of 1,024, CDI spec", "-"),
         ];
         for (i, (name, kubelet)) in rows.iter().enumerate() {
             if !wanted(name) {
@@ -314,10 +415,12 @@ fn main() {
                 let h = handlers.clone();
                 let d = match i {
                     0 => bench_register(h, durability, 100).await,
-                    1 => bench_allocate(h, durability, 8, 1, 200).await,
-                    2 => bench_allocate(h, durability, 1024, 1, 200).await,
-                    3 => bench_allocate(h, durability, 1024, 1024, 50).await,
-                    _ => bench_update(h, durability, 50).await,
+                    1 => bench_allocate(h, durability, 8, 1, 200, false).await,
+                    2 => bench_allocate(h, durability, 1024, 1, 200, false).await,
+                    3 => bench_allocate(h, durability, 1024, 1024, 50, false).await,
+                    4 => bench_update(h, durability, 50).await,
+                    5 => bench_allocate(h, durability, 8, 1, 200, true).await,
+                    _ => bench_allocate(h, durability, 1024, 1024, 50, true).await,
                 };
                 figures.push(ms(d));
             }

@@ -52,13 +52,18 @@ impl SpecDir {
         &self.path
     }
 
-    /// Writes `content` as `file`, replacing what was there in one step. No fsync: after a
-    /// crash the start-up reconciliation rewrites every spec from the checkpoint.
-    pub fn write(&self, file: &str, content: &[u8]) -> std::io::Result<()> {
+    /// Creates the directory (mode 0755) unless it exists.
+    pub fn create(&self) -> std::io::Result<()> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
-            .create(&self.path)?;
+            .create(&self.path)
+    }
+
+    /// Writes `content` as `file`, replacing what was there in one step. No fsync: after a
+    /// crash the start-up reconciliation rewrites every spec from the checkpoint.
+    pub fn write(&self, file: &str, content: &[u8]) -> std::io::Result<()> {
+        self.create()?;
         let temp = self
             .path
             .join(format!("{TEMP_PREFIX}{}.tmp", &file[FILE_PREFIX.len()..]));

@@ -164,6 +164,13 @@ impl Handoff {
     /// or different ones written. Other files are not touched.
     pub fn reconcile(&self, pods: &PodDevices) -> Reconciled {
         let mut report = Reconciled::default();
+        if let Err(err) = self.dir.create() {
+            report.errors.push(format!(
+                "cannot create {}: {err}; allocations are refused until it can be written \
+                 (give a writable --cdi-spec-dir, or --no-cdi to write no CDI specs)",
+                self.dir.path().display()
+            ));
+        }
         let mut wanted = std::collections::BTreeMap::new();
         for (key, entry) in pods.iter() {
             let EntryState::Allocated { response } = &entry.state else {
@@ -225,7 +232,7 @@ fn passed_through(response: &ContainerAllocateResponse) -> Vec<String> {
 }
 
 fn render(spec: &Spec) -> Vec<u8> {
-    let mut bytes = serde_json::to_vec_pretty(spec).unwrap_or_default();
+    let mut bytes = serde_json::to_vec(spec).unwrap_or_default();
     bytes.push(b'\n');
     bytes
 }
