@@ -110,7 +110,8 @@ pub struct TestArgs {
     /// Memory cap of the call in MiB (default: the daemon's, 16).
     #[arg(long)]
     pub memory_mib: Option<u32>,
-    /// Fuel budget of the call (default: the daemon's, 50000000).
+    /// Fuel budget of the call (default: the daemon's, 50000000); an allocate call gets 2000 more
+    /// per device offered, as in the daemon.
     #[arg(long)]
     pub fuel: Option<u64>,
     /// Output format.

@@ -3,7 +3,6 @@
 //! answered with a status that says what was wrong, while the daemon keeps serving.
 
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use pluglet_proto::admin::v1 as pb;
@@ -12,7 +11,7 @@ use pluglet_uds::Channel;
 use tonic::Code;
 
 use crate::device_support::{DevicePluginProcess, Flow, wait_allocatable};
-use crate::support::{Daemon, TestRoot};
+use crate::support::{Daemon, TestRoot, grpcio};
 
 /// The unprivileged user and group the refusal tests run a client as (`nobody`/`nogroup`).
 const NOBODY: u32 = 65534;
@@ -21,8 +20,6 @@ const NOBODY: u32 = 65534;
 /// with no supplementary groups: `answered`, or `refused <code> <details>`.
 fn call_as(socket: &std::path::Path, uid: u32, gid: u32) -> String {
     const SCRIPT: &str = r#"
-import sys, grpc
-channel = grpc.insecure_channel("unix://" + sys.argv[1])
 call = channel.unary_unary("/pluglet.admin.v1.Admin/ListAllocations")
 try:
     call(b"", timeout=30)
@@ -30,22 +27,7 @@ try:
 except grpc.RpcError as e:
     print("refused", e.code().name, e.details())
 "#;
-    let out = std::process::Command::new("/usr/bin/python3")
-        .args(["-c", SCRIPT])
-        .arg(socket)
-        .uid(uid)
-        .gid(gid)
-        .current_dir("/")
-        .output()
-        .expect("run /usr/bin/python3");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !stderr.contains("No module named 'grpc'"),
-        "this test needs grpcio: install the Debian package python3-grpcio (scripts/test.sh \
-         does, as root)"
-    );
-    assert!(out.status.success(), "the client failed: {stderr}");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    grpcio::run(socket, Some((uid, gid)), SCRIPT)
 }
 
 /// Fails unless the test runs as root: it switches users to be refused.

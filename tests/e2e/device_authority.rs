@@ -11,7 +11,7 @@ use pluglet_proto::v1beta1::RegisterRequest;
 use prost::Message as _;
 
 use crate::device_support::{device_plugins_dir, wait_allocatable};
-use crate::support::{Daemon, TestRoot, bin};
+use crate::support::{Daemon, TestRoot, bin, grpcio};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0x0;
@@ -154,25 +154,11 @@ fn the_admin_api_answers_a_grpcio_client_as_it_comes() {
     let _daemon = Daemon::start(&root.path(), &[]);
     let admin = root.path().join("pluglet.sock");
     const SCRIPT: &str = r#"
-import sys, grpc
-channel = grpc.insecure_channel("unix://" + sys.argv[1])
 call = channel.unary_unary("/pluglet.admin.v1.Admin/ListAllocations")
 answer = call(b"", timeout=30)
 print("answered", len(answer))
 "#;
-    let out = std::process::Command::new("/usr/bin/python3")
-        .args(["-c", SCRIPT])
-        .arg(&admin)
-        .output()
-        .expect("run /usr/bin/python3");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !stderr.contains("No module named 'grpc'"),
-        "this test needs grpcio: install the Debian package python3-grpcio (scripts/test.sh \
-         does, as root)"
-    );
-    assert!(out.status.success(), "grpcio call failed: {stderr}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "answered 0");
+    assert_eq!(grpcio::run(&admin, None, SCRIPT), "answered 0");
 }
 
 /// One unary gRPC call on `socket` written frame by frame, with `authority` as `:authority`

@@ -1,9 +1,11 @@
 //! Story: device plugins that misbehave at the `kubelet.sock` door: one crashes in the middle of
-//! its ListAndWatch stream and comes back, one lists 100,000 devices, one lists empty,
+//! its ListAndWatch stream and comes back, one lists 100,000 devices (and 1 and 1,000 of them are
+//! allocated), one lists empty,
 //! duplicated or 10 KB long ids, and two register the same resource. The daemon stays up,
 //! `ctl resources` says what is wrong, allocations are kept. The registry-door cases are in
 //! `misbehaving_plugins.rs`.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -254,10 +256,18 @@ fn a_hundred_thousand_devices_are_served() {
             .iter()
             .all(|d| d["health"] == "Healthy")
     );
-    // Informational: the built-in policy's cost grows with the devices offered.
-    match allocate(&daemon, "pod", "ctr", GPU, 3) {
-        Ok(got) => println!("allocated {:?}", ids(&got["device_ids"])),
-        Err(e) => println!("allocation among {N} devices refused: {e}"),
+    // The built-in policy chooses among all of them within its limits.
+    let listed: HashSet<String> = (0..N).map(|i| format!("dev-{i}")).collect();
+    let mut held: HashSet<String> = HashSet::new();
+    for (pod, count) in [("pod-1", 1), ("pod-1000", 1_000)] {
+        let got = allocate(&daemon, pod, "ctr", GPU, count)
+            .unwrap_or_else(|e| panic!("allocating {count} of {N}: {e}"));
+        let got = ids(&got["device_ids"]);
+        assert_eq!(got.len(), count as usize, "{pod}: {got:?}");
+        for id in got {
+            assert!(listed.contains(&id), "{pod}: {id} is not a listed device");
+            assert!(held.insert(id.clone()), "{pod}: {id} given twice");
+        }
     }
     assert_eq!(
         resource(&daemon, GPU).unwrap()["capacity"],

@@ -18,14 +18,12 @@
 //!
 //! Rules are plain functions ([`validate`], [`allocate`], …) so they are unit-tested natively.
 
-use std::collections::BTreeMap;
-
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use pluglet_guest::names::check_qualified_name;
 use pluglet_guest::{
-    Accepted, AllocationPolicy, AllocationRequest, PackedRequest, PluginInfo, Refusal, RefusalKind,
-    RegisteredPlugin, Registration, RequestView,
+    Accepted, AllocationPolicy, AllocationRequest, DeviceRef, PackedRequest, PluginInfo, Refusal,
+    RefusalKind, RegisteredPlugin, Registration, RequestView,
 };
 
 /// The device plugin API version the kubelet supports.
@@ -115,29 +113,31 @@ pub fn check_extended_resource_name(name: &str) -> Result<(), String> {
 }
 
 /// The allocation policy (see the crate doc).
+///
+/// The work is linear in the devices offered and cheap per device, so a plugin listing 100,000
+/// devices is served within the default fuel: ids are hashed only to find the must-include and
+/// preferred ids (one pass, and none when neither is given) and to keep the answer free of
+/// repeats (the ids chosen, not all of them); the packing order is a counting sort by NUMA node.
+/// An id listed twice is offered once, but counts twice towards its node's free devices.
 pub fn allocate(request: &RequestView<'_>) -> Result<Vec<String>, Refusal> {
     let count = request.count as usize;
     let resource = request.resource;
+    let available = &request.available;
     let unsatisfiable = |message: String| Refusal::new(RefusalKind::Unsatisfiable, message);
-    // First index of each id: lookups stay O(1) for thousands of devices. (FxHash: no random
-    // seed to fetch from the host, and a fraction of SipHash's cost on short ids.)
-    let mut first_index: FxHashMap<&str, usize> =
-        FxHashMap::with_capacity_and_hasher(request.available.len(), Default::default());
-    for (i, device) in request.available.iter().enumerate() {
-        first_index.entry(device.id).or_insert(i);
-    }
-    let index_of = |id: &str| first_index.get(id).copied();
+    let preferred = request.preferred.unwrap_or_default();
+    let found = first_indices(available, request.must_include.iter().chain(preferred));
 
-    let mut chosen: Vec<usize> = Vec::with_capacity(count);
-    let mut taken: FxHashSet<usize> =
-        FxHashSet::with_capacity_and_hasher(count, Default::default());
+    let mut chosen: Vec<usize> = Vec::with_capacity(count.min(available.len()));
+    // Ids in the answer so far: a device whose id is here is skipped (chosen, or a repeat).
+    let mut chosen_ids: FxHashSet<&str> =
+        FxHashSet::with_capacity_and_hasher(chosen.capacity(), Default::default());
     for id in request.must_include {
-        let Some(i) = index_of(id) else {
+        let Some(&i) = found.get(id.as_str()).filter(|&&i| i != NOT_FOUND) else {
             return Err(unsatisfiable(format!(
                 "device {id} of {resource} must be included but is not available"
             )));
         };
-        if taken.insert(i) {
+        if chosen_ids.insert(available[i].id) {
             chosen.push(i);
         }
     }
@@ -147,75 +147,189 @@ pub fn allocate(request: &RequestView<'_>) -> Result<Vec<String>, Refusal> {
             chosen.len()
         )));
     }
-    let distinct = first_index.len();
-    if distinct < count {
+    if available.len() < count {
+        let distinct = available
+            .iter()
+            .map(|d| d.id)
+            .collect::<FxHashSet<_>>()
+            .len();
         return Err(unsatisfiable(format!(
             "requested {count} devices of {resource} but only {distinct} are available"
         )));
     }
 
-    if let Some(preferred) = request.preferred {
-        for id in preferred {
-            if chosen.len() == count {
-                break;
-            }
-            if let Some(i) = index_of(id)
-                && taken.insert(i)
-            {
-                chosen.push(i);
-            }
+    for id in preferred {
+        if chosen.len() == count {
+            break;
         }
-    }
-    if chosen.len() < count {
-        for i in packing_order(request, &first_index, &taken) {
-            if chosen.len() == count {
-                break;
-            }
+        if let Some(&i) = found.get(id.as_str()).filter(|&&i| i != NOT_FOUND)
+            && chosen_ids.insert(available[i].id)
+        {
             chosen.push(i);
         }
     }
+    if chosen.len() < count {
+        PackingOrder::new(request, &chosen).offer(|i| {
+            if chosen_ids.insert(available[i].id) {
+                chosen.push(i);
+            }
+            chosen.len() == count
+        });
+    }
+    if chosen.len() < count {
+        // Every distinct id was taken: the list repeats ids.
+        return Err(unsatisfiable(format!(
+            "requested {count} devices of {resource} but only {} are available",
+            chosen.len()
+        )));
+    }
     Ok(chosen
         .into_iter()
-        .map(|i| request.available[i].id.to_owned())
+        .map(|i| available[i].id.to_owned())
         .collect())
 }
 
-/// Indices of the devices not yet chosen (`taken`), in packing order: devices on NUMA nodes
-/// already used by the chosen ones first, then node by node from the node with the most free devices (ties: lower
-/// node id), then devices without topology. A device on several nodes counts on its lowest.
-fn packing_order(
-    request: &RequestView<'_>,
-    first_index: &FxHashMap<&str, usize>,
-    taken: &FxHashSet<usize>,
-) -> Vec<usize> {
-    let node_of = |i: usize| request.available[i].numa_nodes.iter().min().copied();
-    let used_nodes: Vec<i64> = taken.iter().filter_map(|&i| node_of(i)).collect();
-    let mut by_node: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
-    let mut no_topology = Vec::new();
-    for (i, device) in request.available.iter().enumerate() {
-        // Skip the chosen ones and later duplicates of an id.
-        if taken.contains(&i) || first_index.get(device.id) != Some(&i) {
-            continue;
+/// Index of a wanted id that is not available.
+const NOT_FOUND: usize = usize::MAX;
+
+/// The first index in `available` of each of `wanted` ([`NOT_FOUND`] when absent), in one pass
+/// that ends once all are found; no pass at all when nothing is wanted.
+fn first_indices<'a>(
+    available: &[DeviceRef<'a>],
+    wanted: impl Iterator<Item = &'a String>,
+) -> FxHashMap<&'a str, usize> {
+    let mut found: FxHashMap<&str, usize> = FxHashMap::default();
+    for id in wanted {
+        found.insert(id.as_str(), NOT_FOUND);
+    }
+    let mut missing = found.len();
+    for (i, device) in available.iter().enumerate() {
+        if missing == 0 {
+            break;
         }
-        match node_of(i) {
-            Some(node) => by_node.entry(node).or_default().push(i),
-            None => no_topology.push(i),
+        if let Some(slot) = found.get_mut(device.id)
+            && *slot == NOT_FOUND
+        {
+            *slot = i;
+            missing -= 1;
         }
     }
-    let mut nodes: Vec<(i64, Vec<usize>)> = by_node.into_iter().collect();
-    nodes.sort_by(|(a_node, a), (b_node, b)| {
-        let a_used = used_nodes.contains(a_node);
-        let b_used = used_nodes.contains(b_node);
-        b_used
-            .cmp(&a_used)
-            .then(b.len().cmp(&a.len()))
-            .then(a_node.cmp(b_node))
-    });
-    nodes
-        .into_iter()
-        .flat_map(|(_, devices)| devices)
-        .chain(no_topology)
-        .collect()
+    found
+}
+
+/// NUMA nodes below this are looked up in a table indexed by node; others in a hash map.
+const DENSE_NODES: usize = 256;
+
+/// Slot of the devices without topology.
+const NO_TOPOLOGY: u32 = u32::MAX;
+
+/// The packing order of a request's devices: devices on NUMA nodes already used by the chosen
+/// ones first, then node by node from the node with the most free devices (ties: lower node
+/// id), then devices without topology; in list order within a node. A device on several nodes
+/// counts on its lowest.
+struct PackingOrder {
+    /// Each device's node, as an index into the per-node vectors ([`NO_TOPOLOGY`]: none).
+    slot_of_device: Vec<u32>,
+    /// Devices listed per node.
+    listed: Vec<usize>,
+    /// Nodes (slots) in packing order.
+    ranked: Vec<u32>,
+}
+
+impl PackingOrder {
+    /// Counts the devices per node and ranks the nodes; `chosen` are the devices already in the
+    /// answer (their nodes come first, and they do not count as free).
+    fn new(request: &RequestView<'_>, chosen: &[usize]) -> PackingOrder {
+        let mut dense = [NO_TOPOLOGY; DENSE_NODES];
+        let mut sparse: FxHashMap<i64, u32> = FxHashMap::default();
+        let mut nodes: Vec<i64> = Vec::new();
+        let mut listed: Vec<usize> = Vec::new();
+        let mut slot_of_device: Vec<u32> = Vec::with_capacity(request.available.len());
+        for device in &request.available {
+            let Some(node) = device.numa_nodes.iter().min().copied() else {
+                slot_of_device.push(NO_TOPOLOGY);
+                continue;
+            };
+            let slot = match usize::try_from(node) {
+                Ok(n) if n < DENSE_NODES => &mut dense[n],
+                _ => sparse.entry(node).or_insert(NO_TOPOLOGY),
+            };
+            if *slot == NO_TOPOLOGY {
+                *slot = nodes.len() as u32;
+                nodes.push(node);
+                listed.push(0);
+            }
+            listed[*slot as usize] += 1;
+            slot_of_device.push(*slot);
+        }
+
+        let mut used = vec![false; nodes.len()];
+        let mut free = listed.clone();
+        for &i in chosen {
+            let slot = slot_of_device[i];
+            if slot != NO_TOPOLOGY {
+                used[slot as usize] = true;
+                free[slot as usize] -= 1;
+            }
+        }
+        let mut ranked: Vec<u32> = (0..nodes.len() as u32).collect();
+        ranked.sort_by(|&a, &b| {
+            let (a, b) = (a as usize, b as usize);
+            used[b]
+                .cmp(&used[a])
+                .then(free[b].cmp(&free[a]))
+                .then(nodes[a].cmp(&nodes[b]))
+        });
+        ranked.push(NO_TOPOLOGY);
+        PackingOrder {
+            slot_of_device,
+            listed,
+            ranked,
+        }
+    }
+
+    /// Offers the device indices to `take`, in packing order, until it says it is full. The
+    /// first node is found by a scan that stops there (enough for most requests); the others,
+    /// if needed, by one counting sort.
+    fn offer(&self, mut take: impl FnMut(usize) -> bool) {
+        let first = self.ranked[0];
+        for (i, &slot) in self.slot_of_device.iter().enumerate() {
+            if slot == first && take(i) {
+                return;
+            }
+        }
+        let rest = &self.ranked[1..];
+        if rest.is_empty() {
+            return;
+        }
+        // Where each slot's devices start among the rest; devices without topology last.
+        let mut next = vec![0usize; self.listed.len()];
+        let mut start = 0;
+        for &slot in rest.iter().filter(|&&s| s != NO_TOPOLOGY) {
+            next[slot as usize] = start;
+            start += self.listed[slot as usize];
+        }
+        let first_len = self.listed.get(first as usize).copied().unwrap_or(0);
+        let mut next_without_topology = start;
+        let mut order = vec![0usize; self.slot_of_device.len() - first_len];
+        for (i, &slot) in self.slot_of_device.iter().enumerate() {
+            if slot == first {
+                continue;
+            }
+            let at = if slot == NO_TOPOLOGY {
+                &mut next_without_topology
+            } else {
+                &mut next[slot as usize]
+            };
+            order[*at] = i;
+            *at += 1;
+        }
+        for i in order {
+            if take(i) {
+                return;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -396,6 +510,58 @@ mod tests {
             allocate(&RequestView::of(&r)).unwrap_err().kind,
             RefusalKind::Unsatisfiable
         );
+    }
+
+    #[test]
+    fn allocate_offers_a_repeated_id_once() {
+        let r = request(
+            vec![dev("a", &[0]), dev("a", &[0]), dev("b", &[1])],
+            &["a"],
+            2,
+        );
+        assert_eq!(allocate(&RequestView::of(&r)).unwrap(), ids(&["a", "b"]));
+        let r = request(vec![dev("a", &[0]), dev("a", &[0]), dev("b", &[0])], &[], 3);
+        let refusal = allocate(&RequestView::of(&r)).unwrap_err();
+        assert!(
+            refusal.message.contains("requested 3") && refusal.message.contains("only 2"),
+            "{}",
+            refusal.message
+        );
+    }
+
+    #[test]
+    fn allocate_orders_nodes_out_of_the_table_range_too() {
+        let r = request(
+            vec![
+                dev("small", &[3]),
+                dev("huge-0", &[1 << 40]),
+                dev("neg-0", &[-2]),
+                dev("huge-1", &[1 << 40]),
+                dev("neg-1", &[-2]),
+                dev("huge-2", &[1 << 40]),
+            ],
+            &["small"],
+            5,
+        );
+        assert_eq!(
+            allocate(&RequestView::of(&r)).unwrap(),
+            ids(&["small", "huge-0", "huge-1", "huge-2", "neg-0"])
+        );
+    }
+
+    #[test]
+    fn allocate_among_a_hundred_thousand_devices_takes_the_first_of_the_fullest_node() {
+        let available: Vec<Device> = (0..100_000)
+            .map(|i| dev(&format!("dev-{i}"), &[i % 4 / 3]))
+            .collect();
+        let r = request(available, &[], 1_000);
+        let got = allocate(&RequestView::of(&r)).unwrap();
+        let expected: Vec<String> = (0..100_000)
+            .filter(|i| i % 4 != 3)
+            .take(1_000)
+            .map(|i| format!("dev-{i}"))
+            .collect();
+        assert_eq!(got, expected);
     }
 
     #[test]

@@ -79,12 +79,25 @@ pub struct Limits {
     pub fuel: Option<u64>,
 }
 
+/// Fuel an `allocate` call gets per device offered, on top of [`Limits::fuel`]. Reading the
+/// request already costs the guest a few hundred instructions per device, so a fixed budget
+/// would cap how many devices any policy can be offered; the plain example policy uses about
+/// 1,400 per device.
+pub const FUEL_PER_DEVICE: u64 = 2_000;
+
 /// A call may take at most this many times its deadline in wall time, however little CPU it got.
 pub const WALL_CAP_FACTOR: u32 = 20;
 /// … and at least this long.
 pub const MIN_WALL_CAP: Duration = Duration::from_secs(1);
 
 impl Limits {
+    /// The fuel budget of a call offered `devices` devices (0 for the registration hooks):
+    /// [`Limits::fuel`] plus [`FUEL_PER_DEVICE`] per device; `None` when unlimited.
+    pub fn fuel_for(&self, devices: usize) -> Option<u64> {
+        let extra = FUEL_PER_DEVICE.saturating_mul(u64::try_from(devices).unwrap_or(u64::MAX));
+        self.fuel.map(|fuel| fuel.saturating_add(extra))
+    }
+
     /// The most wall time one call may take: [`WALL_CAP_FACTOR`] times the deadline, at least
     /// [`MIN_WALL_CAP`] (the deadline itself counts CPU time).
     pub fn wall_cap(&self) -> Duration {

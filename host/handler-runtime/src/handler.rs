@@ -264,6 +264,7 @@ impl Handler {
             cx,
             Hook::Validate,
             index,
+            self.limits.fuel,
             |store, instance, index| {
                 let func = instance.get_typed_func::<
                 (&PluginInfo, Option<&RegisteredPlugin>),
@@ -300,6 +301,7 @@ impl Handler {
             cx,
             Hook::Register,
             index,
+            self.limits.fuel,
             |store, instance, index| {
                 let func = instance.get_typed_func::<
                 (&PluginInfo, &wit_types::RegistrationFacts),
@@ -323,6 +325,7 @@ impl Handler {
             cx,
             Hook::Deregister,
             index,
+            self.limits.fuel,
             |store, instance, index| {
                 let func = instance.get_typed_func::<(&PluginInfo,), ()>(&mut *store, index)?;
                 func.call(&mut *store, (plugin,))?;
@@ -338,12 +341,14 @@ impl Handler {
         cx: &CallContext,
         request: &AllocationRequest,
     ) -> Result<Call<Result<Vec<String>, Refusal>>, HandlerError> {
+        let fuel = self.limits.fuel_for(request.available.len());
         if let Some(packed) = self.indices.allocate_packed {
             let request = PackedRequest::from(request);
             return self.call(
                 cx,
                 Hook::Allocate,
                 Some(packed),
+                fuel,
                 |store, instance, index| {
                     let func = instance
                         .get_typed_func::<(&PackedRequest,), (Result<Vec<String>, Refusal>,)>(
@@ -361,6 +366,7 @@ impl Handler {
             cx,
             Hook::Allocate,
             index,
+            fuel,
             |store, instance, index| {
                 let func = instance
                     .get_typed_func::<(&AllocationRequest,), (Result<Vec<String>, Refusal>,)>(
@@ -374,13 +380,14 @@ impl Handler {
         )
     }
 
-    /// One call: wait for a pool slot, build a fresh store (WASI, limits, fuel, deadline),
+    /// One call: wait for a pool slot, build a fresh store (WASI, limits, `fuel`, deadline),
     /// instantiate, run `body`, turn any failure into a [`HandlerError`].
     fn call<R>(
         &self,
         cx: &CallContext,
         hook: Hook,
         index: Option<ComponentExportIndex>,
+        fuel: Option<u64>,
         body: impl FnOnce(
             &mut Store<CallState>,
             &Instance,
@@ -414,7 +421,7 @@ impl Handler {
         let mut store = Store::new(&self.runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
         store.set_hostcall_fuel(answer::MAX_TRANSFER_BYTES);
-        let fuel = self.limits.fuel.unwrap_or(u64::MAX);
+        let fuel = fuel.unwrap_or(u64::MAX);
         store
             .set_fuel(fuel)
             .map_err(|e| fail(HandlerFault::Instantiate { source: e.into() }))?;
@@ -448,7 +455,7 @@ impl Handler {
                     fuel_used,
                 })
             }
-            Err(error) => Err(fail(self.classify(error, store.data()))),
+            Err(error) => Err(fail(self.classify(error, store.data(), fuel))),
         }
     }
 
@@ -484,8 +491,8 @@ impl Handler {
         });
     }
 
-    /// Names the cause of a failed call.
-    fn classify(&self, error: wasmtime::Error, state: &CallState) -> HandlerFault {
+    /// Names the cause of a failed call (`fuel`: the call's budget).
+    fn classify(&self, error: wasmtime::Error, state: &CallState, fuel: u64) -> HandlerFault {
         if state.limiter.refused {
             return HandlerFault::MemoryCap {
                 mib: self.limits.memory_mib,
@@ -509,9 +516,7 @@ impl Handler {
             Some(Trap::Interrupt) => HandlerFault::Deadline {
                 deadline: self.limits.deadline,
             },
-            Some(Trap::OutOfFuel) => HandlerFault::Fuel {
-                fuel: self.limits.fuel.unwrap_or(u64::MAX),
-            },
+            Some(Trap::OutOfFuel) => HandlerFault::Fuel { fuel },
             Some(trap) => {
                 let output = state.output_text();
                 let message = if output.is_empty() {

@@ -407,6 +407,39 @@ mod builtin_device_plugin {
             "{refusal}"
         );
     }
+
+    /// The policy itself stays within the base fuel budget among 100,000 devices (the
+    /// per-device allowance is spare), and answers distinct available ids.
+    #[test]
+    fn allocation_among_a_hundred_thousand_devices_fits_the_base_fuel() {
+        let base = Limits::default().fuel.unwrap();
+        let available: Vec<Device> = (0..100_000)
+            .map(|i| dev(&format!("dev-{i}"), &[i % 2]))
+            .collect();
+        for (count, must, preferred) in [
+            (1, &[][..], None),
+            (1_000, &[][..], None),
+            (
+                1_000,
+                &["dev-99999"][..],
+                Some(&["dev-5", "dev-7", "gone"][..]),
+            ),
+        ] {
+            let r = request(available.clone(), must, count, preferred);
+            let call = device_plugin().allocate(&cx(), &r).unwrap();
+            let chosen = call.value.unwrap();
+            println!(
+                "{count} of 100000 (must {must:?}, preferred {preferred:?}): fuel {}, {:?}",
+                call.fuel_used, call.elapsed
+            );
+            assert!(call.fuel_used < base, "{} fuel", call.fuel_used);
+            assert_eq!(chosen.len(), count as usize);
+            let distinct: std::collections::HashSet<&String> = chosen.iter().collect();
+            assert_eq!(distinct.len(), chosen.len());
+            assert!(chosen.iter().all(|id| id.starts_with("dev-")), "{chosen:?}");
+            assert!(must.iter().all(|m| chosen.contains(&m.to_string())));
+        }
+    }
 }
 
 mod limits {
@@ -513,6 +546,28 @@ mod limits {
             limits(5000, 16, Some(10_000_000)),
         );
         validate(&h).expect("1000 iterations fit 10M fuel");
+    }
+
+    #[test]
+    fn allocate_gets_fuel_per_device_offered() {
+        let h = misbehave(&[("allocate", "loop")], limits(10_000, 16, Some(1_000_000)));
+        let r = request(
+            (0..10).map(|i| dev(&format!("d{i}"), &[])).collect(),
+            &[],
+            1,
+            None,
+        );
+        let err = h.allocate(&cx(), &r).unwrap_err();
+        let budget = 1_000_000 + 10 * pluglet_handler_runtime::FUEL_PER_DEVICE;
+        assert!(
+            matches!(err.fault, HandlerFault::Fuel { fuel } if fuel == budget),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains(&format!("fuel budget of {budget} exhausted")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //!   replacing it: its kind deactivates it, then its deregister hook runs with the handler that
 //!   registered it;
 //! - a registration refused at activation has its register hook undone by the deregister
-//!   hook before the refusal is returned.
+//!   hook before the refusal is returned;
+//! - a type and name is held only while a registration of it is in force or a call is using its
+//!   lock: names that come and go do not accumulate.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -278,6 +280,74 @@ pub enum PipelineEvent {
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Registration>>>>;
+type Slots = Mutex<HashMap<PluginKey, Slot>>;
+
+/// A use of one type and name's slot: from asking for its lock to releasing it. The last use
+/// of a slot with no registration in force removes it from the map. A use takes its clone from
+/// the map under the map's lock and gives it back under that lock (after any clone of its own,
+/// such as the one holding the lock), then looks: so the last use to go sees the map's clone
+/// alone, a slot another call holds or waits for is never removed, and a call that finds no
+/// slot creates a fresh one. Every call of one type and name uses the one slot in the map, so
+/// they stay serialised.
+struct SlotUse<'a> {
+    slots: &'a Slots,
+    key: PluginKey,
+    slot: Option<Slot>,
+}
+
+impl<'a> SlotUse<'a> {
+    fn new(slots: &'a Slots, key: &PluginKey) -> SlotUse<'a> {
+        let slot = lock_slots(slots).entry(key.clone()).or_default().clone();
+        SlotUse {
+            slots,
+            key: key.clone(),
+            slot: Some(slot),
+        }
+    }
+
+    /// The slot in use (until the use is dropped).
+    fn slot(&self) -> &Slot {
+        self.slot.as_ref().expect("a slot in use until dropped")
+    }
+}
+
+impl Drop for SlotUse<'_> {
+    fn drop(&mut self) {
+        let mut slots = lock_slots(self.slots);
+        drop(self.slot.take());
+        let unused = slots.get(&self.key).is_some_and(|slot| {
+            Arc::strong_count(slot) == 1 && slot.try_lock().is_ok_and(|current| current.is_none())
+        });
+        if unused {
+            slots.remove(&self.key);
+        }
+    }
+}
+
+/// The lock of one type and name's slot, held; derefs to the registration in force.
+struct SlotGuard<'a> {
+    // Declared first so that it is released before `_use` looks at the slot.
+    guard: tokio::sync::OwnedMutexGuard<Option<Arc<Registration>>>,
+    _use: SlotUse<'a>,
+}
+
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = Option<Arc<Registration>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.guard
+    }
+}
+
+fn lock_slots(slots: &Slots) -> std::sync::MutexGuard<'_, HashMap<PluginKey, Slot>> {
+    slots.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Registration ids, unique in the process, so that a registration is never mistaken for
 /// another even where two pipelines meet (tests, a reloaded handler set).
@@ -288,7 +358,7 @@ struct Inner {
     node_name: String,
     kinds: RwLock<HashMap<PluginType, Arc<dyn PluginKind>>>,
     /// Per type and name: the registration in force, behind the lock that serialises them.
-    slots: Mutex<HashMap<PluginKey, Slot>>,
+    slots: Slots,
     events: broadcast::Sender<PipelineEvent>,
     metrics: crate::metrics::Metrics,
     /// The daemon's event log, once given.
@@ -367,7 +437,7 @@ impl Pipeline {
 
     /// The registration in force for `key`, if any (waits while one of that name is running).
     pub async fn current(&self, key: &PluginKey) -> Option<Arc<Registration>> {
-        self.slot(key).lock().await.clone()
+        self.lock_slot(key).await.clone()
     }
 
     /// Runs the steps for `candidate` (see the module doc). On success the registration is
@@ -411,8 +481,7 @@ impl Pipeline {
             return Err(RegisterError::NoHandler { plugin_type });
         };
         let kind = self.kind(&plugin_type);
-        let slot = self.slot(&key);
-        let mut current = slot.lock().await;
+        let mut current = self.lock_slot(&key).await;
         let start = Instant::now();
         let cx = self.call_context();
         let module = handler.module().to_owned();
@@ -514,8 +583,7 @@ impl Pipeline {
     /// runs. Does nothing if it has ended already (replaced, or deregistered before).
     pub async fn deregister(&self, registration: &Arc<Registration>, reason: EndReason) {
         let kind = self.kind(&registration.key.plugin_type);
-        let slot = self.slot(&registration.key);
-        let mut current = slot.lock().await;
+        let mut current = self.lock_slot(&registration.key).await;
         if current.as_ref().is_some_and(|c| c.id == registration.id) {
             *current = None;
         }
@@ -585,12 +653,22 @@ impl Pipeline {
             .unwrap_or_else(|| Arc::new(NoNativeSteps))
     }
 
-    fn slot(&self, key: &PluginKey) -> Slot {
-        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(slot) = slots.get(key) {
-            return slot.clone();
+    /// Waits for the lock of `key`'s slot (created if there is none; removed again once unused).
+    async fn lock_slot(&self, key: &PluginKey) -> SlotGuard<'_> {
+        let slot_use = SlotUse::new(&self.inner.slots, key);
+        // Should this future be dropped while waiting, the clone waiting for the lock goes
+        // before `slot_use`, which then finds the slot as it should.
+        let guard = slot_use.slot().clone().lock_owned().await;
+        SlotGuard {
+            guard,
+            _use: slot_use,
         }
-        slots.entry(key.clone()).or_default().clone()
+    }
+
+    /// Types and names with a slot now (in force, or in the middle of a call).
+    #[cfg(test)]
+    fn slots_held(&self) -> usize {
+        lock_slots(&self.inner.slots).len()
     }
 }
 
@@ -614,5 +692,85 @@ fn hook_outcome<T>(
             module: module.to_owned(),
             source: Box::new(source),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use pluglet_handler_runtime::{Runtime, RuntimeConfig};
+    use pluglet_handlers::{Builtins, Trust};
+
+    use super::*;
+
+    fn pipeline() -> Pipeline {
+        let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
+        let builtins = Builtins::embedded(&runtime).unwrap();
+        let handlers = Handlers::load(
+            runtime,
+            Path::new("/nonexistent-handlers-dir"),
+            None,
+            builtins,
+            Trust::default(),
+        )
+        .unwrap();
+        Pipeline::new(handlers, "node-1")
+    }
+
+    fn device_plugin(name: &str) -> Candidate {
+        Candidate {
+            info: PluginInfo {
+                plugin_type: "DevicePlugin".into(),
+                name: name.into(),
+                endpoint: format!("/{name}.sock"),
+                supported_versions: vec!["v1beta1".into()],
+            },
+            door: Door::KubeletSock,
+            connection: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_slots_shrink_back_once_distinct_names_deregister() {
+        let pipeline = pipeline();
+        let names: Vec<String> = (0..500).map(|i| format!("vendor{i}.com/gpu")).collect();
+        let mut registered = Vec::new();
+        for name in &names {
+            registered.push(pipeline.register(device_plugin(name)).await.unwrap());
+        }
+        assert_eq!(pipeline.slots_held(), names.len());
+        // A refused registration and a look at a name never registered leave nothing behind.
+        assert!(pipeline.register(device_plugin("no-domain")).await.is_err());
+        let unknown = PluginKey::new(PluginType::DevicePlugin, "other.com/gpu".to_string());
+        assert!(pipeline.current(&unknown).await.is_none());
+        assert_eq!(pipeline.slots_held(), names.len());
+
+        for registration in &registered {
+            pipeline
+                .deregister(registration, EndReason::SocketGone)
+                .await;
+        }
+        assert_eq!(pipeline.slots_held(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_name_registered_while_it_is_deregistered_keeps_its_slot() {
+        let pipeline = pipeline();
+        let name = "vendor.com/gpu";
+        let key = PluginKey::new(PluginType::DevicePlugin, name.to_string());
+        for _ in 0..50 {
+            let first = pipeline.register(device_plugin(name)).await.unwrap();
+            let (_, second) = tokio::join!(
+                pipeline.deregister(&first, EndReason::SocketGone),
+                pipeline.register(device_plugin(name))
+            );
+            let second = second.unwrap();
+            // Whichever ran first, the second registration is the one in force, in the slot.
+            assert_eq!(pipeline.current(&key).await.map(|r| r.id), Some(second.id));
+            assert_eq!(pipeline.slots_held(), 1);
+            pipeline.deregister(&second, EndReason::SocketGone).await;
+            assert_eq!(pipeline.slots_held(), 0);
+        }
     }
 }

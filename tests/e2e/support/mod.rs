@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod daemon;
+pub mod grpcio;
 pub mod plugins;
 pub mod process;
 
