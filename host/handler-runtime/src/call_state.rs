@@ -43,6 +43,9 @@ pub(crate) struct CallState {
     /// When the call's wall time runs out; no guest sleep lasts past it (see
     /// [`crate::engine`]'s capped sleeps).
     pub(crate) wall_end: Option<Instant>,
+    /// Held once the call is long (see [`crate::RuntimeConfig::long_calls`]); dropped with
+    /// the store when the call ends.
+    pub(crate) long_permit: Option<crate::engine::OwnedGatePermit>,
 }
 
 /// The guest's `wasi:clocks/monotonic-clock`: nanoseconds since the call's store was made.
@@ -112,6 +115,7 @@ impl CallState {
             module,
             clock_origin,
             wall_end: None,
+            long_permit: None,
         }
     }
 

@@ -121,18 +121,40 @@ impl Default for Limits {
 pub struct RuntimeConfig {
     /// How many calls may run at once (pooling allocator slots); more calls wait for a slot.
     pub pool_size: u32,
-    /// Period of the epoch ticker: the resolution of deadlines.
+    /// Period of the epoch ticker while calls run: the resolution of deadlines and of
+    /// [`LONG_CALL_CPU`]. With no call running it ticks every [`IDLE_EPOCH_TICK`], so an idle
+    /// daemon wakes up rarely.
     pub epoch_tick: Duration,
     /// Limits of handlers loaded without their own.
     pub default_limits: Limits,
+    /// How many *long* calls (calls that have used [`LONG_CALL_CPU`] of CPU time) may run at
+    /// once, across every handler; a long call past them pauses, its CPU time not counted,
+    /// until one ends. The default, one less than the cores (at least one), keeps a core for
+    /// the short calls whatever runaway modules do.
+    pub long_calls: u32,
+}
+
+/// Period of the epoch ticker while no call runs (a call starting then gets its first tick
+/// within this, and every [`RuntimeConfig::epoch_tick`] after).
+pub const IDLE_EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// CPU time after which a call counts as long (see [`RuntimeConfig::long_calls`]). Hook calls
+/// take microseconds; a call past this is a runaway or an unusually large request.
+pub const LONG_CALL_CPU: Duration = Duration::from_millis(2);
+
+/// One less than the cores, at least one.
+pub fn default_long_calls() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    u32::try_from(cores.saturating_sub(1).max(1)).unwrap_or(u32::MAX)
 }
 
 impl Default for RuntimeConfig {
     fn default() -> RuntimeConfig {
         RuntimeConfig {
             pool_size: 64,
-            epoch_tick: Duration::from_millis(10),
+            epoch_tick: Duration::from_millis(2),
             default_limits: Limits::default(),
+            long_calls: default_long_calls(),
         }
     }
 }
@@ -226,11 +248,38 @@ pub struct GatePermit<'a> {
     gate: &'a CallGate,
 }
 
+impl GatePermit<'_> {
+    /// The same permit, holding its gate by `Arc` so it can be kept where a borrow cannot.
+    pub(crate) fn owned(self, gate: &Arc<CallGate>) -> OwnedGatePermit {
+        debug_assert!(std::ptr::eq(self.gate, Arc::as_ptr(gate)));
+        std::mem::forget(self);
+        OwnedGatePermit { gate: gate.clone() }
+    }
+}
+
 impl Drop for GatePermit<'_> {
     fn drop(&mut self) {
-        let mut running = self.gate.running.lock().unwrap_or_else(|e| e.into_inner());
+        self.gate.leave();
+    }
+}
+
+/// A [`GatePermit`] that owns its gate.
+#[derive(Debug)]
+pub(crate) struct OwnedGatePermit {
+    gate: Arc<CallGate>,
+}
+
+impl Drop for OwnedGatePermit {
+    fn drop(&mut self) {
+        self.gate.leave();
+    }
+}
+
+impl CallGate {
+    fn leave(&self) {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         *running -= 1;
-        self.gate.freed.notify_all();
+        self.freed.notify_all();
     }
 }
 
@@ -238,7 +287,9 @@ impl Drop for GatePermit<'_> {
 pub(crate) struct RuntimeInner {
     pub(crate) engine: Engine,
     pub(crate) linker: Linker<CallState>,
-    pub(crate) gate: CallGate,
+    pub(crate) gate: Arc<CallGate>,
+    /// Admits long calls ([`RuntimeConfig::long_calls`]).
+    pub(crate) long_calls: Arc<CallGate>,
     pub(crate) config: RuntimeConfig,
     cache: Option<ActiveCache>,
     compiler: Compiler,
@@ -310,13 +361,15 @@ impl Runtime {
         bindings::pluglet::handler::host::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(link_err())?;
 
-        spawn_ticker(&engine, config.epoch_tick)?;
+        let gate = Arc::new(CallGate::new());
+        spawn_ticker(&engine, config.epoch_tick, gate.clone())?;
         let cache = cache.map(|cache| ActiveCache::new(cache, &engine));
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
                 engine,
                 linker,
-                gate: CallGate::new(),
+                gate,
+                long_calls: Arc::new(CallGate::new()),
                 config,
                 cache,
                 compiler,
@@ -327,6 +380,11 @@ impl Runtime {
     /// The configuration this runtime was created with.
     pub fn config(&self) -> &RuntimeConfig {
         &self.inner.config
+    }
+
+    /// How many long calls hold a permit now (see [`RuntimeConfig::long_calls`]).
+    pub fn long_calls_running(&self) -> u32 {
+        self.inner.long_calls.running()
     }
 
     /// The compile cache's directory, if this runtime has one.
@@ -544,13 +602,27 @@ pub(crate) fn check_limits(module: &str, limits: &Limits) -> Result<(), LoadErro
 /// Starts the epoch ticker: a dedicated thread holding only a weak reference to the engine, so it
 /// ends once the engine is gone. A late wake-up gives one tick, never a burst (missed ticks are
 /// skipped), so a stalled ticker cannot time calls out spuriously.
-fn spawn_ticker(engine: &Engine, tick: Duration) -> Result<(), LoadError> {
+fn spawn_ticker(
+    engine: &Engine,
+    busy_tick: Duration,
+    calls: Arc<CallGate>,
+) -> Result<(), LoadError> {
     let weak = engine.weak();
     std::thread::Builder::new()
         .name("pluglet-epoch".into())
         .spawn(move || {
-            let mut next = Instant::now() + tick;
+            let idle_tick = IDLE_EPOCH_TICK.max(busy_tick);
+            let period = || {
+                if calls.running() > 0 {
+                    busy_tick
+                } else {
+                    idle_tick
+                }
+            };
+            let mut next = Instant::now() + period();
             loop {
+                let tick = period();
+                next = next.min(Instant::now() + tick);
                 let now = Instant::now();
                 if next > now {
                     std::thread::sleep(next - now);

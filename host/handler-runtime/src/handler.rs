@@ -11,7 +11,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use crate::answer;
 use crate::bindings::pluglet::handler::types as wit_types;
 use crate::call_state::CallState;
-use crate::engine::{Limits, RuntimeInner};
+use crate::engine::{LONG_CALL_CPU, Limits, RuntimeInner};
 use crate::error::{HandlerError, HandlerFault};
 use crate::types::{
     Accepted, AllocationRequest, Call, CallContext, Family, GuestLog, Hook, LogLevel,
@@ -470,24 +470,46 @@ impl Handler {
     /// used, and only interrupts if the budget is spent (or the call has taken
     /// [`Limits::wall_cap`] in wall time). A call that was merely descheduled on
     /// a loaded machine gets the rest of its budget instead of failing spuriously.
+    ///
+    /// Once the call has used [`LONG_CALL_CPU`] it is long: it goes on only with a permit of the
+    /// runtime's long-call gate ([`crate::RuntimeConfig::long_calls`]), waiting for one (its
+    /// CPU time not counted, its wall time still capped) while other long calls hold them all.
     fn arm_deadline(&self, store: &mut Store<CallState>) {
         let tick = self.runtime.config.epoch_tick;
         let budget = self.limits.deadline;
         let wall_cap = self.limits.wall_cap();
+        let long_calls = self.runtime.long_calls.clone();
+        let long_limit = self.runtime.config.long_calls;
         let started = Instant::now();
         let cpu_start = thread_cpu_time();
         store.data_mut().wall_end = started.checked_add(wall_cap);
-        store.set_epoch_deadline(Self::ticks(tick, budget));
-        store.epoch_deadline_callback(move |_| {
-            let used = match (cpu_start, thread_cpu_time()) {
+        store.set_epoch_deadline(Self::ticks(tick, budget.min(LONG_CALL_CPU)));
+        store.epoch_deadline_callback(move |mut cx| {
+            let used = || match (cpu_start, thread_cpu_time()) {
                 (Some(start), Some(now)) => now.saturating_sub(start),
                 _ => started.elapsed(),
             };
-            if used >= budget || started.elapsed() >= wall_cap {
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::Continue(Self::ticks(tick, budget - used)))
+            let spent = used();
+            if spent >= budget || started.elapsed() >= wall_cap {
+                return Ok(UpdateDeadline::Interrupt);
             }
+            if spent < LONG_CALL_CPU {
+                return Ok(UpdateDeadline::Continue(Self::ticks(
+                    tick,
+                    LONG_CALL_CPU - spent,
+                )));
+            }
+            if cx.data().long_permit.is_none() {
+                let left = wall_cap.saturating_sub(started.elapsed());
+                match long_calls.enter(long_limit, Some(left)) {
+                    Ok(permit) => cx.data_mut().long_permit = Some(permit.owned(&long_calls)),
+                    Err(_) => return Ok(UpdateDeadline::Interrupt),
+                }
+            }
+            Ok(UpdateDeadline::Continue(Self::ticks(
+                tick,
+                budget.saturating_sub(used()),
+            )))
         });
     }
 

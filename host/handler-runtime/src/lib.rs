@@ -57,8 +57,8 @@ pub use bindings::CONTRACT_VERSION;
 pub use cache::{CACHE_DIR, CacheError, CacheStats, CompileCache, KEY_FILE};
 pub use compiler::Compiler;
 pub use engine::{
-    CallGate, FUEL_PER_DEVICE, GatePermit, Limits, MAX_MEMORY_MIB, MIN_WALL_CAP, ModuleSource,
-    Runtime, RuntimeConfig, WALL_CAP_FACTOR, WASM_STACK_BYTES,
+    CallGate, FUEL_PER_DEVICE, GatePermit, LONG_CALL_CPU, Limits, MAX_MEMORY_MIB, MIN_WALL_CAP,
+    ModuleSource, Runtime, RuntimeConfig, WALL_CAP_FACTOR, WASM_STACK_BYTES, default_long_calls,
 };
 pub use error::{BoxError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;

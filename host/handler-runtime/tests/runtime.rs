@@ -904,4 +904,60 @@ mod gate {
             t.join().unwrap();
         }
     }
+
+    #[test]
+    fn runaway_calls_past_the_long_call_cpu_take_turns_and_keep_their_budget() {
+        let rt = Runtime::new(RuntimeConfig {
+            long_calls: 1,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let deadline = Duration::from_millis(100);
+        let h = rt
+            .load(
+                guest("misbehave"),
+                [("mode".to_owned(), "loop".to_owned())].into(),
+                Some(Limits {
+                    deadline,
+                    fuel: None,
+                    ..Limits::default()
+                }),
+            )
+            .unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let peak = std::sync::atomic::AtomicU32::new(0);
+        let results: Vec<_> = std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    peak.fetch_max(rt.long_calls_running(), std::sync::atomic::Ordering::SeqCst);
+                    std::thread::yield_now();
+                }
+            });
+            let calls: Vec<_> = (0..3)
+                .map(|_| {
+                    s.spawn(|| {
+                        h.validate(
+                            &cx(),
+                            &plugin("CSIPlugin", "csi.example.com", &["1.0.0"]),
+                            None,
+                        )
+                    })
+                })
+                .collect();
+            let results = calls.into_iter().map(|c| c.join().unwrap()).collect();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            results
+        });
+        for result in results {
+            let err = result.expect_err("a loop ends only by its deadline");
+            // Waiting for its turn did not use up the call's CPU budget.
+            assert!(
+                matches!(err.fault, HandlerFault::Deadline { deadline: d } if d == deadline),
+                "{err}"
+            );
+        }
+        // Long calls went through the gate, and never more than one at a time.
+        assert_eq!(peak.into_inner(), 1, "long calls running at once, at most");
+        assert_eq!(rt.long_calls_running(), 0, "every permit given back");
+    }
 }
