@@ -196,6 +196,22 @@ fn a_vendor_policy_from_handlers_toml_governs_only_its_resource() {
     assert_eq!(ids(&spread["device_ids"]), ["dev-0", "dev-1"]);
     let packed = allocate(&daemon, "pod", "ctr", "vendor.com/nic", 2).unwrap();
     assert_eq!(ids(&packed["device_ids"]), ["dev-0", "dev-2"]);
+
+    // `ctl handlers`: the configured slot's calls running now and its limit (the default,
+    // half the cores); built-ins are not limited.
+    let handlers = daemon.ctl_json("handlers");
+    let slot = handlers
+        .iter()
+        .find(|h| h["resource"] == GPU)
+        .expect("the vendor.com/gpu slot");
+    assert_eq!(slot["running_calls"], 0, "{slot}");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    assert_eq!(slot["max_concurrent_calls"], (cores / 2).max(1), "{slot}");
+    let builtin = handlers
+        .iter()
+        .find(|h| h["module"] == "builtin:device-plugin")
+        .expect("the default policy");
+    assert_eq!(builtin["max_concurrent_calls"], serde_json::Value::Null);
 }
 
 #[test]

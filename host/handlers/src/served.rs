@@ -72,6 +72,14 @@ pub struct Served {
 }
 
 impl Served {
+    /// Calls of the slot running now and `max_concurrent_calls`; `None` for a built-in, whose
+    /// calls are neither limited nor counted.
+    pub fn concurrency(&self) -> Option<(u32, u32)> {
+        self.gate
+            .as_ref()
+            .map(|(gate, limit)| (gate.running(), *limit))
+    }
+
     /// A version for `slot`. `fallback`: the built-in that decides failed calls, when the entry
     /// asks for it. `on_probation`: a newly applied module with something to roll back to.
     pub(crate) fn new(

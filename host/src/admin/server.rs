@@ -260,6 +260,8 @@ pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
             key_id: sig.key_id.clone(),
             trusted_comment: sig.trusted_comment.clone(),
         }),
+        running_calls: s.current.concurrency().map_or(0, |(running, _)| running),
+        max_concurrent_calls: s.current.concurrency().map_or(0, |(_, limit)| limit),
     }
 }
 

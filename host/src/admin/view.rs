@@ -240,6 +240,10 @@ pub struct HandlerView {
     /// The minisign signature that vouched for the module when it was applied (`None`: none
     /// was checked).
     pub signature: Option<SignatureView>,
+    /// Calls of the slot running now (`None` for a built-in: not counted).
+    pub running_calls: Option<u32>,
+    /// How many calls of the slot may run at once (`None` for a built-in: not limited).
+    pub max_concurrent_calls: Option<u32>,
 }
 
 /// A minisign signature that verified.
@@ -352,6 +356,8 @@ impl From<&pb::HandlerInfo> for HandlerView {
                 key_id: sig.key_id.clone(),
                 trusted_comment: sig.trusted_comment.clone(),
             }),
+            running_calls: (h.max_concurrent_calls > 0).then_some(h.running_calls),
+            max_concurrent_calls: (h.max_concurrent_calls > 0).then_some(h.max_concurrent_calls),
         }
     }
 }
@@ -1087,7 +1093,7 @@ impl Table for SocketView {
 
 impl Table for HandlerView {
     const HEADER: &'static [&'static str] = &[
-        "FOR", "MODULE", "SHA256", "CALLS", "FAILED", "P99", "PREVIOUS", "CHANGE",
+        "FOR", "MODULE", "SHA256", "CALLS", "RUNNING", "FAILED", "P99", "PREVIOUS", "CHANGE",
     ];
     fn row(&self) -> Vec<String> {
         let failed = self.failures.trap
@@ -1107,6 +1113,10 @@ impl Table for HandlerView {
                 None => self.sha256.chars().take(12).collect(),
             },
             self.calls.to_string(),
+            match (self.running_calls, self.max_concurrent_calls) {
+                (Some(running), Some(limit)) => format!("{running}/{limit}"),
+                _ => "-".to_owned(),
+            },
             failed.to_string(),
             self.p99_us
                 .map_or_else(|| "-".to_owned(), |us| format!("{us}µs")),
@@ -1309,6 +1319,8 @@ mod tests {
             rollback_after: 3,
             on_failure: "fail".into(),
             on_probation: true,
+            running_calls: 1,
+            max_concurrent_calls: 2,
             ..Default::default()
         };
         let default = pb::HandlerInfo {
@@ -1608,6 +1620,7 @@ mod tests {
                 "families",
                 "last_change",
                 "last_failure",
+                "max_concurrent_calls",
                 "mean_us",
                 "module",
                 "on_failure",
@@ -1618,10 +1631,26 @@ mod tests {
                 "refusals",
                 "resource",
                 "rollback_after",
+                "running_calls",
                 "sha256",
                 "signature"
             ]
         );
+        assert_eq!(
+            serde_json::to_value(&handlers()[0]).unwrap()["max_concurrent_calls"],
+            Value::Null,
+            "a built-in is not limited"
+        );
+        let text = table(&handlers());
+        let cells = |line: usize| -> Vec<String> {
+            let line = text.lines().nth(line).unwrap();
+            line.split("  ")
+                .filter(|c| !c.is_empty())
+                .map(|c| c.trim().to_owned())
+                .collect()
+        };
+        assert_eq!(cells(2)[4], "1/2", "running / max_concurrent_calls: {text}");
+        assert_eq!(cells(1)[4], "-", "a built-in: {text}");
         assert_eq!(
             keys(&resources()[1]),
             [
