@@ -49,8 +49,11 @@ pub struct Opened {
     pub journal: Journal,
     /// The newest complete record, if any.
     pub record: Option<JournalRecord>,
-    /// Set when the file held no valid slot and was set aside (renamed): where it went.
+    /// Set when the file was not a whole journal and was set aside (renamed): where it went.
     pub set_aside: Option<PathBuf>,
+    /// True when `record` was recovered from the file set aside (a journal cut short, or with
+    /// a damaged header, still holding an intact record); the new journal starts from it.
+    pub salvaged: bool,
 }
 
 /// An open journal (see the module doc). Not shared: the caller serialises appends.
@@ -66,14 +69,15 @@ pub struct Journal {
 impl Journal {
     /// Opens the journal at `path`, creating it (two zeroed slots, fsynced) when missing.
     ///
-    /// A file whose slots are both invalid (not a journal, or damaged beyond a torn write) is
-    /// renamed to `<name>.corrupt-<unix seconds>`, never deleted, and a fresh journal is made.
+    /// A file that is not a whole journal (not a journal at all, cut short, or with both slots
+    /// damaged) is renamed to `<name>.corrupt-<unix seconds>`, never deleted, and a fresh
+    /// journal is made, starting from the newest intact record still found in the old file
+    /// (see [`salvage`]), if any.
     pub fn open(path: &Path, durability: Durability) -> Result<Opened, CheckpointError> {
         let read_error = |source| CheckpointError::Read {
             path: path.to_path_buf(),
             source,
         };
-        let mut set_aside_to = None;
         match File::open(path) {
             Ok(mut file) => {
                 let mut bytes = Vec::new();
@@ -99,9 +103,29 @@ impl Journal {
                         },
                         record,
                         set_aside: None,
+                        salvaged: false,
                     });
                 }
-                set_aside_to = Some(set_aside(path)?);
+                let salvaged = salvage(&bytes);
+                let moved_to = set_aside(path)?;
+                let mut slot_size = INITIAL_SLOT_SIZE;
+                if let Some(r) = &salvaged {
+                    while HEADER + r.payload.len() > slot_size {
+                        slot_size *= 2;
+                    }
+                }
+                let journal = Journal::create(
+                    path,
+                    slot_size,
+                    salvaged.as_ref().map(|r| (r.seq, r.payload.as_slice())),
+                    durability,
+                )?;
+                return Ok(Opened {
+                    journal,
+                    salvaged: salvaged.is_some(),
+                    record: salvaged,
+                    set_aside: Some(moved_to),
+                });
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(read_error(e)),
@@ -110,7 +134,8 @@ impl Journal {
         Ok(Opened {
             journal,
             record: None,
-            set_aside: set_aside_to,
+            set_aside: None,
+            salvaged: false,
         })
     }
 
@@ -120,7 +145,10 @@ impl Journal {
     /// written to: what the journal holds can still be restored.
     pub fn read(path: &Path) -> Result<Option<JournalRecord>, CheckpointError> {
         match std::fs::read(path) {
-            Ok(bytes) => Ok(parse_file(&bytes).and_then(|(_, record)| record)),
+            Ok(bytes) => Ok(match parse_file(&bytes) {
+                Some((_, record)) => record,
+                None => salvage(&bytes),
+            }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(CheckpointError::Read {
                 path: path.to_path_buf(),
@@ -228,6 +256,23 @@ fn parse_file(bytes: &[u8]) -> Option<(usize, Option<JournalRecord>)> {
     (record.is_some() || bytes.iter().all(|&b| b == 0)).then_some((slot_size, record))
 }
 
+/// The newest intact record in a file that is not a whole journal (cut short by a copy or a
+/// full disk, or grown by something else): slot 0 starts at offset 0 whatever the slot size,
+/// slot 1 at one of the sizes a journal can have; a record counts only if its CRC holds.
+pub fn salvage(bytes: &[u8]) -> Option<JournalRecord> {
+    let mut found = parse_slot(bytes);
+    let mut slot_size = INITIAL_SLOT_SIZE;
+    while slot_size < bytes.len() {
+        if let Some(record) = parse_slot(&bytes[slot_size..])
+            && found.as_ref().is_none_or(|f| record.seq > f.seq)
+        {
+            found = Some(record);
+        }
+        slot_size = slot_size.saturating_mul(2);
+    }
+    found
+}
+
 /// The record in one slot, if it is complete and intact.
 fn parse_slot(slot: &[u8]) -> Option<JournalRecord> {
     if slot.len() < HEADER || &slot[..8] != MAGIC {
@@ -324,6 +369,72 @@ mod tests {
         assert_eq!((record.seq, record.payload.len()), (2, big.len()));
         journal.append(b"after").unwrap();
         assert_eq!(open(&path).record.unwrap().payload, b"after");
+    }
+
+    #[test]
+    fn a_journal_cut_short_keeps_its_newest_intact_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut journal = open(&path).journal;
+        journal.append(b"one").unwrap();
+        journal.append(b"two").unwrap();
+        journal.append(b"three").unwrap();
+        let whole = std::fs::read(&path).unwrap();
+        // Record 3 is in slot 1, record 2 in slot 0. Every cut: the newest record still whole
+        // in what is left, or none when even record 2 is cut.
+        let record_3_end = INITIAL_SLOT_SIZE + HEADER + b"three".len();
+        let record_2_end = HEADER + b"two".len();
+        for cut in [
+            0,
+            10,
+            record_2_end - 1,
+            record_2_end,
+            4096,
+            INITIAL_SLOT_SIZE,
+            INITIAL_SLOT_SIZE + 5,
+            record_3_end - 1,
+            record_3_end,
+            whole.len() - 1,
+        ] {
+            let expected = if cut >= record_3_end {
+                Some((3, b"three".to_vec()))
+            } else if cut >= record_2_end {
+                Some((2, b"two".to_vec()))
+            } else {
+                None
+            };
+            let got = salvage(&whole[..cut]).map(|r| (r.seq, r.payload));
+            assert_eq!(got, expected, "cut at {cut}");
+
+            std::fs::write(&path, &whole[..cut]).unwrap();
+            assert_eq!(
+                Journal::read(&path).unwrap().map(|r| r.seq),
+                expected.as_ref().map(|e| e.0),
+                "read, cut at {cut}"
+            );
+            let opened = open(&path);
+            let moved = opened.set_aside.expect("a journal cut short is set aside");
+            assert_eq!(
+                std::fs::read(&moved).unwrap(),
+                &whole[..cut],
+                "kept as it was"
+            );
+            assert_eq!(opened.salvaged, expected.is_some(), "cut at {cut}");
+            assert_eq!(
+                opened.record.map(|r| (r.seq, r.payload)),
+                expected,
+                "cut at {cut}"
+            );
+            // The new journal is whole, starts from the record kept, and goes on from it.
+            let mut journal = opened.journal;
+            journal.append(b"next").unwrap();
+            let reopened = open(&path);
+            assert!(reopened.set_aside.is_none());
+            let next = reopened.record.unwrap();
+            assert_eq!(next.payload, b"next");
+            assert_eq!(next.seq, expected.map_or(1, |e| e.0 + 1));
+            std::fs::remove_file(&moved).unwrap();
+        }
     }
 
     #[test]

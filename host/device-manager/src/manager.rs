@@ -423,6 +423,11 @@ fn log_restore(report: &RestoreReport, events: &EventLog) {
         let outcome = match &report.recovery {
             Some(recovery) if checkpoint => recovery.summary(),
             _ if checkpoint => "starting without its allocations".to_owned(),
+            _ if aside.path.extension() == Some(std::ffi::OsStr::new("journal"))
+                && report.journal_salvaged =>
+            {
+                "its newest intact record was kept and the new journal starts from it".to_owned()
+            }
             _ if aside.path.extension() == Some(std::ffi::OsStr::new("journal")) => {
                 "allocations come from the checkpoint alone".to_owned()
             }

@@ -323,6 +323,16 @@ impl Persistence {
         let (journal, journal_found) = match Journal::open(&paths.journal, durability) {
             Ok(opened) => {
                 let found = match opened.set_aside {
+                    Some(moved_to) if opened.salvaged => Found::Salvaged(
+                        opened.record,
+                        SetAside {
+                            path: paths.journal.clone(),
+                            moved_to,
+                            reason: "not a whole Pluglet journal (cut short, or a slot header \
+                                     damaged), but it still held an intact record"
+                                .into(),
+                        },
+                    ),
                     Some(moved_to) => Found::SetAside(SetAside {
                         path: paths.journal.clone(),
                         moved_to,
@@ -979,5 +989,34 @@ mod tests {
             summary.contains("3 still readable in the copy are not restored"),
             "{summary}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_journal_cut_short_still_gives_its_newest_record() {
+        let dir = tempfile::tempdir().unwrap();
+        real_files(dir.path()).await;
+        let paths = paths(dir.path());
+        let whole = std::fs::read(&paths.journal).unwrap();
+        std::fs::write(&paths.journal, &whole[..whole.len() - 1]).unwrap();
+        let (_, restored) =
+            Persistence::open(paths.clone(), Durability::NoFsync, Metrics::default()).unwrap();
+        // pod-1's release was in the journal only: the cut file still proves it.
+        assert_eq!(pods_of(&restored), ["pod-2:d1", "pod-3:d2"]);
+        assert!(restored.report.journal_salvaged);
+        let aside = &restored.report.set_aside[0];
+        assert_eq!(aside.path, paths.journal);
+        assert!(
+            aside.reason.contains("still held an intact record"),
+            "{}",
+            aside.reason
+        );
+        assert_eq!(
+            std::fs::read(&aside.moved_to).unwrap(),
+            &whole[..whole.len() - 1]
+        );
+        // The new journal is whole: the next start finds nothing to set aside.
+        let (_, again) = Persistence::open(paths, Durability::NoFsync, Metrics::default()).unwrap();
+        assert!(again.report.set_aside.is_empty());
+        assert_eq!(pods_of(&again), ["pod-2:d1", "pod-3:d2"]);
     }
 }

@@ -53,6 +53,9 @@ pub enum Found<T> {
     Loaded(T),
     /// Corrupt, and renamed aside.
     SetAside(SetAside),
+    /// Corrupt and renamed aside, but what it holds was still read from it (a journal cut
+    /// short that kept an intact record).
+    Salvaged(T, SetAside),
 }
 
 impl<T> Found<T> {
@@ -63,6 +66,11 @@ impl<T> Found<T> {
             Found::SetAside(aside) => {
                 report.set_aside.push(aside);
                 None
+            }
+            Found::Salvaged(value, aside) => {
+                report.set_aside.push(aside);
+                report.journal_salvaged = true;
+                Some(value)
             }
         }
     }
@@ -97,6 +105,8 @@ pub struct RestoreReport {
     pub from_journal: bool,
     /// What became of the allocations of a corrupt checkpoint.
     pub recovery: Option<Recovery>,
+    /// True when the journal set aside still held an intact record, which was used.
+    pub journal_salvaged: bool,
 }
 
 /// What became of the allocations of a corrupt checkpoint.
