@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use pluglet_device_manager::stub::{Stub, devices};
 use pluglet_device_manager::{Config, DeviceManager, Durability};
 use pluglet_handler_runtime::{Runtime, RuntimeConfig};
-use pluglet_handlers::{Builtins, Handlers, Trust};
+use pluglet_handlers::Handlers;
 use pluglet_proto::v1beta1;
 use tokio_util::sync::CancellationToken;
 
@@ -350,15 +350,7 @@ fn main() {
     let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let wasm = Runtime::new(RuntimeConfig::default()).expect("wasm runtime");
-    let builtins = Builtins::embedded(&wasm).expect("built-in handlers");
-    let handlers = Handlers::load(
-        wasm,
-        Path::new("/nonexistent"),
-        None,
-        builtins,
-        Trust::default(),
-    )
-    .expect("handlers");
+    let handlers = Handlers::builtins_only(wasm).expect("handlers");
     println!(
         "{:<34} {:>12} {:>12} {:>10}",
         "operation (median)", "fsync", "no fsync", "kubelet"

@@ -1,11 +1,10 @@
 //! What the unit tests of the parts share: the built-in handlers and a registration from the
 //! pipeline (waiting for an event is [`crate::stub::next_event`]).
 
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use pluglet_handler_runtime::{PluginInfo, Runtime, RuntimeConfig};
-use pluglet_handlers::{Builtins, Handlers, Trust};
+use pluglet_handlers::Handlers;
 use pluglet_registration::{Candidate, Door, Pipeline, Registration};
 
 /// The built-in handlers, compiled once per test binary.
@@ -13,15 +12,7 @@ pub fn handlers() -> Handlers {
     static SET: OnceLock<Handlers> = OnceLock::new();
     SET.get_or_init(|| {
         let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
-        let builtins = Builtins::embedded(&runtime).unwrap();
-        Handlers::load(
-            runtime,
-            Path::new("/nonexistent"),
-            None,
-            builtins,
-            Trust::default(),
-        )
-        .unwrap()
+        Handlers::builtins_only(runtime).unwrap()
     })
     .clone()
 }

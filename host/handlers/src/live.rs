@@ -331,6 +331,19 @@ enum Plan {
 }
 
 impl Handlers {
+    /// The built-in handlers alone, with no `handlers.toml` and no state directory: what
+    /// tests, benchmarks and tools that need no vendor module run with.
+    pub fn builtins_only(runtime: Runtime) -> Result<Handlers, StartError> {
+        let builtins = Builtins::embedded(&runtime).map_err(StartError::Builtin)?;
+        Handlers::load(
+            runtime,
+            Path::new("/nonexistent-handlers-dir"),
+            None,
+            builtins,
+            Trust::default(),
+        )
+    }
+
     /// Loads the set from `dir` at start: the built-ins, then `handlers.toml` if present. Any
     /// entry that cannot be applied fails the start (naming the file, entry and reason).
     /// `state_dir` keeps rollback decisions across restarts (`None`: not kept). `trust`: the

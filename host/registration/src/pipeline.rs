@@ -697,25 +697,13 @@ fn hook_outcome<T>(
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use pluglet_handler_runtime::{Runtime, RuntimeConfig};
-    use pluglet_handlers::{Builtins, Trust};
 
     use super::*;
 
     fn pipeline() -> Pipeline {
         let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
-        let builtins = Builtins::embedded(&runtime).unwrap();
-        let handlers = Handlers::load(
-            runtime,
-            Path::new("/nonexistent-handlers-dir"),
-            None,
-            builtins,
-            Trust::default(),
-        )
-        .unwrap();
-        Pipeline::new(handlers, "node-1")
+        Pipeline::new(Handlers::builtins_only(runtime).unwrap(), "node-1")
     }
 
     fn device_plugin(name: &str) -> Candidate {

@@ -1,6 +1,5 @@
 //! The pipeline with the built-in handler modules and recording plugin kinds.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use pluglet_core::events::{EventKind, EventLog};
@@ -15,16 +14,7 @@ use tokio::sync::broadcast;
 
 fn pipeline() -> Pipeline {
     let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
-    let builtins = Builtins::embedded(&runtime).unwrap();
-    let handlers = Handlers::load(
-        runtime,
-        Path::new("/nonexistent-handlers-dir"),
-        None,
-        builtins,
-        Trust::default(),
-    )
-    .unwrap();
-    Pipeline::new(handlers, "node-1")
+    Pipeline::new(Handlers::builtins_only(runtime).unwrap(), "node-1")
 }
 
 /// What a kind was asked to do, in order.
