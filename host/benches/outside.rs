@@ -5,7 +5,8 @@
 //!
 //! Run: `cargo bench -p pluglet --bench outside`. `PLUGLET_BENCH_ITERS` (default 200) sets the
 //! iterations per timed row, `PLUGLET_BENCH_FIRST_RUNS` (default 10) the daemons started for
-//! the "first registration of 10,000 devices" row and the memory per 10,000 devices.
+//! the "first registration of 10,000 devices" row and the memory per 10,000 devices;
+//! `PLUGLET_BENCH_DAEMON_ARGS` adds options to every `pluglet run` (e.g. `--no-cdi`).
 //!
 //! # Processes
 //!
@@ -111,6 +112,15 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// How long any single awaited event may take before the bench gives up.
 const TIMEOUT: Duration = Duration::from_secs(60);
 const CHECKPOINT: &str = "kubelet_internal_checkpoint";
+/// Options `PLUGLET_BENCH_DAEMON_ARGS` adds to `pluglet run` (split at whitespace).
+fn daemon_args() -> Vec<String> {
+    std::env::var("PLUGLET_BENCH_DAEMON_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The Python peer (`PLUGLET_BENCH_PEER=python`).
 const PYTHON_PEER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/outside_peer.py");
 
@@ -777,6 +787,7 @@ mod bench {
                 child: Command::new(PLUGLET)
                     .args(["run", "--root"])
                     .arg(root)
+                    .args(daemon_args())
                     .env("RUST_LOG", "warn")
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
