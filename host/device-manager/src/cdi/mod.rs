@@ -63,8 +63,7 @@ pub fn plan(
     key: &HolderKey,
     response: &ContainerAllocateResponse,
 ) -> Result<Option<Planned>, SpecError> {
-    let kind = names::kind_of(key.resource.as_str());
-    let device = names::device_name(key.pod_uid.as_str(), key.container.as_str());
+    let (kind, device) = identity(key);
     let Some(spec) = Spec::for_allocation(&kind, &device, response)? else {
         return Ok(None);
     };
@@ -85,11 +84,18 @@ pub fn names(
 ) -> Vec<String> {
     let mut all = passed_through(response);
     if handoff.is_some() && has_edits(response) {
-        let kind = names::kind_of(key.resource.as_str());
-        let device = names::device_name(key.pod_uid.as_str(), key.container.as_str());
+        let (kind, device) = identity(key);
         all.push(format!("{kind}={device}"));
     }
     all
+}
+
+/// The kind and device name of the allocation `key` holds.
+fn identity(key: &HolderKey) -> (names::Kind, String) {
+    (
+        names::kind_of(key.resource.as_str()),
+        names::device_name(key.pod_uid.as_str(), key.container.as_str()),
+    )
 }
 
 fn has_edits(response: &ContainerAllocateResponse) -> bool {
@@ -154,8 +160,7 @@ impl Handoff {
 
     /// Removes the spec of the allocation of `key`, if Pluglet wrote one.
     pub fn remove(&self, key: &HolderKey) -> std::io::Result<()> {
-        let kind = names::kind_of(key.resource.as_str());
-        let device = names::device_name(key.pod_uid.as_str(), key.container.as_str());
+        let (kind, device) = identity(key);
         self.dir.remove(&dir::file_name(&kind, &device))
     }
 
