@@ -62,18 +62,28 @@ impl SpecDir {
 
     /// Writes `content` as `file`, replacing what was there in one step. No fsync: after a
     /// crash the start-up reconciliation rewrites every spec from the checkpoint.
+    /// The directory is made only when it is missing (start-up makes it; this covers its
+    /// removal while the daemon runs), so an allocation pays no extra system call.
     pub fn write(&self, file: &str, content: &[u8]) -> std::io::Result<()> {
-        self.create()?;
         let temp = self
             .path
             .join(format!("{TEMP_PREFIX}{}.tmp", &file[FILE_PREFIX.len()..]));
-        let result = (|| {
-            let mut out = std::fs::OpenOptions::new()
+        let open = || {
+            std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(true)
                 .mode(0o644)
-                .open(&temp)?;
+                .open(&temp)
+        };
+        let result = (|| {
+            let mut out = match open() {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    self.create()?;
+                    open()?
+                }
+                opened => opened?,
+            };
             // The mode given to open is narrowed by the umask; runtimes of other users read it.
             out.set_permissions(std::fs::Permissions::from_mode(0o644))?;
             out.write_all(content)?;
