@@ -154,6 +154,25 @@ pub struct RunArgs {
     /// shipped unit and config use 127.0.0.1:9810).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Publish this node's device plugin resources and CSI drivers to the Kubernetes API server
+    /// of this kubeconfig file (its current context); off unless this or --in-cluster is set.
+    #[arg(long, value_name = "FILE", conflicts_with = "in_cluster")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Publish to the API server of the cluster Pluglet runs in, with its pod's service
+    /// account.
+    #[arg(long)]
+    pub in_cluster: bool,
+    /// Create the Node object named --node-name when it does not exist (with --node-labels);
+    /// without it Pluglet waits for the Node to be created.
+    #[arg(long)]
+    pub register_node: bool,
+    /// Labels of a Node created with --register-node: KEY=VALUE, comma-separated or repeated.
+    #[arg(long, value_name = "KEY=VALUE", value_delimiter = ',')]
+    pub node_labels: Vec<String>,
+    /// How long a resource whose device plugin is gone past its grace period stays on the Node
+    /// at 0 before Pluglet removes it.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub removed_resource_linger: Duration,
     /// Format of the log lines on stderr.
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -109,6 +109,15 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// Both sources of an API server were given.
+    #[error("--kubeconfig and --in-cluster both name an API server: give one")]
+    TwoApiServers,
+    /// A Node option without an API server to publish to.
+    #[error("{0} needs an API server to publish to: add --kubeconfig FILE or --in-cluster")]
+    NoApiServer(&'static str),
+    /// A `--node-labels` entry is not `KEY=VALUE` with a non-empty key.
+    #[error("node label {0:?} is not KEY=VALUE (e.g. --node-labels zone=a,rack=r1)")]
+    NodeLabel(String),
     /// Signatures are required but no key is trusted.
     #[error(
         "--require-signatures needs at least one --trusted-key FILE (a minisign public key) to \
@@ -227,6 +236,21 @@ pub struct Config {
     pub log: LogConfig,
     /// Whether allocations are written as CDI specs to `paths.cdi_spec_dir`.
     pub cdi: bool,
+    /// Publishing to a Kubernetes API server; `None`: off.
+    pub publish: Option<Publish>,
+    /// How long a resource gone past its grace period stays published at 0.
+    pub removed_resource_linger: Duration,
+}
+
+/// `--kubeconfig` / `--in-cluster` and what goes with them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Publish {
+    /// Where the API server and credentials come from.
+    pub source: pluglet_fleet::Source,
+    /// Create the Node when it does not exist.
+    pub register_node: bool,
+    /// Labels of a Node created with `register_node`.
+    pub node_labels: std::collections::BTreeMap<String, String>,
 }
 
 /// `--admin-socket-group`: a group that exists.
@@ -419,8 +443,42 @@ impl Config {
                 level: log_level(args.log_level.as_deref(), rust_log)?,
             },
             cdi: !args.no_cdi,
+            publish: publish(args)?,
+            removed_resource_linger: args.removed_resource_linger,
         })
     }
+}
+
+/// The publishing settings of `args`: `None` without an API server.
+fn publish(args: &RunArgs) -> Result<Option<Publish>, ConfigError> {
+    let source = match (&args.kubeconfig, args.in_cluster) {
+        (Some(_), true) => return Err(ConfigError::TwoApiServers),
+        (Some(file), false) => pluglet_fleet::Source::Kubeconfig(file.clone()),
+        (None, true) => pluglet_fleet::Source::InCluster,
+        (None, false) => {
+            if args.register_node {
+                return Err(ConfigError::NoApiServer("--register-node"));
+            }
+            if !args.node_labels.is_empty() {
+                return Err(ConfigError::NoApiServer("--node-labels"));
+            }
+            return Ok(None);
+        }
+    };
+    let mut node_labels = std::collections::BTreeMap::new();
+    for entry in &args.node_labels {
+        match entry.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                node_labels.insert(key.trim().to_owned(), value.trim().to_owned());
+            }
+            _ => return Err(ConfigError::NodeLabel(entry.clone())),
+        }
+    }
+    Ok(Some(Publish {
+        source,
+        register_node: args.register_node,
+        node_labels,
+    }))
 }
 
 /// The machine's host name, or `localhost` when it cannot be read.

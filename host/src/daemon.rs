@@ -291,6 +291,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // One registration pipeline for both doors: the device manager gives it the device plugin
     // type's steps and serves kubelet.sock through it; the plugin manager feeds it what the
     // watcher finds.
+    // Publishing to a Kubernetes API server, when asked for: the CSI plugin type hands its
+    // drivers to the publisher, the device manager its counts.
+    let fleet = crate::fleet::connect(&config).await?;
+    let publisher = fleet.as_ref().map(|f| f.publisher.clone());
     let pipeline =
         Pipeline::new(handlers.clone(), config.node_name.clone()).with_events(events.clone());
     pipeline.set_kind(
@@ -298,6 +302,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Arc::new(CsiKind {
             dial_timeout: timings.dial_timeout,
             node_get_info_timeout: timings.node_get_info_timeout,
+            publisher: publisher.clone(),
         }),
     );
     let devices = pluglet_device_manager::DeviceManager::start(
@@ -317,6 +322,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             _ = stopping.cancelled() => Ok(()),
         }
     });
+
+    if let Some(fleet) = fleet {
+        let fed = devices.clone();
+        let stopping = cancel.child_token();
+        stages.spawn("fleet-publisher", async move {
+            fleet.run(fed, stopping).await;
+            Ok(())
+        });
+    }
 
     if let Some(fifo) = std::env::var_os(HOLD_SCAN_ENV) {
         hold(fifo.into()).await?;
@@ -355,6 +369,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         pipeline: &pipeline_metrics,
         plugins: &counts,
         latency: &latency,
+        publisher: publisher.as_ref(),
     }));
     let counting = handler_changes.run(handlers.clone(), cancel.child_token());
     stages.spawn("handler-metrics", async move {
@@ -367,6 +382,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.admin_socket_mode,
         AdminService::new(handle, handlers.clone())
             .with_devices(devices.clone())
+            .with_publisher(publisher.clone())
             .with_health(health.clone())
             .with_events(events),
         cancel.child_token(),

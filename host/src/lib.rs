@@ -33,6 +33,7 @@ pub mod cli;
 pub mod compile_child;
 pub mod config;
 pub mod daemon;
+pub mod fleet;
 pub mod handler_cmd;
 pub mod ops;
 pub mod plugin_manager;

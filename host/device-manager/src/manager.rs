@@ -339,6 +339,13 @@ impl DeviceManager {
         self.inner.registry.views(&self.inner.handlers)
     }
 
+    /// Every resource's capacity and allocatable, sorted by name: what the node offers (a
+    /// resource whose plugin is gone counts its devices as unhealthy until its grace period
+    /// ends, then is absent).
+    pub fn all_counts(&self) -> Vec<(ResourceName, usize, usize)> {
+        self.inner.registry.all_counts()
+    }
+
     /// Capacity and allocatable of `resource`, if known (cheaper than [`DeviceManager::resources`]).
     pub fn counts(&self, resource: &str) -> Option<(usize, usize)> {
         self.inner.registry.counts(resource)

@@ -503,6 +503,14 @@ impl Registry {
             .collect()
     }
 
+    /// Every resource's capacity and allocatable, sorted by name (no device is copied).
+    pub fn all_counts(&self) -> Vec<(ResourceName, usize, usize)> {
+        self.lock()
+            .iter()
+            .map(|(name, r)| (name.clone(), r.devices.capacity(), r.devices.allocatable()))
+            .collect()
+    }
+
     /// Capacity and allocatable of `resource`, if known.
     pub fn counts(&self, resource: &str) -> Option<(usize, usize)> {
         self.lock()

@@ -43,8 +43,22 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time allowed for one request's answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A client for `source`, and the server's URL (for status and logs).
-pub async fn connect(source: &Source) -> Result<(kube::Client, String), ClientError> {
+/// A client of one API server.
+#[derive(Clone)]
+pub struct Connection {
+    pub(crate) client: kube::Client,
+    server: String,
+}
+
+impl Connection {
+    /// The API server's URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+}
+
+/// A client for `source` (nothing is sent yet).
+pub async fn connect(source: &Source) -> Result<Connection, ClientError> {
     let mut config = match source {
         Source::Kubeconfig(path) => from_file(path).await?,
         Source::InCluster => kube::Config::incluster().map_err(ClientError::InCluster)?,
@@ -55,7 +69,7 @@ pub async fn connect(source: &Source) -> Result<(kube::Client, String), ClientEr
     config.default_retry = false;
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).map_err(ClientError::Client)?;
-    Ok((client, server))
+    Ok(Connection { client, server })
 }
 
 async fn from_file(path: &Path) -> Result<kube::Config, ClientError> {

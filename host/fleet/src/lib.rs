@@ -30,6 +30,6 @@ pub mod inventory;
 pub mod node;
 pub mod publisher;
 
-pub use client::{ClientError, Source};
+pub use client::{ClientError, Connection, Source};
 pub use inventory::{Counts, CsiDriver, Inventory};
 pub use publisher::{Publisher, PublisherConfig, State, SyncStatus};

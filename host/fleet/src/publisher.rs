@@ -22,12 +22,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::client::Connection;
 use crate::csinode::{self, Step};
 use crate::inventory::{Counts, CsiDriver, Desired, Inventory};
 use crate::node::{self, with_resource_version};
 
 /// The field manager Pluglet's writes are recorded under.
 pub const FIELD_MANAGER: &str = "pluglet";
+
+/// Longest wait between two reads of a Node that does not exist yet.
+const NODE_WAIT_MAX: Duration = Duration::from_secs(5);
 
 /// Conflicts (409) in a row before a round counts as failed.
 const CONFLICT_RETRIES: u32 = 5;
@@ -141,6 +145,14 @@ pub struct Publisher {
     shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("node", &self.shared.config.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Publisher {
     /// A publisher for `config`'s Node; nothing is sent until [`Publisher::run`].
     pub fn new(config: PublisherConfig) -> Publisher {
@@ -210,7 +222,9 @@ impl Publisher {
     }
 
     /// Converges the API objects to the inventory until `cancel` fires: the single writer.
-    pub async fn run(self, client: kube::Client, server: String, cancel: CancellationToken) {
+    pub async fn run(self, connection: Connection, cancel: CancellationToken) {
+        let server = connection.server().to_owned();
+        let client = connection.client;
         self.update(|s| s.server = server.clone());
         let config = self.shared.config.clone();
         let mut task = Task {
@@ -290,10 +304,14 @@ impl Publisher {
                 Err(e) => {
                     task.forget();
                     failures += 1;
-                    let delay = backoff(&config, failures);
+                    let waiting = matches!(e, RoundError::NodeMissing { .. });
+                    let mut delay = backoff(&config, failures);
+                    if waiting {
+                        // Whoever creates the Node is usually at work right now.
+                        delay = delay.min(NODE_WAIT_MAX);
+                    }
                     not_before = Some(Instant::now() + delay);
                     let message = e.to_string();
-                    let waiting = matches!(e, RoundError::NodeMissing { .. });
                     let repeated =
                         lock(&self.shared.status).last_error.as_deref() == Some(&message);
                     if !repeated {

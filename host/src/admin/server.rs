@@ -66,6 +66,7 @@ pub struct AdminService {
     plugins: PluginManagerHandle,
     handlers: Handlers,
     devices: Option<pluglet_device_manager::DeviceManager>,
+    publisher: Option<pluglet_fleet::Publisher>,
     health: Health,
     events: EventLog,
     /// Fires when the server stops: event followers end then, so they never hold the stop up.
@@ -83,6 +84,7 @@ impl AdminService {
             plugins,
             handlers,
             devices: None,
+            publisher: None,
             health: Health::new(),
             events: EventLog::default(),
             stopping: CancellationToken::new(),
@@ -98,6 +100,12 @@ impl AdminService {
     /// Serves the events of `events`.
     pub fn with_events(mut self, events: EventLog) -> AdminService {
         self.events = events;
+        self
+    }
+
+    /// Reports publishing to a Kubernetes API server from `publisher`.
+    pub fn with_publisher(mut self, publisher: Option<pluglet_fleet::Publisher>) -> AdminService {
+        self.publisher = publisher;
         self
     }
 
@@ -199,6 +207,26 @@ pub fn socket_to_wire(s: &SocketStatus) -> pb::SocketStatus {
 
 fn rfc3339(at: std::time::SystemTime) -> String {
     chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Wire form of where publishing stands.
+fn publishing_to_wire(publisher: &pluglet_fleet::Publisher) -> pb::Publishing {
+    let s = publisher.status();
+    pb::Publishing {
+        node: s.node,
+        server: s.server,
+        state: s.state.as_str().to_owned(),
+        last_sync: s.last_sync.map(rfc3339).unwrap_or_default(),
+        last_error: s.last_error.unwrap_or_default(),
+        pending_changes: s.pending_changes,
+        rounds: s.rounds,
+        failures: s.failures,
+        writes: s.writes,
+        conflicts: s.conflicts,
+        warnings: s.warnings,
+        resources: s.resources as u32,
+        csi_drivers: s.csi_drivers as u32,
+    }
 }
 
 /// Wire form of a change record.
@@ -430,6 +458,7 @@ impl Admin for AdminService {
             handlers,
             last_errors,
             devices: self.devices.is_some(),
+            publishing: self.publisher.as_ref().map(publishing_to_wire),
         }))
     }
 

@@ -841,6 +841,59 @@ pub struct StatusView {
     pub handlers: Vec<HandlerSummaryView>,
     /// The newest refusals and failures, newest last.
     pub last_errors: Vec<EventView>,
+    /// Publishing to a Kubernetes API server; `None` when off.
+    pub publishing: Option<PublishingView>,
+}
+
+/// Where publishing to a Kubernetes API server stands (`ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishingView {
+    /// The Node's name.
+    pub node: String,
+    /// The API server's URL.
+    pub server: String,
+    /// `starting`, `synced`, `pending`, `failing` or `waiting-for-node`.
+    pub state: String,
+    /// When the API objects last matched (RFC 3339, UTC); `None`: never.
+    pub last_sync: Option<String>,
+    /// The last round's error while failing.
+    pub last_error: Option<String>,
+    /// Inventory changes not yet published.
+    pub pending_changes: u64,
+    /// Rounds finished.
+    pub rounds: u64,
+    /// Rounds that failed.
+    pub failures: u64,
+    /// Writes sent.
+    pub writes: u64,
+    /// Conflicts (409) retried.
+    pub conflicts: u64,
+    /// What could not be published because others' data disagrees.
+    pub warnings: Vec<String>,
+    /// Resources published.
+    pub resources: u32,
+    /// CSI drivers published.
+    pub csi_drivers: u32,
+}
+
+impl From<&pb::Publishing> for PublishingView {
+    fn from(p: &pb::Publishing) -> PublishingView {
+        PublishingView {
+            node: p.node.clone(),
+            server: p.server.clone(),
+            state: p.state.clone(),
+            last_sync: non_empty(&p.last_sync),
+            last_error: non_empty(&p.last_error),
+            pending_changes: p.pending_changes,
+            rounds: p.rounds,
+            failures: p.failures,
+            writes: p.writes,
+            conflicts: p.conflicts,
+            warnings: p.warnings.clone(),
+            resources: p.resources,
+            csi_drivers: p.csi_drivers,
+        }
+    }
 }
 
 impl From<&pb::GetStatusResponse> for StatusView {
@@ -897,6 +950,7 @@ impl From<&pb::GetStatusResponse> for StatusView {
                 })
                 .collect(),
             last_errors: r.last_errors.iter().map(EventView::from).collect(),
+            publishing: r.publishing.as_ref().map(PublishingView::from),
         }
     }
 }
@@ -986,6 +1040,32 @@ impl StatusView {
                 })
                 .collect(),
         ));
+
+        if let Some(p) = &self.publishing {
+            out.push_str("\nPUBLISHING\n");
+            let _ = writeln!(
+                out,
+                "node {} to {}: {}, last sync {}; {} resources, {} CSI drivers; {} pending \
+                 changes, {} writes, {} conflicts, {} of {} rounds failed",
+                p.node,
+                p.server,
+                p.state,
+                p.last_sync.as_deref().unwrap_or("never"),
+                p.resources,
+                p.csi_drivers,
+                p.pending_changes,
+                p.writes,
+                p.conflicts,
+                p.failures,
+                p.rounds,
+            );
+            if let Some(e) = &p.last_error {
+                let _ = writeln!(out, "error: {e}");
+            }
+            for w in &p.warnings {
+                let _ = writeln!(out, "warning: {w}");
+            }
+        }
 
         out.push_str("\nLAST ERRORS\n");
         if self.last_errors.is_empty() {

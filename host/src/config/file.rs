@@ -41,6 +41,11 @@ pub const KEYS: &[&str] = &[
     "metrics_addr",
     "log_format",
     "log_level",
+    "kubeconfig",
+    "in_cluster",
+    "register_node",
+    "node_labels",
+    "removed_resource_linger",
 ];
 
 /// The settings a configuration file holds; a key left out is `None`.
@@ -81,6 +86,12 @@ pub struct ConfigFile {
     metrics_addr: Option<SocketAddr>,
     log_format: Option<LogFormat>,
     log_level: Option<String>,
+    kubeconfig: Option<PathBuf>,
+    in_cluster: Option<bool>,
+    register_node: Option<bool>,
+    node_labels: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "duration")]
+    removed_resource_linger: Option<Duration>,
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -157,6 +168,11 @@ impl ConfigFile {
             metrics_addr as Some,
             log_format,
             log_level as Some,
+            kubeconfig as Some,
+            in_cluster,
+            register_node,
+            node_labels,
+            removed_resource_linger,
         );
     }
 }
@@ -272,6 +288,39 @@ pub fn to_toml(config: &Config) -> String {
     );
     line("log_format", Some(string(config.log.format.as_str())), "");
     line("log_level", Some(string(&config.log.level)), "");
+    let publish = config.publish.as_ref();
+    line(
+        "kubeconfig",
+        publish.and_then(|p| match &p.source {
+            pluglet_fleet::Source::Kubeconfig(file) => Some(path(file)),
+            pluglet_fleet::Source::InCluster => None,
+        }),
+        "not set, nothing is published to a Kubernetes API server",
+    );
+    line(
+        "in_cluster",
+        Some(publish.is_some_and(|p| p.source == pluglet_fleet::Source::InCluster).to_string()),
+        "",
+    );
+    line(
+        "register_node",
+        Some(publish.is_some_and(|p| p.register_node).to_string()),
+        "",
+    );
+    let labels: Vec<String> = publish
+        .map(|p| {
+            p.node_labels
+                .iter()
+                .map(|(k, v)| string(&format!("{k}={v}")))
+                .collect()
+        })
+        .unwrap_or_default();
+    line("node_labels", Some(format!("[{}]", labels.join(", "))), "");
+    line(
+        "removed_resource_linger",
+        Some(duration(config.removed_resource_linger)),
+        "",
+    );
     out
 }
 

@@ -142,6 +142,88 @@ impl Collector for Resources {
     }
 }
 
+/// Publishing to a Kubernetes API server, at scrape time.
+#[derive(Debug)]
+struct Publishing(pluglet_fleet::Publisher);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+impl Collector for Publishing {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use pluglet_fleet::State;
+        let s = self.0.status();
+        let mut family = encoder.encode_descriptor(
+            "pluglet_publish_state",
+            "1 for the state publishing to the Kubernetes API server is in (starting, synced, \
+             pending, failing, waiting-for-node), 0 for the others.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for state in [
+            State::Starting,
+            State::Synced,
+            State::Pending,
+            State::Failing,
+            State::WaitingForNode,
+        ] {
+            ConstGauge::new(i64::from(s.state == state)).encode(family.encode_family(
+                &StateLabel {
+                    state: state.as_str(),
+                },
+            )?)?;
+        }
+        let last_sync = s
+            .last_sync
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0.0, |d| d.as_secs_f64());
+        ConstGauge::new(last_sync).encode(encoder.encode_descriptor(
+            "pluglet_publish_last_sync_timestamp_seconds",
+            "When the Node and CSINode objects last matched this node's inventory (0: never).",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        ConstGauge::new(s.pending_changes as i64).encode(encoder.encode_descriptor(
+            "pluglet_publish_pending_changes",
+            "Inventory changes not yet published to the API server.",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        for (name, help, value) in [
+            (
+                "pluglet_publish_rounds",
+                "Publishing rounds finished (successful or not).",
+                s.rounds,
+            ),
+            (
+                "pluglet_publish_failures",
+                "Publishing rounds that failed (retried with backoff).",
+                s.failures,
+            ),
+            (
+                "pluglet_publish_writes",
+                "Writes sent to the API server (create, patch, replace).",
+                s.writes,
+            ),
+            (
+                "pluglet_publish_conflicts",
+                "Conflicts (409) met and retried from a fresh read.",
+                s.conflicts,
+            ),
+        ] {
+            ConstCounter::new(value).encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                MetricType::Counter,
+            )?)?;
+        }
+        Ok(())
+    }
+}
+
 /// Handler calls per slot and module at scrape time (the counters the handler set keeps per
 /// served version).
 #[derive(Debug)]
@@ -439,6 +521,8 @@ pub struct Sources<'a> {
     pub plugins: &'a crate::plugin_manager::metrics::PluginCounts,
     /// Registration latency through the plugin watcher.
     pub latency: &'a crate::plugin_manager::metrics::RegistrationLatency,
+    /// Publishing to a Kubernetes API server, when on.
+    pub publisher: Option<&'a pluglet_fleet::Publisher>,
 }
 
 /// Builds the registry over `sources`.
@@ -452,6 +536,9 @@ pub fn registry(sources: Sources<'_>) -> Registry {
     registry.register_collector(Box::new(Resources(sources.devices.clone())));
     registry.register_collector(Box::new(HandlerCalls(sources.handlers.clone())));
     registry.register_collector(Box::new(Process(sources.health.clone())));
+    if let Some(publisher) = sources.publisher {
+        registry.register_collector(Box::new(Publishing(publisher.clone())));
+    }
     registry
 }
 

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use pluglet_fleet::{CsiDriver, Publisher};
 use pluglet_handler_runtime::RegistrationFacts;
 use pluglet_proto::csi::v1::NodeGetInfoRequest;
 use pluglet_proto::csi::v1::node_client::NodeClient;
@@ -25,14 +26,17 @@ pub struct CsiNodeInfo {
     pub topology: BTreeMap<String, String>,
 }
 
-/// The CSI plugin type's native steps: NodeGetInfo before the register hook; nothing to start
-/// or stop.
-#[derive(Clone, Copy, Debug)]
+/// The CSI plugin type's native steps: NodeGetInfo before the register hook; once registered,
+/// the driver is handed to the fleet publisher when there is one (CSINode entry, node id
+/// annotation, topology labels), and taken back when its registration ends.
+#[derive(Clone)]
 pub struct CsiKind {
     /// Time allowed to dial the driver's endpoint.
     pub dial_timeout: Duration,
     /// Time allowed for NodeGetInfo to answer.
     pub node_get_info_timeout: Duration,
+    /// Where registered drivers are published; `None`: not published.
+    pub publisher: Option<Publisher>,
 }
 
 #[async_trait::async_trait]
@@ -67,11 +71,30 @@ impl PluginKind for CsiKind {
         true
     }
 
-    async fn activate(&self, _registration: &Arc<Registration>) -> Result<(), KindError> {
+    /// Hands the driver to the publisher, which never waits for the API server.
+    async fn activate(&self, registration: &Arc<Registration>) -> Result<(), KindError> {
+        if let (Some(publisher), Some(info)) = (
+            &self.publisher,
+            registration.facts.detail::<CsiNodeInfo>(),
+        ) {
+            publisher.install_csi_driver(
+                &registration.key.name,
+                registration.id,
+                CsiDriver {
+                    node_id: info.node_id.clone(),
+                    topology: info.topology.clone(),
+                    max_volumes_per_node: info.max_volumes_per_node,
+                },
+            );
+        }
         Ok(())
     }
 
-    async fn deactivate(&self, _registration: &Registration) {}
+    async fn deactivate(&self, registration: &Registration) {
+        if let Some(publisher) = &self.publisher {
+            publisher.remove_csi_driver(&registration.key.name, registration.id);
+        }
+    }
 }
 
 /// NodeGetInfo failed or answered something unacceptable.
