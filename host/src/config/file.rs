@@ -299,7 +299,11 @@ pub fn to_toml(config: &Config) -> String {
     );
     line(
         "in_cluster",
-        Some(publish.is_some_and(|p| p.source == pluglet_fleet::Source::InCluster).to_string()),
+        Some(
+            publish
+                .is_some_and(|p| p.source == pluglet_fleet::Source::InCluster)
+                .to_string(),
+        ),
         "",
     );
     line(

@@ -73,10 +73,9 @@ impl PluginKind for CsiKind {
 
     /// Hands the driver to the publisher, which never waits for the API server.
     async fn activate(&self, registration: &Arc<Registration>) -> Result<(), KindError> {
-        if let (Some(publisher), Some(info)) = (
-            &self.publisher,
-            registration.facts.detail::<CsiNodeInfo>(),
-        ) {
+        if let (Some(publisher), Some(info)) =
+            (&self.publisher, registration.facts.detail::<CsiNodeInfo>())
+        {
             publisher.install_csi_driver(
                 &registration.key.name,
                 registration.id,
