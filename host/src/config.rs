@@ -515,6 +515,50 @@ mod tests {
     }
 
     #[test]
+    fn publishing_needs_one_api_server_and_plain_labels() {
+        assert_eq!(config(&[]).unwrap().publish, None);
+        let c = config(&[
+            "--kubeconfig",
+            "/k",
+            "--register-node",
+            "--node-labels",
+            "zone=a, rack = r1",
+            "--node-labels",
+            "empty=",
+        ])
+        .unwrap();
+        let p = c.publish.unwrap();
+        assert_eq!(p.source, pluglet_fleet::Source::Kubeconfig("/k".into()));
+        assert!(p.register_node);
+        assert_eq!(
+            p.node_labels,
+            [("empty", ""), ("rack", "r1"), ("zone", "a")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into()
+        );
+        assert_eq!(
+            config(&["--in-cluster"]).unwrap().publish.unwrap().source,
+            pluglet_fleet::Source::InCluster
+        );
+        assert!(matches!(
+            config(&["--register-node"]),
+            Err(ConfigError::NoApiServer("--register-node"))
+        ));
+        assert!(matches!(
+            config(&["--node-labels", "a=b"]),
+            Err(ConfigError::NoApiServer("--node-labels"))
+        ));
+        assert!(matches!(
+            config(&["--kubeconfig", "/k", "--node-labels", "=b"]),
+            Err(ConfigError::NodeLabel(l)) if l == "=b"
+        ));
+        assert!(matches!(
+            config(&["--kubeconfig", "/k", "--node-labels", "novalue"]),
+            Err(ConfigError::NodeLabel(_))
+        ));
+    }
+
+    #[test]
     fn defaults_are_kubelet_paths_and_timings() {
         let c = config(&[]).unwrap();
         assert_eq!(c.paths, Paths::system());

@@ -1941,6 +1941,21 @@ mod tests {
             }],
             last_errors: vec![event(3, "refused", "CSIPlugin bad")],
             devices: true,
+            publishing: Some(pb::Publishing {
+                node: "node-a".into(),
+                server: "https://10.0.0.1:6443/".into(),
+                state: "failing".into(),
+                last_sync: "2026-12-01T00:00:01.000Z".into(),
+                last_error: "patch Node status node-a: 403".into(),
+                pending_changes: 2,
+                rounds: 9,
+                failures: 3,
+                writes: 6,
+                conflicts: 1,
+                warnings: vec!["Node label zone is \"a\"".into()],
+                resources: 1,
+                csi_drivers: 1,
+            }),
         }
     }
 
@@ -1979,12 +1994,25 @@ mod tests {
         );
         assert!(text.contains("builtin:csi  abababababab\n"), "{text}");
         assert!(text.contains("refused  CSIPlugin bad"), "{text}");
+        assert_eq!(v["publishing"]["state"], "failing");
+        assert_eq!(v["publishing"]["pending_changes"], 2);
+        assert!(
+            text.contains(
+                "PUBLISHING\nnode node-a to https://10.0.0.1:6443/: failing, last sync \
+                 2026-12-01T00:00:01.000Z; 1 resources, 1 CSI drivers; 2 pending changes, 6 \
+                 writes, 1 conflicts, 3 of 9 rounds failed\nerror: patch Node status node-a: \
+                 403\nwarning: Node label zone is \"a\"\n"
+            ),
+            "{text}"
+        );
 
         let bare = StatusView::from(&pb::GetStatusResponse {
             devices: false,
             resources: Vec::new(),
+            publishing: None,
             ..status()
         });
+        assert!(!bare.text().contains("PUBLISHING"));
         assert_eq!(
             serde_json::to_value(&bare).unwrap()["resources"],
             Value::Null

@@ -555,7 +555,13 @@ mod tests {
         defaults.metrics_addr = with_defaults.metrics_addr;
         assert_eq!(with_defaults, defaults);
         // Every key with a default shows it (the others have an example).
-        let without_default = ["root", "admin_socket_group", "node_name", "metrics_addr"];
+        let without_default = [
+            "root",
+            "admin_socket_group",
+            "node_name",
+            "metrics_addr",
+            "kubeconfig",
+        ];
         for key in KEYS.iter().filter(|k| !without_default.contains(k)) {
             assert!(shown.contains(*key), "no `# {key} = <default>` line");
         }
