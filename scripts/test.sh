@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs the programs the tests need, adds the WASM target the built-in
 # handlers are compiled to, builds the binaries the end-to-end tests start, and runs every test.
+# The end-to-end tests of publishing to a real Kubernetes API server also need etcd and a
+# kube-apiserver: scripts/kube-apiserver.sh installs the one and builds the other from Debian's
+# source package (minutes the first time, cached per machine after that), beside the Rust build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +37,27 @@ if ((${#missing[@]})); then
     fi
 fi
 
+# kube-apiserver (and etcd, openssl, kubectl) for the Kubernetes end-to-end tests, in the
+# background so that its Go build overlaps the Rust build. Its last line of stdout is the
+# binary's path; its progress goes to the log.
+mkdir -p target
+kube_log=target/kube-apiserver-setup.log
+bash scripts/kube-apiserver.sh >target/kube-apiserver-setup.path 2>"$kube_log" &
+kube_setup=$!
+
 rustup target add wasm32-wasip2
 
 cargo build --workspace --bins
+
+if ! wait "$kube_setup"; then
+    echo "error: setting up kube-apiserver for the Kubernetes end-to-end tests failed" >&2
+    echo "       (bash scripts/kube-apiserver.sh); the end of $kube_log:" >&2
+    tail -n 40 "$kube_log" >&2
+    exit 1
+fi
+PLUGLET_KUBE_APISERVER=$(tail -n 1 target/kube-apiserver-setup.path)
+PLUGLET_ETCD=$(command -v etcd)
+export PLUGLET_KUBE_APISERVER PLUGLET_ETCD
+echo "kube-apiserver: $PLUGLET_KUBE_APISERVER; etcd: $PLUGLET_ETCD"
+
 cargo test --workspace

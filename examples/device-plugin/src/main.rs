@@ -103,6 +103,10 @@ struct Args {
     /// Answer Allocate with a CDI device name `<resource>=<id>` per device.
     #[arg(long)]
     cdi_devices: bool,
+    /// Flip every device's health this many times a second, as SIGUSR1 does (load tests of
+    /// what follows device health); 0: never.
+    #[arg(long, default_value_t = 0)]
+    flap_per_second: u32,
 }
 
 /// Device list as ListAndWatch sends it, plus the inputs it is computed from.
@@ -215,6 +219,15 @@ impl Plugin {
         }
         state.overrides = overrides;
         drop(state);
+        self.publish();
+    }
+
+    /// Flips every device's health without a log line (`--flap-per-second`).
+    fn toggle_all_unhealthy_quietly(&self) {
+        {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.all_unhealthy = !state.all_unhealthy;
+        }
         self.publish();
     }
 
@@ -616,6 +629,18 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.reregister {
         tokio::spawn(keep_registered(plugin.clone(), socket.clone()));
+    }
+    if args.flap_per_second > 0 {
+        let plugin = plugin.clone();
+        let period = Duration::from_secs(1) / args.flap_per_second;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                tick.tick().await;
+                plugin.toggle_all_unhealthy_quietly();
+            }
+        });
     }
     println!("READY");
 

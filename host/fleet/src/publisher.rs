@@ -302,7 +302,10 @@ impl Publisher {
                     });
                 }
                 Err(e) => {
+                    // Some writes of the round may have landed: the next round plans again
+                    // from a fresh read, even if the inventory goes back to what was published.
                     task.forget();
+                    published = None;
                     failures += 1;
                     let waiting = matches!(e, RoundError::NodeMissing { .. });
                     let mut delay = backoff(&config, failures);

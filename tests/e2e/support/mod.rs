@@ -6,6 +6,7 @@
 
 pub mod daemon;
 pub mod grpcio;
+pub mod kube;
 pub mod plugins;
 pub mod process;
 
