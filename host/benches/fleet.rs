@@ -111,7 +111,8 @@ fn main() {
         let node_root = TestRoot::new();
         let name = format!("bench-{i}");
         let d = start(&node_root, &api, &name);
-        let p = DevicePluginProcess::start(&node_root, Flow::Classic, RESOURCE, &["--devices", "4"]);
+        let p =
+            DevicePluginProcess::start(&node_root, Flow::Classic, RESOURCE, &["--devices", "4"]);
         wait_allocatable(&api, &name, RESOURCE, "4");
         daemons.push((node_root, d, p));
     }
