@@ -18,7 +18,7 @@ use crate::inventory::CsiDriver;
 pub enum Step {
     /// The object does not exist: create it with these drivers (owned by the Node, so it goes
     /// when the Node goes).
-    Create(CSINode),
+    Create(Box<CSINode>),
     /// Replace the object's driver list with this one.
     Replace(Vec<CSINodeDriver>),
 }
@@ -57,7 +57,7 @@ pub fn plan(
         if wanted.is_empty() {
             return Vec::new();
         }
-        return vec![Step::Create(new_object(node, wanted))];
+        return vec![Step::Create(Box::new(new_object(node, wanted)))];
     };
     let current = &existing.spec.drivers;
     let kept: Vec<CSINodeDriver> = current

@@ -333,10 +333,10 @@ mod tests {
         }
     }
 
-    fn want(
-        resources: &[(&str, u64, u64)],
-        drivers: &[(&str, &str, &[(&str, &str)])],
-    ) -> Inventory {
+    /// A driver: name, node id, topology.
+    type Driver<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
+    fn want(resources: &[(&str, u64, u64)], drivers: &[Driver<'_>]) -> Inventory {
         Inventory {
             resources: resources
                 .iter()
