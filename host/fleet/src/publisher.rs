@@ -372,6 +372,13 @@ enum RoundError {
     Conflicts { what: String },
 }
 
+/// Which part of the Node a patch writes.
+#[derive(Clone, Copy)]
+enum Part {
+    Metadata,
+    Status,
+}
+
 enum Attempt {
     Done,
     Conflict(String),
@@ -424,37 +431,16 @@ impl Task {
         let plan = node::plan(&node, want);
         self.publisher
             .update(|s| s.warnings = plan.warnings.clone());
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        let rv = |node: &Node| node.metadata.resource_version.clone();
 
-        if let Some(patch) = plan.metadata {
-            let patch = with_resource_version(patch, rv(&node).as_deref());
-            match check(
-                self.nodes.patch(name, &params, &Patch::Merge(&patch)).await,
-                "patch Node metadata",
-                name,
-            )? {
-                Some(n) => node = n,
-                None => return Ok(Attempt::Conflict(format!("patch Node {name} metadata"))),
-            }
-            self.wrote();
+        if let Some(patch) = plan.metadata
+            && !self.patch_node(&mut node, patch, Part::Metadata).await?
+        {
+            return Ok(Attempt::Conflict(format!("patch Node {name} metadata")));
         }
-        if let Some(patch) = plan.status {
-            let patch = with_resource_version(patch, rv(&node).as_deref());
-            match check(
-                self.nodes
-                    .patch_status(name, &params, &Patch::Merge(&patch))
-                    .await,
-                "patch Node status",
-                name,
-            )? {
-                Some(n) => node = n,
-                None => return Ok(Attempt::Conflict(format!("patch Node {name} status"))),
-            }
-            self.wrote();
+        if let Some(patch) = plan.status
+            && !self.patch_node(&mut node, patch, Part::Status).await?
+        {
+            return Ok(Attempt::Conflict(format!("patch Node {name} status")));
         }
         if !want.csi_drivers.is_empty() || !plan.published.csi_drivers.is_empty() {
             let existing = match self.csinode.take() {
@@ -509,20 +495,48 @@ impl Task {
             }
             self.csinode = Some(current);
         }
-        if let Some(patch) = plan.narrow {
-            let patch = with_resource_version(patch, rv(&node).as_deref());
-            match check(
-                self.nodes.patch(name, &params, &Patch::Merge(&patch)).await,
-                "patch Node metadata",
-                name,
-            )? {
-                Some(n) => node = n,
-                None => return Ok(Attempt::Conflict(format!("patch Node {name} metadata"))),
-            }
-            self.wrote();
+        if let Some(patch) = plan.narrow
+            && !self.patch_node(&mut node, patch, Part::Metadata).await?
+        {
+            return Ok(Attempt::Conflict(format!("patch Node {name} metadata")));
         }
         self.node = Some(node);
         Ok(Attempt::Done)
+    }
+
+    /// Applies a merge patch to `node`'s metadata or status, on the condition that the Node is
+    /// still at `node`'s `resourceVersion`; `node` becomes the Node written. `false`: a conflict.
+    async fn patch_node(
+        &mut self,
+        node: &mut Node,
+        patch: serde_json::Value,
+        part: Part,
+    ) -> Result<bool, RoundError> {
+        let name = self.publisher.shared.config.node_name.clone();
+        let patch = with_resource_version(patch, node.metadata.resource_version.as_deref());
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let patch = Patch::Merge(&patch);
+        let (result, what) = match part {
+            Part::Metadata => (
+                self.nodes.patch(&name, &params, &patch).await,
+                "patch Node metadata",
+            ),
+            Part::Status => (
+                self.nodes.patch_status(&name, &params, &patch).await,
+                "patch Node status",
+            ),
+        };
+        match check(result, what, &name)? {
+            Some(written) => {
+                *node = written;
+                self.wrote();
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Reads the Node; creates it when missing and allowed to.
