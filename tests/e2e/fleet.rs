@@ -131,6 +131,18 @@ fn device_resources_follow_health_and_go_to_zero_then_away_leaving_others_untouc
         status_list(n, "allocatable", GPU) == "3" && status_list(n, "capacity", GPU) == "4"
     });
 
+    // Someone else changes the Node: the daemon's next write carries a stale resourceVersion,
+    // is refused (409) and is made again from a fresh read.
+    let out = api.kubectl(&["label", "node", "fleet-devices", "someone=else"]);
+    assert!(out.status.success());
+    plugin.set_health("dev-1 Unhealthy\ndev-2 Unhealthy\n");
+    let n = wait_node(&api, "fleet-devices", "gpu allocatable 2", |n| {
+        status_list(n, "allocatable", GPU) == "2"
+    });
+    assert_eq!(n["metadata"]["labels"]["someone"], "else", "{n}");
+    let p = publishing(&daemon);
+    assert!(p["conflicts"].as_u64() >= Some(1), "{p}");
+
     // The plugin stops: allocatable 0 at once, capacity 0 after the grace period, then the
     // resource is removed; nobody else's numbers are touched.
     plugin.signal(Signal::SIGTERM);
