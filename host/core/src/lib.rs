@@ -7,11 +7,14 @@
 //! - [`error_chain`]: the one formatter of an error with its sources, used by every log line
 //!   and every message that leaves the daemon;
 //! - [`events`]: the daemon's bounded log of recent events, which every stage records into and
-//!   the admin API reads and follows.
+//!   the admin API reads and follows;
+//! - [`backoff`]: the doubling retry delay.
 
+pub mod backoff;
 pub mod events;
 pub mod names;
 
+pub use backoff::BackoffPolicy;
 pub use names::{
     ContainerName, Generation, PluginKey, PluginType, PodUid, ResourceName, SocketPath,
 };

@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use pluglet_core::BackoffPolicy;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -339,10 +340,11 @@ impl Publisher {
 /// The retry delay after `failures` failed rounds in a row: doubling from the initial delay up
 /// to the maximum, less up to a fifth at random so a fleet's daemons do not retry in step.
 fn backoff(config: &PublisherConfig, failures: u32) -> Duration {
-    let doubled = config
-        .backoff_initial
-        .saturating_mul(1u32 << failures.saturating_sub(1).min(16));
-    let delay = doubled.min(config.backoff_max);
+    let delay = BackoffPolicy {
+        initial: config.backoff_initial,
+        max: config.backoff_max,
+    }
+    .delay(failures);
     let nanos = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())

@@ -12,7 +12,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::time::Duration;
 
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
@@ -42,25 +41,7 @@ pub struct OperationPanicked {
     pub message: String,
 }
 
-/// Exponential backoff parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BackoffPolicy {
-    /// Delay after the first failure (kubelet `initialDurationBeforeRetry` = 500 ms).
-    pub initial: Duration,
-    /// Cap (kubelet `maxDurationBeforeRetry` = 2 min 2 s).
-    pub max: Duration,
-}
-
-impl BackoffPolicy {
-    /// Delay after `failures` consecutive failures (`failures >= 1`).
-    pub fn delay(&self, failures: u32) -> Duration {
-        let shift = failures.saturating_sub(1).min(31);
-        self.initial
-            .checked_mul(1u32 << shift)
-            .unwrap_or(self.max)
-            .min(self.max)
-    }
-}
+pub use pluglet_core::BackoffPolicy;
 
 /// Backoff state of one path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,6 +243,7 @@ impl<T: Send + 'static, E: From<OperationPanicked> + Send + 'static> Executor<T,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn policy() -> BackoffPolicy {
         BackoffPolicy {
