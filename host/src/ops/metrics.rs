@@ -547,6 +547,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn publishing_is_exported_with_its_state_and_counts() {
+        let publisher =
+            pluglet_fleet::Publisher::new(pluglet_fleet::PublisherConfig::new("n".into()));
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Publishing(publisher)));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "pluglet_publish_state{state=\"starting\"} 1\n",
+            "pluglet_publish_state{state=\"synced\"} 0\n",
+            "pluglet_publish_last_sync_timestamp_seconds 0.0\n",
+            "pluglet_publish_pending_changes 0\n",
+            "pluglet_publish_writes_total 0\n",
+            "pluglet_publish_conflicts_total 0\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in\n{text}");
+        }
+    }
+
+    #[test]
     fn process_figures_are_read() {
         let p = ProcSelf::read().expect("/proc/self");
         assert!(p.resident_bytes > 0 && p.virtual_bytes >= p.resident_bytes);
