@@ -127,7 +127,7 @@ pub struct SyncStatus {
     /// What could not be published because others' data disagrees (label values, unreadable
     /// annotations), from the last round.
     pub warnings: Vec<String>,
-    /// Resources and CSI drivers desired now.
+    /// Resources desired now.
     pub resources: usize,
     /// CSI drivers desired now.
     pub csi_drivers: usize,
