@@ -160,7 +160,7 @@ fn render_entry(out: &mut impl Sink, entry: &PodDevicesEntry) {
                 if i > 0 {
                     out.put(b" ");
                 }
-                put_decimal(out, i64::from(*b));
+                out.put(byte_decimal(*b));
             }
             out.put(b"]");
         }
@@ -185,6 +185,35 @@ fn render_strings(out: &mut impl Sink, ids: Option<&[String]>) {
     }
 }
 
+/// Every byte value in decimal, as spew prints a `[]uint8` element: an allocation response of
+/// some kilobytes is rendered byte by byte for every checksum, so this is a table lookup rather
+/// than a formatter call.
+static BYTE_DECIMAL: [[u8; 3]; 256] = {
+    let mut table = [[0u8; 3]; 256];
+    let mut n = 0;
+    while n < 256 {
+        // `n` < 256, so each digit fits in a u8.
+        table[n] = [
+            (n / 100) as u8 + b'0',
+            (n / 10 % 10) as u8 + b'0',
+            (n % 10) as u8 + b'0',
+        ];
+        n += 1;
+    }
+    table
+};
+
+/// `b` in decimal, no leading zeros.
+fn byte_decimal(b: u8) -> &'static [u8] {
+    let digits = &BYTE_DECIMAL[usize::from(b)];
+    let skip = match b {
+        0..=9 => 2,
+        10..=99 => 1,
+        _ => 0,
+    };
+    &digits[skip..]
+}
+
 /// Writes `n` in decimal without allocating.
 fn put_decimal(out: &mut impl Sink, n: i64) {
     let mut buf = [0u8; 20];
@@ -198,6 +227,13 @@ fn put_decimal(out: &mut impl Sink, n: i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_byte_prints_as_its_decimal() {
+        for b in 0..=u8::MAX {
+            assert_eq!(byte_decimal(b), b.to_string().as_bytes());
+        }
+    }
 
     #[test]
     fn fnv1a_32_known_values() {

@@ -96,6 +96,18 @@ impl CheckpointData {
     /// [`CheckpointData::encode`], and the checksum it wrote.
     pub fn encode_with_checksum(&self) -> (Vec<u8>, u64) {
         let checksum = self.checksum();
+        (self.encode_stamped(checksum), checksum)
+    }
+
+    /// The file as [`CheckpointData::encode`] writes it, but with `0` where the checksum goes:
+    /// for a copy whose integrity something else guards (a journal record carries its own
+    /// CRC), so that writing it costs no checksum. Read it back with
+    /// [`CheckpointData::decode_unverified`]; the kubelet refuses it.
+    pub fn encode_without_checksum(&self) -> Vec<u8> {
+        self.encode_stamped(0)
+    }
+
+    fn encode_stamped(&self, checksum: u64) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.size_hint());
         out.extend_from_slice(b"{\"Data\":{\"PodDeviceEntries\":");
         match &self.pod_device_entries {
@@ -124,7 +136,7 @@ impl CheckpointData {
         out.extend_from_slice(b"}},\"Checksum\":");
         out.extend_from_slice(checksum.to_string().as_bytes());
         out.push(b'}');
-        (out, checksum)
+        out
     }
 
     /// Parses a whole file and verifies its checksum, as the kubelet's `GetCheckpoint` does.
@@ -132,6 +144,28 @@ impl CheckpointData {
     /// Fails with [`FormatError::Json`] or [`FormatError::AllocResp`] when it does not parse, and
     /// with [`FormatError::ChecksumMismatch`] when the stored checksum is not the one of the data.
     pub fn decode(bytes: &[u8]) -> Result<CheckpointData, FormatError> {
+        let (data, parsed) = Self::parse(bytes)?;
+        // A `null` map and an empty one render differently in the checksum.
+        let registered = (!parsed.nil_registered).then_some(&data.registered_devices);
+        let computed = checksum::checksum(data.pod_device_entries.as_deref(), registered);
+        if parsed.stored != computed {
+            return Err(FormatError::ChecksumMismatch {
+                stored: parsed.stored.to_string(),
+                computed: computed.to_string(),
+            });
+        }
+        Ok(data)
+    }
+
+    /// Parses a whole file without looking at its checksum: for what
+    /// [`CheckpointData::encode_without_checksum`] wrote, or any copy whose integrity
+    /// something else has checked.
+    pub fn decode_unverified(bytes: &[u8]) -> Result<CheckpointData, FormatError> {
+        Self::parse(bytes).map(|(data, _)| data)
+    }
+
+    /// The data, and what its checksum needs from the file.
+    fn parse(bytes: &[u8]) -> Result<(CheckpointData, Parsed), FormatError> {
         let raw: RawFile = serde_json::from_slice(bytes).map_err(FormatError::Json)?;
         let raw_data = raw.data.unwrap_or_default();
         let entries = match raw_data.pod_device_entries {
@@ -148,18 +182,15 @@ impl CheckpointData {
             None => Some(BTreeMap::new()),
             Some(map) => map,
         };
-        let stored = raw.checksum.unwrap_or(0);
-        let computed = checksum::checksum(entries.as_deref(), registered.as_ref());
-        if stored != computed {
-            return Err(FormatError::ChecksumMismatch {
-                stored: stored.to_string(),
-                computed: computed.to_string(),
-            });
-        }
-        Ok(CheckpointData {
+        let parsed = Parsed {
+            stored: raw.checksum.unwrap_or(0),
+            nil_registered: registered.is_none(),
+        };
+        let data = CheckpointData {
             pod_device_entries: entries,
             registered_devices: registered.unwrap_or_default(),
-        })
+        };
+        Ok((data, parsed))
     }
 
     /// The entries that can still be read at the start of a damaged file's `PodDeviceEntries`
@@ -368,6 +399,14 @@ where
     D: Deserializer<'de>,
 {
     Ok(Option::<String>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// What [`CheckpointData::decode`] needs from a parsed file besides the data.
+struct Parsed {
+    /// The stored checksum (`0` when there is none).
+    stored: u64,
+    /// `RegisteredDevices` was `null` (read as empty, but checksummed as nil).
+    nil_registered: bool,
 }
 
 /// Go's `checkpoint.Data` as parsed.
@@ -647,6 +686,24 @@ mod tests {
                 assert_eq!(computed, "3467439661");
             }
             other => panic!("expected a checksum mismatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_without_checksum_reads_back_only_unverified() {
+        for data in [CheckpointData::default(), sample(), edge()] {
+            let bytes = data.encode_without_checksum();
+            assert!(bytes.ends_with(b",\"Checksum\":0}"));
+            assert_eq!(CheckpointData::decode_unverified(&bytes).unwrap(), data);
+            assert!(matches!(
+                CheckpointData::decode(&bytes),
+                Err(FormatError::ChecksumMismatch { .. })
+            ));
+            // A whole file reads the same either way.
+            assert_eq!(
+                CheckpointData::decode_unverified(&data.encode()).unwrap(),
+                data
+            );
         }
     }
 

@@ -34,7 +34,7 @@ use pluglet_uds::Channel;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::cdi::Handoff;
+use crate::cdi::{CdiError, Handoff, PendingSpec};
 use crate::devices::Health;
 use crate::error::{AllocateError, ReleaseError};
 use crate::metrics::Metrics;
@@ -332,11 +332,14 @@ impl Allocator {
 
         let answered = call_plugin(client, pre_start, &key, &chosen, &self.inner.metrics).await;
         let handed_off = answered.and_then(|response| {
-            let names = self.hand_off(&key, &response)?;
-            Ok((response, names))
+            let (names, spec) = self.hand_off(&key, &response)?;
+            Ok((response, names, spec))
         });
         match handed_off {
-            Ok((response, cdi_names)) => self.commit(key, token, chosen, response, cdi_names).await,
+            Ok((response, cdi_names, spec)) => {
+                self.commit(key, token, chosen, response, cdi_names, spec)
+                    .await
+            }
             Err(err) => {
                 self.lock().cancel(&key, token);
                 Err(err)
@@ -344,16 +347,17 @@ impl Allocator {
         }
     }
 
-    /// Writes the CDI spec of the allocation (with CDI on); returns its CDI names.
+    /// Checks and renders the CDI spec of the allocation (with CDI on); returns its CDI names
+    /// and the spec file still to be written.
     fn hand_off(
         &self,
         key: &HolderKey,
         response: &v1beta1::ContainerAllocateResponse,
-    ) -> Result<Vec<String>, AllocateError> {
+    ) -> Result<(Vec<String>, Option<PendingSpec>), AllocateError> {
         let Some(cdi) = &self.inner.cdi else {
-            return Ok(crate::cdi::names(None, key, response));
+            return Ok((crate::cdi::names(None, key, response), None));
         };
-        cdi.write(key, response)
+        cdi.prepare(key, response)
             .map_err(|source| AllocateError::Cdi {
                 resource: key.resource.clone(),
                 source,
@@ -616,8 +620,13 @@ impl Allocator {
         Ok((offer.client, offer.pre_start_required))
     }
 
-    /// Records the allocation once it is durable; drops the reservation and its CDI spec if it
-    /// cannot be made durable (nothing held, nothing checkpointed).
+    /// Records the allocation once it is durable and its CDI spec (if any) is written; drops
+    /// the reservation and the spec if it cannot be made durable, and undoes the allocation if
+    /// the spec cannot be written (nothing held, the spec gone).
+    ///
+    /// The spec file is written on a blocking thread while the journal record is written here:
+    /// the answer waits for both, neither needs the other, and the spec's file creation and
+    /// rename cost about as much as the journal's `fdatasync`.
     async fn commit(
         &self,
         key: HolderKey,
@@ -625,7 +634,9 @@ impl Allocator {
         chosen: Vec<String>,
         response: v1beta1::ContainerAllocateResponse,
         cdi_names: Vec<String>,
+        spec: Option<PendingSpec>,
     ) -> Result<Allocation, AllocateError> {
+        let writing = spec.map(|spec| tokio::task::spawn_blocking(move || spec.write()));
         let committed = self
             .inner
             .persistence
@@ -633,8 +644,30 @@ impl Allocator {
                 pods.commit(&key, token, response.clone())
             })
             .await;
+        let written = match writing {
+            None => Ok(()),
+            Some(task) => task.await.unwrap_or_else(|_| {
+                Err(CdiError::Write {
+                    path: self
+                        .inner
+                        .cdi
+                        .as_ref()
+                        .map(|c| c.dir().to_owned())
+                        .unwrap_or_default(),
+                    source: std::io::Error::other("the CDI spec writer panicked"),
+                })
+            }),
+        };
         match committed {
-            Ok(true) => {}
+            Ok(true) => {
+                if let Err(source) = written {
+                    self.undo(&key).await;
+                    return Err(AllocateError::Cdi {
+                        resource: key.resource,
+                        source,
+                    });
+                }
+            }
             Ok(false) => {
                 self.unhand([key.clone()]);
                 return Err(AllocateError::Released {
@@ -660,6 +693,30 @@ impl Allocator {
             reused: false,
             cdi_names,
         })
+    }
+
+    /// Takes back a durable allocation whose CDI spec could not be written, and removes what
+    /// was written of the spec. If that cannot be recorded either, the devices stay held (as the
+    /// journal says) until released, and the error log says so.
+    async fn undo(&self, key: &HolderKey) {
+        let undone = self
+            .inner
+            .persistence
+            .change(&self.inner.pods, |pods| {
+                pods.release_where(|k| k == key);
+            })
+            .await;
+        self.unhand([key.clone()]);
+        if let Err(err) = undone {
+            tracing::error!(
+                pod = %key.pod_uid,
+                container = %key.container,
+                resource = %key.resource,
+                error = %pluglet_core::error_chain(&*err),
+                "the allocation was refused (its CDI spec could not be written) but cannot be \
+                 taken back on disk: its devices stay held until the pod is released"
+            );
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, PodDevices> {

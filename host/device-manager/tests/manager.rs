@@ -374,6 +374,50 @@ async fn failures_leave_nothing_held() {
     assert_eq!(got.device_ids.len(), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdi_spec_that_cannot_be_written_undoes_the_allocation() {
+    let spec_root = tempfile::tempdir().unwrap();
+    let cdi = spec_root.path().join("cdi");
+    let node = Node::start_with(|config| config.cdi_spec_dir = Some(cdi.clone())).await;
+    let plugin = node.plugin("gpu.sock", 2, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 2).await;
+    let before = node.journal_seq();
+
+    // The spec directory becomes a regular file: no spec can be written in it.
+    std::fs::remove_dir_all(&cdi).unwrap();
+    std::fs::write(&cdi, b"not a directory").unwrap();
+    let err = node
+        .manager
+        .allocate("pod", "ctr", GPU, 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AllocateError::Cdi { .. }), "{err}");
+    assert!(
+        pluglet_core::error_chain(&err).contains("cannot write the CDI spec"),
+        "{}",
+        pluglet_core::error_chain(&err)
+    );
+    assert!(node.manager.allocations().is_empty());
+    // Written beside the spec, the allocation's record was then taken back by a second one.
+    assert_eq!(node.journal_seq(), before + 2);
+    assert_eq!(node.resource(GPU).unwrap().allocatable, 2);
+
+    // With the directory back the next one works, and only it comes back after a restart.
+    std::fs::remove_file(&cdi).unwrap();
+    let held = node.manager.allocate("pod-2", "ctr", GPU, 2).await.unwrap();
+    assert_eq!(held.cdi_names.len(), 1);
+    let specs: Vec<String> = std::fs::read_dir(&cdi)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(specs.len(), 1, "{specs:?}");
+    assert!(specs[0].starts_with("pluglet-") && specs[0].ends_with(".json"));
+    drop(plugin);
+    let node = node.restart().await;
+    assert_eq!(node.pods(), ["pod-2"]);
+}
+
 #[tokio::test]
 async fn concurrent_requests_never_share_a_device() {
     let node = Node::start().await;

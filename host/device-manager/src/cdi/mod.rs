@@ -9,9 +9,10 @@
 //! and a runtime never sees one allocation's file half-changed because another changed. The
 //! plugin's own `cdi_devices` names are passed through untouched.
 //!
-//! The allocator writes the spec after the plugin answered and before the allocation is
-//! committed (a spec that cannot be written refuses the allocation), and removes it once a
-//! release is durable. At start, [`Handoff::reconcile`] converges the directory to the
+//! The allocator checks and renders the spec once the plugin answered (an answer that cannot be
+//! a CDI device refuses the allocation), writes the file while the allocation's journal record
+//! is written (a spec that cannot be written refuses the allocation: it is undone), and removes
+//! it once a release is durable. At start, [`Handoff::reconcile`] converges the directory to the
 //! restored allocations: Pluglet's files of allocations that no longer exist are removed,
 //! missing or different ones rewritten. The README's "Using allocations with podman,
 //! containerd or Docker (CDI)" shows the commands.
@@ -102,6 +103,26 @@ fn has_edits(response: &ContainerAllocateResponse) -> bool {
     !response.envs.is_empty() || !response.devices.is_empty() || !response.mounts.is_empty()
 }
 
+/// A rendered spec not yet written ([`Handoff::prepare`]).
+#[derive(Debug)]
+pub struct PendingSpec {
+    dir: SpecDir,
+    file: String,
+    content: Vec<u8>,
+}
+
+impl PendingSpec {
+    /// Writes the file (replacing it whole, see [`dir::SpecDir::write`]).
+    pub fn write(self) -> Result<(), CdiError> {
+        self.dir
+            .write(&self.file, &self.content)
+            .map_err(|source| CdiError::Write {
+                path: self.dir.path().join(&self.file),
+                source,
+            })
+    }
+}
+
 /// What start-up reconciliation did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reconciled {
@@ -141,12 +162,33 @@ impl Handoff {
         key: &HolderKey,
         response: &ContainerAllocateResponse,
     ) -> Result<Vec<String>, CdiError> {
-        let mut names = passed_through(response);
-        if let Some(planned) = plan(key, response)? {
-            self.write_planned(&planned)?;
-            names.push(planned.name);
+        let (names, pending) = self.prepare(key, response)?;
+        if let Some(pending) = pending {
+            pending.write()?;
         }
         Ok(names)
+    }
+
+    /// Everything of [`Handoff::write`] but the file write: checks the answer can be a CDI
+    /// device and renders its spec (failing as `write` would for an answer that cannot), and
+    /// returns every CDI name of the allocation with the spec still to be written (none when
+    /// the answer has no edits). The write can then run beside other work.
+    pub fn prepare(
+        &self,
+        key: &HolderKey,
+        response: &ContainerAllocateResponse,
+    ) -> Result<(Vec<String>, Option<PendingSpec>), CdiError> {
+        let mut names = passed_through(response);
+        let Some(planned) = plan(key, response)? else {
+            return Ok((names, None));
+        };
+        names.push(planned.name);
+        let pending = PendingSpec {
+            dir: self.dir.clone(),
+            content: render(&planned.spec),
+            file: planned.file,
+        };
+        Ok((names, Some(pending)))
     }
 
     fn write_planned(&self, planned: &Planned) -> Result<(), CdiError> {
