@@ -303,7 +303,10 @@ impl Allocator {
         let cx = CallContext {
             node_name: self.inner.node_name.clone(),
         };
-        let call = pluglet_handler_runtime::run_in_place(|| policy.allocate(&cx, &request));
+        // The call's instance is freed during the plugin's Allocate below, not before it.
+        let (call, spent) = pluglet_handler_runtime::run_in_place(|| {
+            pluglet_handler_runtime::keeping_spent(|| policy.allocate(&cx, &request))
+        });
         let call = call.map_err(|source| AllocateError::PolicyFailed {
             resource: resource.clone(),
             source,
@@ -330,7 +333,15 @@ impl Allocator {
         let (client, pre_start) = self.reserve(&key, &chosen, token)?;
         drop(decision);
 
-        let answered = call_plugin(client, pre_start, &key, &chosen, &self.inner.metrics).await;
+        let free_spent = async move {
+            // Once the request is on its way (the connection's task runs first), not before.
+            tokio::task::yield_now().await;
+            drop(spent);
+        };
+        let (answered, ()) = tokio::join!(
+            call_plugin(client, pre_start, &key, &chosen, &self.inner.metrics),
+            free_spent
+        );
         let handed_off = answered.and_then(|response| {
             let (names, spec) = self.hand_off(&key, &response)?;
             Ok((response, names, spec))

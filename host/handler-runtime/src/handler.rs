@@ -406,7 +406,7 @@ impl Handler {
             }));
         };
         // Without a bound on the wait, entering never gives up.
-        let _permit = self
+        let permit = self
             .runtime
             .gate
             .enter(self.runtime.config.pool_size, None)
@@ -432,12 +432,11 @@ impl Handler {
             .instantiate(&mut store)
             .and_then(|instance| body(&mut store, &instance, &index));
         let elapsed = started.elapsed();
-        match outcome {
-            Ok(value) => {
-                check(&value).map_err(fail)?;
+        let result = match outcome {
+            Ok(value) => check(&value).map_err(fail).map(|()| {
                 let fuel_used = fuel.saturating_sub(store.get_fuel().unwrap_or(fuel));
-                let state = store.into_data();
-                let mut logs = state.logs;
+                let state = store.data_mut();
+                let mut logs = std::mem::take(&mut state.logs);
                 if state.dropped_logs > 0 {
                     logs.push(GuestLog {
                         level: LogLevel::Warn,
@@ -448,15 +447,17 @@ impl Handler {
                         ),
                     });
                 }
-                Ok(Call {
+                Call {
                     value,
                     logs,
                     elapsed,
                     fuel_used,
-                })
-            }
+                }
+            }),
             Err(error) => Err(fail(self.classify(error, store.data(), fuel))),
-        }
+        };
+        crate::spent::finish(store, permit.map(|p| p.owned(&self.runtime.gate)));
+        result
     }
 
     /// Epoch ticks covering `span`: rounded up, at least one.

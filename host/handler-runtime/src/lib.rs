@@ -50,6 +50,7 @@ pub mod compiler;
 pub mod engine;
 mod error;
 mod handler;
+mod spent;
 mod types;
 
 pub use answer::{MAX_ANSWER_IDS, MAX_ANSWER_STRING_BYTES, MAX_TRANSFER_BYTES};
@@ -63,6 +64,7 @@ pub use engine::{
 pub use error::{BoxError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;
 pub use handler::run_in_place;
+pub use spent::{Spent, keeping_spent};
 pub use types::{
     Accepted, AllocationRequest, Call, CallContext, Device, Family, GuestLog, Hook, LogLevel,
     PluginInfo, Refusal, RefusalKind, RegisteredPlugin, RegistrationFacts,

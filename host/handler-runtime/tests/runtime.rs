@@ -961,3 +961,74 @@ mod gate {
         assert_eq!(rt.long_calls_running(), 0, "every permit given back");
     }
 }
+
+mod spent_instances {
+    use super::*;
+
+    /// A runtime of one pool slot: a call whose instance is still kept holds the only slot.
+    fn one_slot() -> (Runtime, Arc<Handler>) {
+        let rt = Runtime::new(RuntimeConfig {
+            pool_size: 1,
+            default_limits: Limits {
+                deadline: GENEROUS,
+                ..Limits::default()
+            },
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime");
+        let handler = rt
+            .load(
+                builtin("device-plugin", pluglet_wasm_guests::DEVICE_PLUGIN),
+                BTreeMap::new(),
+                None,
+            )
+            .expect("builtin device-plugin loads");
+        (rt, handler)
+    }
+
+    #[test]
+    fn calls_inside_keeping_spent_leave_their_instances_until_it_is_dropped() {
+        let (_rt, handler) = one_slot();
+        let req = request(vec![dev("a", &[0]), dev("b", &[0])], &[], 1, None);
+        let plain = handler.allocate(&cx(), &req).unwrap().value;
+
+        let (kept, spent) =
+            pluglet_handler_runtime::keeping_spent(|| handler.allocate(&cx(), &req));
+        assert_eq!(kept.unwrap().value, plain, "the same answer");
+        assert_eq!(spent.len(), 1);
+        // The one slot is free again once the instance is dropped: this call would wait for
+        // it forever otherwise.
+        drop(spent);
+        let (again, spent) = pluglet_handler_runtime::keeping_spent(|| {
+            (
+                handler.allocate(&cx(), &req).map(|c| c.value),
+                pluglet_handler_runtime::keeping_spent(|| ()).1.len(),
+            )
+        });
+        assert_eq!(again.0.unwrap(), plain);
+        assert_eq!(again.1, 0, "a nested keeper keeps only its own calls");
+        assert_eq!(spent.len(), 1);
+        drop(spent);
+
+        // Outside a keeper, every call frees its instance before it returns.
+        for _ in 0..3 {
+            handler.allocate(&cx(), &req).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_panic_inside_keeping_spent_frees_what_was_kept() {
+        let (_rt, handler) = one_slot();
+        let req = request(vec![dev("a", &[0])], &[], 1, None);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pluglet_handler_runtime::keeping_spent(|| {
+                handler.allocate(&cx(), &req).unwrap();
+                panic!("on purpose");
+            })
+        }));
+        assert!(caught.is_err());
+        // The slot was given back, and no keeper is left running on this thread.
+        handler.allocate(&cx(), &req).unwrap();
+        handler.allocate(&cx(), &req).unwrap();
+    }
+}
