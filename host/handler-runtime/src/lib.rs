@@ -19,7 +19,9 @@
 //!
 //! Lifetimes (after Spin): engine and linker once ([`engine`]); a compiled component per module
 //! ([`Handler`]); call state per invocation (`call_state`), granting only that call's WASI
-//! context, limits, node name and settings.
+//! context, limits, node name and settings. A call's instance is freed before the call returns,
+//! or, inside [`keeping_spent`], when the caller drops the [`Spent`] it gets (during a wait of
+//! its own, off its critical path).
 //!
 //! ```no_run
 //! use std::collections::BTreeMap;
