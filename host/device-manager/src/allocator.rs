@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::cdi::{CdiError, Handoff, PendingSpec};
-use crate::devices::Health;
+use crate::devices::{Health, IdHasher};
 use crate::error::{AllocateError, ReleaseError};
 use crate::metrics::Metrics;
 use crate::persistence::Persistence;
@@ -65,16 +65,16 @@ pub struct Allocation {
 
 /// Checks a policy answer: exactly `count` distinct ids, all in `available`, including every
 /// `must_include` id. Returns what is wrong.
-pub fn check_answer(
+pub fn check_answer<S: std::hash::BuildHasher>(
     answer: &[String],
     count: u32,
-    available: &HashSet<&str>,
+    available: &HashSet<&str, S>,
     must_include: &[String],
 ) -> Result<(), String> {
     if answer.len() != count as usize {
         return Err(format!("{} ids instead of exactly {count}", answer.len()));
     }
-    let mut seen = HashSet::with_capacity(answer.len());
+    let mut seen = HashSet::with_capacity_and_hasher(answer.len(), IdHasher::default());
     for id in answer {
         if !seen.insert(id.as_str()) {
             return Err(format!("{id} is chosen twice"));
@@ -316,7 +316,7 @@ impl Allocator {
             module: module.clone(),
             refusal,
         })?;
-        let available_ids: HashSet<&str> =
+        let available_ids: HashSet<&str, IdHasher> =
             request.available.iter().map(|d| d.id.as_str()).collect();
         check_answer(&chosen, count, &available_ids, &request.must_include).map_err(|problem| {
             AllocateError::BadPolicyAnswer {

@@ -11,6 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
+use crate::devices::IdHasher;
+
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct HolderKey {
@@ -70,7 +72,7 @@ pub struct PodDevices {
     entries: BTreeMap<HolderKey, Entry>,
     /// resource → device id → number of entries holding it (more than 1 only after restoring a
     /// checkpoint that says so).
-    held: HashMap<ResourceName, HashMap<String, u32>>,
+    held: HashMap<ResourceName, HashMap<String, u32, IdHasher>>,
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
 }

@@ -259,7 +259,8 @@ fn case_5_an_id_that_is_not_available_is_refused() {
     let answer = s.allocate(HOSTILE_RESOURCE, "unknown-id").unwrap();
     assert_eq!(answer, ["dev-0", "no-such-device"]);
     let request = request(HOSTILE_RESOURCE, "unknown-id");
-    let available = request.available.iter().map(|d| d.id.as_str()).collect();
+    let available: std::collections::HashSet<&str> =
+        request.available.iter().map(|d| d.id.as_str()).collect();
     let problem = pluglet_device_manager::check_answer(&answer, request.count, &available, &[])
         .expect_err("an id that is not available is refused");
     let served = s.handlers.for_resource(HOSTILE_RESOURCE);
