@@ -1,6 +1,7 @@
 //! [`Allocator`]: who holds which devices, and every change to that: allocation (candidates →
 //! plugin preference → WASM policy → host check → reserve → Allocate → PreStartContainer →
-//! record), release, and the sync with the pods still active. The kubelet behaviour it follows
+//! record, with the CDI spec written beside the record), release, and the sync with the pods
+//! still active. The kubelet behaviour it follows
 //! is in `docs/kubelet-compatibility.md` ("Allocation").
 //!
 //! It owns the pod-device records ([`PodDevices`]) behind one short `std` mutex, never held
