@@ -191,15 +191,6 @@ impl Handoff {
         Ok((names, Some(pending)))
     }
 
-    fn write_planned(&self, planned: &Planned) -> Result<(), CdiError> {
-        self.dir
-            .write(&planned.file, &render(&planned.spec))
-            .map_err(|source| CdiError::Write {
-                path: self.dir.path().join(&planned.file),
-                source,
-            })
-    }
-
     /// Removes the spec of the allocation of `key`, if Pluglet wrote one.
     pub fn remove(&self, key: &HolderKey) -> std::io::Result<()> {
         let (kind, device) = identity(key);
@@ -261,7 +252,12 @@ impl Handoff {
                 }
                 _ => {}
             }
-            match self.write_planned(planned) {
+            let pending = PendingSpec {
+                dir: self.dir.clone(),
+                file: file.clone(),
+                content,
+            };
+            match pending.write() {
                 Ok(()) => report.written += 1,
                 Err(err) => report.errors.push(pluglet_core::error_chain(&err)),
             }
