@@ -6,15 +6,15 @@
 //! is the full new list) and by disconnects; read by the allocator and the admin API.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use pluglet_proto::constants::HEALTHY;
+use pluglet_proto::v1beta1;
 
 /// The hasher of maps and sets keyed by device id: foldhash rather than std's SipHash. The ids
 /// come from the node's own plugins, and an allocation of 1,024 devices looks each one up
 /// several times (candidates, the answer check, the reservation).
 pub type IdHasher = foldhash::fast::RandomState;
-use std::sync::Arc;
-
-use pluglet_proto::constants::HEALTHY;
-use pluglet_proto::v1beta1;
 
 /// A device's health. The kubelet counts a device as healthy only when the plugin's `health`
 /// string is exactly `"Healthy"`; any other value, empty included, is unhealthy.
