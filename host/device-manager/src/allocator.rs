@@ -648,7 +648,12 @@ impl Allocator {
         cdi_names: Vec<String>,
         spec: Option<PendingSpec>,
     ) -> Result<Allocation, AllocateError> {
-        let writing = spec.map(|spec| tokio::task::spawn_blocking(move || spec.write()));
+        let writing = spec.map(|spec| {
+            (
+                spec.path(),
+                tokio::task::spawn_blocking(move || spec.write()),
+            )
+        });
         let committed = self
             .inner
             .persistence
@@ -658,14 +663,9 @@ impl Allocator {
             .await;
         let written = match writing {
             None => Ok(()),
-            Some(task) => task.await.unwrap_or_else(|_| {
+            Some((path, task)) => task.await.unwrap_or_else(|_| {
                 Err(CdiError::Write {
-                    path: self
-                        .inner
-                        .cdi
-                        .as_ref()
-                        .map(|c| c.dir().to_owned())
-                        .unwrap_or_default(),
+                    path,
                     source: std::io::Error::other("the CDI spec writer panicked"),
                 })
             }),

@@ -112,12 +112,17 @@ pub struct PendingSpec {
 }
 
 impl PendingSpec {
+    /// The file it is written to.
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join(&self.file)
+    }
+
     /// Writes the file (replacing it whole, see [`dir::SpecDir::write`]).
     pub fn write(self) -> Result<(), CdiError> {
         self.dir
             .write(&self.file, &self.content)
             .map_err(|source| CdiError::Write {
-                path: self.dir.path().join(&self.file),
+                path: self.path(),
                 source,
             })
     }
