@@ -11,7 +11,13 @@
 //! # Processes
 //!
 //! - the daemon: `pluglet run --root <tempdir>` (the release binary cargo builds for this
-//!   bench), `RUST_LOG=warn`, its log in `<root>/pluglet.log`;
+//!   bench), `RUST_LOG=warn`, its log in `<root>/pluglet.log`; its CDI specs in a fresh
+//!   directory on the tmpfs `/dev/shm` (`--cdi-spec-dir`), as `/var/run/cdi` is a tmpfs on a
+//!   systemd node (`PLUGLET_BENCH_CDI_DIR=root` leaves them under the root, on its disk); the
+//!   daemon of the timed rows also serves `/metrics` on a loopback port, from which the
+//!   allocation and release rows read how long each step inside the daemon took
+//!   (`pluglet_device_stage_duration_seconds`, read after each allocation and its release,
+//!   outside the timed calls; printed as p50 per step under the table);
 //! - the peer: this same bench executable started again with `PLUGLET_OUTSIDE_PEER=<kubelet.sock
 //!   path>` (so nothing else has to be built). It is a separate process with its own tokio
 //!   runtime serving tonic gRPC on unix sockets: device plugins (`v1beta1.DevicePlugin`,
@@ -759,9 +765,68 @@ mod bench {
         }
     }
 
+    /// Where the daemon writes its CDI specs: a fresh directory on the tmpfs `/dev/shm`, as
+    /// `/var/run/cdi` is on a systemd node, unless `PLUGLET_BENCH_CDI_DIR=root` (then the
+    /// daemon's default under `--root`, on the disk of the temporary directory). `None`: the
+    /// default.
+    fn cdi_dir() -> Option<tempfile::TempDir> {
+        if std::env::var("PLUGLET_BENCH_CDI_DIR").is_ok_and(|v| v == "root") {
+            return None;
+        }
+        Some(
+            tempfile::Builder::new()
+                .prefix("pluglet-outside-cdi")
+                .tempdir_in("/dev/shm")
+                .expect("a directory in /dev/shm (set PLUGLET_BENCH_CDI_DIR=root to do without)"),
+        )
+    }
+
+    /// Every step of the daemon's allocations and releases so far (`/metrics`,
+    /// `pluglet_device_stage_duration_seconds`): (operation, stage) → seconds in total.
+    type StageSums = std::collections::BTreeMap<(String, String), f64>;
+
+    /// Reads [`StageSums`] from the daemon's `/metrics` at `addr` (one HTTP/1.1 GET).
+    fn stage_sums(addr: &str) -> StageSums {
+        use std::io::Read as _;
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect to /metrics");
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send the GET");
+        let mut text = String::new();
+        stream.read_to_string(&mut text).expect("read /metrics");
+        let mut sums = StageSums::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("pluglet_device_stage_duration_seconds_sum{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
+            let label = |name: &str| {
+                labels.split(',').find_map(|kv| {
+                    kv.strip_prefix(name)
+                        .and_then(|v| v.strip_prefix("=\""))
+                        .and_then(|v| v.strip_suffix('"'))
+                        .map(str::to_owned)
+                })
+            };
+            if let (Some(operation), Some(stage), Ok(value)) =
+                (label("operation"), label("stage"), value.trim().parse())
+            {
+                sums.insert((operation, stage), value);
+            }
+        }
+        sums
+    }
+
     /// Everything one running daemon is observed and driven through.
     struct Node {
         daemon: Daemon,
+        /// The `--metrics-addr` of a daemon started by [`Node::start_timed`].
+        metrics_addr: Option<String>,
+        _cdi_dir: Option<tempfile::TempDir>,
         rt: tokio::runtime::Runtime,
         admin: AdminClient<Channel>,
         events: Events,
@@ -775,6 +840,30 @@ mod bench {
         /// Starts `pluglet run --root <root>` and returns once the admin API answered (the
         /// creation of `pluglet.sock` is awaited through inotify, then `ListAllocations`).
         fn start(root: &Path) -> Node {
+            Node::start_with(root, None)
+        }
+
+        /// [`Node::start`], with `/metrics` served on a free loopback port so that the
+        /// allocation rows can read where each allocation's time went.
+        fn start_timed(root: &Path) -> Node {
+            let addr = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free loopback port")
+                .to_string();
+            Node::start_with(root, Some(addr))
+        }
+
+        fn start_with(root: &Path, metrics_addr: Option<String>) -> Node {
+            let cdi_dir = cdi_dir();
+            let mut extra: Vec<std::ffi::OsString> = Vec::new();
+            if let Some(dir) = &cdi_dir {
+                extra.push("--cdi-spec-dir".into());
+                extra.push(dir.path().into());
+            }
+            if let Some(addr) = &metrics_addr {
+                extra.push("--metrics-addr".into());
+                extra.push(addr.into());
+            }
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -787,6 +876,7 @@ mod bench {
                 child: Command::new(PLUGLET)
                     .args(["run", "--root"])
                     .arg(root)
+                    .args(extra)
                     .args(daemon_args())
                     .env("RUST_LOG", "warn")
                     .stdin(Stdio::null())
@@ -811,6 +901,8 @@ mod bench {
             events.drain();
             Node {
                 daemon,
+                metrics_addr,
+                _cdi_dir: cdi_dir,
                 rt,
                 admin,
                 events,
@@ -972,6 +1064,8 @@ mod bench {
         samples: Vec<Duration>,
         floor: Vec<Duration>,
         kubelet: Option<(f64, f64)>,
+        /// Per step inside the daemon (stage label → seconds, one per operation).
+        stages: std::collections::BTreeMap<String, Vec<f64>>,
     }
 
     impl Row {
@@ -981,6 +1075,7 @@ mod bench {
                 samples: Vec::new(),
                 floor: Vec::new(),
                 kubelet,
+                stages: Default::default(),
             }
         }
     }
@@ -1043,12 +1138,93 @@ mod bench {
         }
     }
 
+    /// The steps of the daemon's allocations and releases, in their order (the `stage` values
+    /// of `pluglet_device_stage_duration_seconds`).
+    const STAGES: [&str; 9] = [
+        "queue",
+        "candidates",
+        "preferred",
+        "policy",
+        "reserve",
+        "plugin",
+        "cdi",
+        "commit",
+        "cdi_remove",
+    ];
+
+    /// Where the rows' time went inside the daemon: p50 of each step, µs.
+    fn print_stages(rows: &mut [Row]) {
+        let shown: Vec<&str> = STAGES
+            .into_iter()
+            .filter(|stage| rows.iter().any(|r| r.stages.contains_key(*stage)))
+            .collect();
+        if shown.is_empty() {
+            return;
+        }
+        println!(
+            "\ninside the daemon, p50 per step in µs (/metrics pluglet_device_stage_duration_seconds; the p50s do not add up to the row's p50)"
+        );
+        let mut header = format!("{:<42}", "row");
+        for stage in &shown {
+            header += &format!(" {stage:>10}");
+        }
+        println!("{header}");
+        for row in rows.iter_mut() {
+            if row.stages.is_empty() {
+                continue;
+            }
+            let mut line = format!("{:<42}", row.name);
+            for stage in &shown {
+                match row.stages.get_mut(*stage) {
+                    Some(samples) if !samples.is_empty() => {
+                        samples.sort_by(f64::total_cmp);
+                        let p50 = samples[(samples.len() - 1) / 2] * 1e6;
+                        line += &format!(" {p50:>10.0}");
+                    }
+                    _ => line += &format!(" {:>10}", "—"),
+                }
+            }
+            println!("{line}");
+        }
+    }
+
+    /// Adds what each step took since `before` to `allocate` (operation `allocate`) and
+    /// `release` (operation `release`); returns the sums now.
+    fn take_stages(
+        addr: &str,
+        before: &StageSums,
+        allocate: &mut Row,
+        release: &mut Row,
+    ) -> StageSums {
+        let now = stage_sums(addr);
+        for ((operation, stage), total) in &now {
+            let spent = total
+                - before
+                    .get(&(operation.clone(), stage.clone()))
+                    .unwrap_or(&0.0);
+            let row = match operation.as_str() {
+                "allocate" => &mut *allocate,
+                "release" => &mut *release,
+                _ => continue,
+            };
+            if spent > 0.0 {
+                row.stages.entry(stage.clone()).or_default().push(spent);
+            }
+        }
+        now
+    }
+
     pub fn run() {
         let iters = env_count("PLUGLET_BENCH_ITERS", 200);
         let first_runs = env_count("PLUGLET_BENCH_FIRST_RUNS", 10);
         println!(
-            "pluglet measured from outside: {iters} iterations per row, {first_runs} first-registration daemons, {} peer",
-            if python().is_some() { "Python" } else { "Rust" }
+            "pluglet measured from outside: {iters} iterations per row, {first_runs} first-registration daemons, {} peer, CDI specs {}",
+            if python().is_some() { "Python" } else { "Rust" },
+            if std::env::var("PLUGLET_BENCH_CDI_DIR").is_ok_and(|v| v == "root") {
+                "under --root (PLUGLET_BENCH_CDI_DIR=root)"
+            } else {
+                "in /dev/shm (a tmpfs, as /var/run/cdi on a systemd node)"
+            }
         );
         let mut memory_lines: Vec<String> = Vec::new();
         let mut note = |line: String| {
@@ -1130,7 +1306,7 @@ mod bench {
 
         // The timed rows, on a fresh root with the warm compile cache copied in.
         let root = fresh_root(Some(&handler_cache));
-        let mut node = Node::start(root.path());
+        let mut node = Node::start_timed(root.path());
         let mut peer = Peer::start(&node.dp_dir.join("kubelet.sock"));
         let mut rows = timed_rows(&mut node, &mut peer, iters);
         drop(peer);
@@ -1188,6 +1364,7 @@ mod bench {
             println!("  {line}");
         }
         print_rows(&mut rows);
+        print_stages(&mut rows);
     }
 
     /// Every row timed on one daemon.
@@ -1269,6 +1446,8 @@ mod bench {
         let ids_1: Vec<String> = vec!["k-0".into()];
         let ids_1024: Vec<String> = (0..1024).map(|k| format!("k-{k}")).collect();
         let mut pod = 0usize;
+        let metrics_addr = node.metrics_addr.clone();
+        let mut sums = metrics_addr.as_deref().map(stage_sums);
         for _ in 0..iters {
             for (row, resource, count) in [
                 (&mut a1_8, "bench.com/a8", 1u32),
@@ -1317,6 +1496,9 @@ mod bench {
                 part_state_sync.samples.push(sync_part);
                 row.floor.push(admin_part + peer_part + sync_part);
                 release.floor.push(admin_part + state_sync.sample());
+                if let (Some(addr), Some(before)) = (metrics_addr.as_deref(), sums.as_ref()) {
+                    sums = Some(take_stages(addr, before, row, &mut release));
+                }
             }
         }
 

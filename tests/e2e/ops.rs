@@ -229,6 +229,24 @@ fn metrics_count_registrations_allocations_and_handler_calls() {
         ),
         1.0
     );
+    // One allocation, timed step by step (no GetPreferredAllocation: the plugin offers none).
+    let stage = |operation: &str, stage: &str| {
+        format!(
+            "pluglet_device_stage_duration_seconds_count{{operation=\"{operation}\",stage=\"{stage}\"}}"
+        )
+    };
+    for step in [
+        "queue",
+        "candidates",
+        "policy",
+        "reserve",
+        "plugin",
+        "cdi",
+        "commit",
+    ] {
+        assert_eq!(value(&s, &stage("allocate", step)), 1.0, "{step}");
+    }
+    assert!(!s.contains_key(&stage("allocate", "preferred")));
     assert!(value(&s, "pluglet_journal_writes_total{outcome=\"ok\"}") >= 1.0);
     assert!(value(&s, "pluglet_checkpoint_writes_total{outcome=\"ok\"}") >= 1.0);
     // The default policy chose once; the CSI type's hooks ran validate and register.
@@ -266,6 +284,9 @@ fn metrics_count_registrations_allocations_and_handler_calls() {
         value(&s, &format!("pluglet_device_releases_total{{{gpu}}}")),
         1.0
     );
+    for step in ["commit", "cdi_remove"] {
+        assert_eq!(value(&s, &stage("release", step)), 1.0, "{step}");
+    }
     assert_eq!(
         value(&s, &format!("pluglet_resource_allocated_devices{{{gpu}}}")),
         0.0

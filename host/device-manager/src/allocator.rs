@@ -38,7 +38,7 @@ use tracing::Instrument as _;
 use crate::cdi::{CdiError, Handoff, PendingSpec};
 use crate::devices::{Health, IdHasher};
 use crate::error::{AllocateError, ReleaseError};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Stage, StageClock};
 use crate::persistence::Persistence;
 use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices, group_by_numa};
 use crate::registry::Registry;
@@ -251,7 +251,9 @@ impl Allocator {
                 .unwrap_or_else(|e| e.into_inner());
             locks.entry(resource.clone()).or_default().clone()
         };
+        let mut clock = StageClock::start(&self.inner.metrics, "allocate");
         let decision = decision.lock_owned().await;
+        clock.done(Stage::Queue);
 
         let (available, preferred_available, mut client) = match self.plan(&key, count)? {
             Plan::Reuse(allocation) => return Ok(allocation),
@@ -261,6 +263,7 @@ impl Allocator {
                 client,
             } => (available, preferred_available, client),
         };
+        clock.done(Stage::Candidates);
 
         let preferred = if preferred_available {
             let request = v1beta1::PreferredAllocationRequest {
@@ -280,14 +283,14 @@ impl Allocator {
                 status,
             })?;
             // Only the first container response counts, as in the kubelet.
-            Some(
-                answer
-                    .container_responses
-                    .into_iter()
-                    .next()
-                    .map(|r| r.device_i_ds)
-                    .unwrap_or_default(),
-            )
+            let preferred = answer
+                .container_responses
+                .into_iter()
+                .next()
+                .map(|r| r.device_i_ds)
+                .unwrap_or_default();
+            clock.done(Stage::Preferred);
+            Some(preferred)
         } else {
             None
         };
@@ -328,11 +331,13 @@ impl Allocator {
                 problem,
             }
         })?;
+        clock.done(Stage::Policy);
         tracing::debug!(%resource, %module, ?chosen, elapsed = ?call.elapsed, "allocation policy chose");
 
         let token = self.inner.next_token.fetch_add(1, Ordering::SeqCst);
         let (client, pre_start) = self.reserve(&key, &chosen, token)?;
         drop(decision);
+        clock.done(Stage::Reserve);
 
         let free_spent = async move {
             // Once the request is on its way (the connection's task runs first), not before.
@@ -343,14 +348,19 @@ impl Allocator {
             call_plugin(client, pre_start, &key, &chosen, &self.inner.metrics),
             free_spent
         );
+        clock.done(Stage::Plugin);
         let handed_off = answered.and_then(|response| {
             let (names, spec) = self.hand_off(&key, &response)?;
             Ok((response, names, spec))
         });
         match handed_off {
             Ok((response, cdi_names, spec)) => {
-                self.commit(key, token, chosen, response, cdi_names, spec)
-                    .await
+                clock.done(Stage::Cdi);
+                let committed = self
+                    .commit(key, token, chosen, response, cdi_names, spec)
+                    .await;
+                clock.done(Stage::Commit);
+                committed
             }
             Err(err) => {
                 self.lock().cancel(&key, token);
@@ -443,6 +453,7 @@ impl Allocator {
         mut gone: impl FnMut(&HolderKey) -> bool,
         why: &str,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
+        let mut clock = StageClock::start(&self.inner.metrics, "release");
         let released = self
             .inner
             .persistence
@@ -482,11 +493,15 @@ impl Allocator {
         if released.is_empty() {
             return Ok(released);
         }
+        clock.done(Stage::Commit);
         self.unhand(
             released.iter().map(|a| {
                 HolderKey::new(a.pod_uid.clone(), a.container.clone(), a.resource.clone())
             }),
         );
+        if self.inner.cdi.is_some() {
+            clock.done(Stage::CdiRemove);
+        }
         tracing::info!(
             entries = released.len(),
             pods = ?released.iter().map(|a| a.pod_uid.as_str()).collect::<BTreeSet<_>>(),

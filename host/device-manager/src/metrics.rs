@@ -8,7 +8,7 @@
 //! name is counted under `resource_name="invalid"`, so a misbehaving client cannot create series
 //! at will. Capacity and allocatable per resource are read at scrape time by the daemon.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -37,6 +37,57 @@ pub struct ResourceOutcome {
     pub outcome: &'static str,
 }
 
+/// `operation` and `stage` labels: one step of an allocation or a release.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabel {
+    /// `allocate` or `release`.
+    pub operation: &'static str,
+    /// The step (see [`Stage`]).
+    pub stage: &'static str,
+}
+
+/// The steps an allocation or a release is timed in, in their order; each value is a
+/// `stage` label value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Waiting for the resource's decision lock (other allocations of it before this one).
+    Queue,
+    /// The candidates: the registry's healthy devices minus those held.
+    Candidates,
+    /// The plugin's GetPreferredAllocation (only for plugins that offer it).
+    Preferred,
+    /// The allocation policy's WASM call and the check of its answer.
+    Policy,
+    /// Holding the chosen devices in the records.
+    Reserve,
+    /// The plugin's Allocate, and PreStartContainer when it asks for it.
+    Plugin,
+    /// Checking and rendering the CDI spec.
+    Cdi,
+    /// The journal record with `fdatasync` (for an allocation, with the CDI spec written
+    /// beside it).
+    Commit,
+    /// Removing the CDI specs of released allocations.
+    CdiRemove,
+}
+
+impl Stage {
+    /// The `stage` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::Queue => "queue",
+            Stage::Candidates => "candidates",
+            Stage::Preferred => "preferred",
+            Stage::Policy => "policy",
+            Stage::Reserve => "reserve",
+            Stage::Plugin => "plugin",
+            Stage::Cdi => "cdi",
+            Stage::Commit => "commit",
+            Stage::CdiRemove => "cdi_remove",
+        }
+    }
+}
+
 /// `outcome` label of a write.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteOutcome {
@@ -57,10 +108,17 @@ pub struct Metrics {
     journal_duration: Histogram,
     checkpoint_writes: Family<WriteOutcome, Counter>,
     checkpoint_duration: Histogram,
+    stage_duration: Histograms<StageLabel>,
 }
 
 fn default_histogram() -> Histogram {
     Histogram::new(DEFAULT_BUCKETS)
+}
+
+/// 10 µs to ~1.3 s: a step of an allocation takes from a few µs (reserving one device) to
+/// milliseconds (a plugin's Allocate of many devices).
+fn stage_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.00001, 2.0, 18))
 }
 
 /// 100 µs to ~3.3 s: a journal record or checkpoint write is a fraction of a millisecond to a
@@ -80,6 +138,7 @@ impl Default for Metrics {
             journal_duration: disk_histogram(),
             checkpoint_writes: Family::default(),
             checkpoint_duration: disk_histogram(),
+            stage_duration: Family::new_with_constructor(stage_histogram),
         }
     }
 }
@@ -127,6 +186,11 @@ impl Metrics {
             "Time to write the checkpoint and the side file (temporary file, fsync, rename)",
             self.checkpoint_duration.clone(),
         );
+        registry.register(
+            "pluglet_device_stage_duration_seconds",
+            "Time spent in each step of an allocation or a release, by operation and stage",
+            self.stage_duration.clone(),
+        );
     }
 
     pub(crate) fn registration(&self, resource_name: &str) {
@@ -170,9 +234,47 @@ impl Metrics {
         self.journal_duration.observe(elapsed.as_secs_f64());
     }
 
+    pub(crate) fn stage(&self, operation: &'static str, stage: Stage, elapsed: Duration) {
+        self.stage_duration
+            .get_or_create(&StageLabel {
+                operation,
+                stage: stage.label(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
     pub(crate) fn checkpoint_write(&self, ok: bool, elapsed: Duration) {
         self.checkpoint_writes.get_or_create(&outcome(ok)).inc();
         self.checkpoint_duration.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Times the steps of one allocation or release, each from the end of the one before.
+pub(crate) struct StageClock<'a> {
+    metrics: &'a Metrics,
+    operation: &'static str,
+    last: Instant,
+}
+
+impl<'a> StageClock<'a> {
+    /// Starts timing an `operation` (`allocate` or `release`) now.
+    pub(crate) fn start(metrics: &'a Metrics, operation: &'static str) -> StageClock<'a> {
+        StageClock {
+            metrics,
+            operation,
+            last: Instant::now(),
+        }
+    }
+
+    /// Records the time since the previous step (or the start) as `stage`.
+    pub(crate) fn done(&mut self, stage: Stage) {
+        let now = Instant::now();
+        self.metrics.stage(
+            self.operation,
+            stage,
+            now.saturating_duration_since(self.last),
+        );
+        self.last = now;
     }
 }
 
