@@ -8,6 +8,10 @@
 //! across an `.await` nor together with the registry's lock: it reads the resource's devices
 //! from the [`Registry`] first (a shared copy), then decides under its own lock.
 //!
+//! Each step of an allocation and a release is timed into
+//! `pluglet_device_stage_duration_seconds` ([`crate::metrics::Stage`]), so where an
+//! allocation's time goes can be read from `/metrics` on any node.
+//!
 //! Promises:
 //! - a container that already holds devices of a resource gets the same ones again with no
 //!   RPC; a different count is a "changed request" error, as in the kubelet;
