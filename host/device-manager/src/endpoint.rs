@@ -97,12 +97,20 @@ impl Endpoint {
     }
 }
 
+/// The largest ListAndWatch message read (4 MiB, the gRPC default receive limit the kubelet's
+/// device plugin client keeps too). It bounds what one plugin's device list costs in memory
+/// (see docs/kubelet-compatibility.md, "Endpoints, health and the grace period"): a larger
+/// message is refused from its length prefix, before any of it is buffered, and disconnects
+/// the plugin.
+pub(crate) const MAX_DEVICE_LIST_BYTES: usize = 4 << 20;
+
 /// Opens ListAndWatch with the codec that reads each update straight into devices
 /// ([`crate::device_list`]); the generated client would decode into the wire types first.
 async fn list_and_watch(
     channel: Channel,
 ) -> Result<tonic::Response<tonic::Streaming<DeviceUpdate>>, tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(channel);
+    let mut grpc =
+        tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_DEVICE_LIST_BYTES);
     grpc.ready()
         .await
         .map_err(|e| tonic::Status::unavailable(format!("the plugin's connection failed: {e}")))?;
@@ -147,6 +155,13 @@ pub(crate) async fn run(
                     .to_owned()
             }
             Ok(None) => "ListAndWatch stream ended".to_owned(),
+            Err(status) if status.code() == tonic::Code::OutOfRange => format!(
+                "ListAndWatch stream failed: {}; one device list may take at most {} MiB on the \
+                 wire (the kubelet's limit too): spread the devices over more resources or \
+                 shorten their ids",
+                RpcError(status),
+                MAX_DEVICE_LIST_BYTES >> 20
+            ),
             Err(status) => format!("ListAndWatch stream failed: {}", RpcError(status)),
         };
         registry.disconnect(&resource, generation, &reason);

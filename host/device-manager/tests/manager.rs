@@ -467,6 +467,38 @@ async fn an_old_stream_ending_does_not_disconnect_the_new_registration() {
 }
 
 #[tokio::test]
+async fn a_device_list_over_the_message_limit_disconnects_the_plugin_saying_why() {
+    let node = Node::start().await;
+    let plugin = node.plugin("gpu.sock", 4, options(false, false));
+    plugin.register(&node.kubelet_socket(), GPU).await.unwrap();
+    node.wait_allocatable(GPU, 4).await;
+    // 60,000 devices with 64-byte ids: about 4.7 MiB on the wire, over the 4 MiB limit.
+    let oversized = (0..60_000)
+        .map(|i| v1beta1::Device {
+            id: format!("{i:064}"),
+            health: pluglet_proto::constants::HEALTHY.into(),
+            topology: None,
+        })
+        .collect();
+    plugin.set_devices(oversized);
+    node.wait("gpu disconnected", |n| {
+        n.resource(GPU).is_some_and(|r| !r.connected)
+    })
+    .await;
+    let r = node.resource(GPU).unwrap();
+    assert_eq!(
+        (r.capacity, r.allocatable),
+        (4, 0),
+        "the devices known before, unhealthy; nothing of the oversized list"
+    );
+    let why = r.last_error.unwrap();
+    assert!(
+        why.contains("4 MiB") && why.contains("more resources"),
+        "the reason names the limit and what to do: {why}"
+    );
+}
+
+#[tokio::test]
 async fn stream_end_and_socket_removal_turn_devices_unhealthy_then_the_resource_goes() {
     let node = Node::start_with(|c| c.grace_period = Duration::from_millis(300)).await;
     let plugin = node.plugin("gpu.sock", 2, options(false, false));
