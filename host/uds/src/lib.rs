@@ -18,6 +18,7 @@
 //! Socket paths here are filesystem paths; no abstract sockets.
 
 pub mod authority;
+mod channel;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod hpack;
@@ -25,15 +26,13 @@ mod hpack;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::{Stream, StreamExt, wrappers::UnixListenerStream};
 
 pub use authority::{AuthorityRewrite, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
+pub use channel::{Channel, ResponseBody};
 
 /// Longest socket path the kernel accepts (`sizeof(sun_path)` is 108 on Linux, including the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -68,9 +67,9 @@ pub enum UdsError {
     Channel {
         /// The socket dialed.
         path: PathBuf,
-        /// What hyper reported.
+        /// What the HTTP/2 layer reported.
         #[source]
-        source: hyper::Error,
+        source: h2::Error,
     },
     /// The socket path does not fit in `sockaddr_un`.
     #[error(
@@ -150,10 +149,11 @@ pub async fn connect(path: &Path, timeout: Duration) -> Result<Channel, UdsError
     let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
     // Large flow-control windows: a 10,000-device ListAndWatch update (~300 KB) then arrives
     // in one go instead of stalling on HTTP/2's default 64 KiB window.
-    let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .initial_stream_window_size(WINDOW)
+    let handshake = h2::client::Builder::new()
+        .initial_window_size(WINDOW)
         .initial_connection_window_size(WINDOW)
-        .handshake(TokioIo::new(stream));
+        .enable_push(false)
+        .handshake::<_, bytes::Bytes>(stream);
     let (sender, connection) =
         match tokio::time::timeout(remaining.max(Duration::from_millis(1)), handshake).await {
             Ok(Ok(parts)) => parts,
@@ -180,40 +180,7 @@ pub async fn connect(path: &Path, timeout: Duration) -> Result<Channel, UdsError
             tracing::debug!(socket = %socket.display(), %error, "gRPC connection ended");
         }
     });
-    Ok(Channel { sender })
-}
-
-/// A gRPC client connection on one unix socket, made by [`connect`]; give it to any
-/// tonic-generated client (`FooClient::new(channel)`). Cheap to clone: clones share the
-/// connection.
-///
-/// Requests go straight to the HTTP/2 connection. (tonic's own `Channel` queues every request
-/// through a buffer task first: one thread hop more per RPC, a sixth of an Allocate's time on a
-/// two-core node.)
-#[derive(Clone, Debug)]
-pub struct Channel {
-    sender: hyper::client::conn::http2::SendRequest<tonic::body::Body>,
-}
-
-impl tower::Service<http::Request<tonic::body::Body>> for Channel {
-    type Response = http::Response<hyper::body::Incoming>;
-    type Error = hyper::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, hyper::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
-        self.sender.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
-        // tonic sends the bare path; HTTP/2 wants :scheme and :authority too.
-        let mut parts = std::mem::take(request.uri_mut()).into_parts();
-        parts.scheme = Some(http::uri::Scheme::HTTP);
-        parts.authority = Some(http::uri::Authority::from_static("localhost"));
-        if let Ok(uri) = http::Uri::from_parts(parts) {
-            *request.uri_mut() = uri;
-        }
-        Box::pin(self.sender.send_request(request))
-    }
+    Ok(Channel::new(sender))
 }
 
 /// Connects to `path`, retrying the errors of a socket that is not listening yet until `deadline`.

@@ -515,6 +515,87 @@ async fn tonic_clients_work_through_the_layer() {
     assert!(seen[0].has_peer_cred);
 }
 
+/// Reads one frame from a raw server-side connection.
+async fn read_raw_frame(stream: &mut UnixStream) -> Frame {
+    let mut header = [0u8; 9];
+    stream.read_exact(&mut header).await.unwrap();
+    let len = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+    let mut payload = vec![0; len];
+    stream.read_exact(&mut payload).await.unwrap();
+    Frame {
+        kind: header[3],
+        flags: header[4],
+        stream_id: u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff,
+        payload,
+    }
+}
+
+#[tokio::test]
+async fn a_unary_call_is_one_headers_frame_and_one_data_frame_that_ends_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raw.sock");
+    let listener = bind(&path, None).unwrap();
+    let client = tokio::spawn({
+        let path = path.clone();
+        async move {
+            let channel = connect(&path, DEADLINE).await.unwrap();
+            // The raw server never answers; the call ends when the test ends.
+            let _ = RegistrationClient::new(channel)
+                .register(register_request("raw.com/a"))
+                .await;
+        }
+    });
+    let (mut server, _) = tokio::time::timeout(DEADLINE, listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut preface = [0u8; 24];
+    server.read_exact(&mut preface).await.unwrap();
+    assert_eq!(&preface[..], PREFACE);
+    server.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    let mut on_stream = Vec::new();
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            let f = read_raw_frame(&mut server).await;
+            if f.kind == SETTINGS && f.flags & ACK == 0 {
+                server
+                    .write_all(&frame(SETTINGS, ACK, 0, &[]))
+                    .await
+                    .unwrap();
+            }
+            if f.stream_id == 1 {
+                let ends = f.flags & END_STREAM != 0;
+                on_stream.push(f);
+                if ends {
+                    return;
+                }
+            }
+        }
+    })
+    .await
+    .expect("the request's stream ends");
+    let kinds: Vec<(u8, u8)> = on_stream.iter().map(|f| (f.kind, f.flags)).collect();
+    assert_eq!(
+        kinds,
+        [(HEADERS, END_HEADERS), (DATA, END_STREAM)],
+        "HEADERS, then the whole message in one DATA frame ending the stream (no empty DATA after it)"
+    );
+    let fields = loona_hpack::Decoder::new()
+        .decode(&on_stream[0].payload)
+        .unwrap();
+    assert!(
+        fields
+            .iter()
+            .any(|(n, v)| n.as_slice() == b":authority" && v.as_slice() == b"localhost"),
+        "{fields:?}"
+    );
+    assert_eq!(
+        on_stream[1].payload,
+        grpc_message(&register_request("raw.com/a"))
+    );
+    client.abort();
+}
+
 #[tokio::test]
 async fn continuation_flood_closes_the_connection() {
     let server = serve(true);
