@@ -6,7 +6,8 @@
 //! Run: `cargo bench -p pluglet --bench outside`. `PLUGLET_BENCH_ITERS` (default 200) sets the
 //! iterations per timed row, `PLUGLET_BENCH_FIRST_RUNS` (default 10) the daemons started for
 //! the "first registration of 10,000 devices" row and the memory per 10,000 devices;
-//! `PLUGLET_BENCH_DAEMON_ARGS` adds options to every `pluglet run` (e.g. `--no-cdi`).
+//! `PLUGLET_BENCH_DAEMON_ARGS` adds options to every `pluglet run` (e.g. `--no-cdi`);
+//! `PLUGLET_BENCH_BIN` names another `pluglet` binary to measure (an A/B of two builds).
 //!
 //! # Processes
 //!
@@ -118,6 +119,12 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// How long any single awaited event may take before the bench gives up.
 const TIMEOUT: Duration = Duration::from_secs(60);
 const CHECKPOINT: &str = "kubelet_internal_checkpoint";
+/// The daemon measured: `PLUGLET_BENCH_BIN` if set (to compare two builds in alternating runs
+/// under the same VM state), else the `pluglet` this bench was built with.
+fn daemon_binary() -> String {
+    std::env::var("PLUGLET_BENCH_BIN").unwrap_or_else(|_| PLUGLET.to_owned())
+}
+
 /// Options `PLUGLET_BENCH_DAEMON_ARGS` adds to `pluglet run` (split at whitespace).
 fn daemon_args() -> Vec<String> {
     std::env::var("PLUGLET_BENCH_DAEMON_ARGS")
@@ -873,7 +880,7 @@ mod bench {
             let sock = root.join("pluglet.sock");
             let t0 = Instant::now();
             let daemon = Daemon {
-                child: Command::new(PLUGLET)
+                child: Command::new(daemon_binary())
                     .args(["run", "--root"])
                     .arg(root)
                     .args(extra)
