@@ -597,6 +597,22 @@ async fn a_unary_call_is_one_headers_frame_and_one_data_frame_that_ends_the_stre
 }
 
 #[tokio::test]
+async fn a_request_larger_than_the_servers_window_is_sent_whole() {
+    // The server keeps HTTP/2's default 64 KiB windows; the body is sent as they open.
+    let server = serve(false);
+    let channel = connect(&server.path, DEADLINE).await.unwrap();
+    let mut big = register_request("big.com/a");
+    big.endpoint = "e".repeat(300_000);
+    let mut client = RegistrationClient::new(channel);
+    for _ in 0..2 {
+        client.register(big.clone()).await.unwrap();
+    }
+    let seen = server.recorder.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].request, big);
+}
+
+#[tokio::test]
 async fn continuation_flood_closes_the_connection() {
     let server = serve(true);
     let mut client = RawClient::open(&server.path).await;
