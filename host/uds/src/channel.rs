@@ -6,9 +6,10 @@
 //! call, whose whole body is ready at once, then costs two socket writes (the peer wakes up for
 //! each) and often a hop to another thread between them; a syscall trace of the daemon showed
 //! the DATA frame leaving 30–180 µs after the HEADERS. Here the body's frames that are ready
-//! are handed to `h2` before the connection task runs (`h2` buffers them until the stream has
-//! capacity), so the connection task writes HEADERS and DATA in one write. Nothing else of
-//! hyper's client is needed: no pooling, no redialing, no HTTP/1.
+//! are handed to `h2` right after the HEADERS (`h2` buffers them until the stream has
+//! capacity), so the connection task writes HEADERS and DATA in one write, unless it runs on
+//! another thread at that very moment. Nothing else of hyper's client is needed: no pooling, no
+//! redialing, no HTTP/1.
 
 use std::future::Future;
 use std::pin::Pin;
