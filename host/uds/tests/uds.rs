@@ -196,19 +196,7 @@ impl RawClient {
     }
 
     async fn read_frame(&mut self) -> Option<Frame> {
-        let mut header = [0u8; 9];
-        self.stream.read_exact(&mut header).await.ok()?;
-        let len =
-            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
-        let mut payload = vec![0; len];
-        self.stream.read_exact(&mut payload).await.ok()?;
-        Some(Frame {
-            kind: header[3],
-            flags: header[4],
-            stream_id: u32::from_be_bytes([header[5], header[6], header[7], header[8]])
-                & 0x7fff_ffff,
-            payload,
-        })
+        read_frame_from(&mut self.stream).await
     }
 
     /// Reads until `stream_id` ends (END_STREAM, RST_STREAM), the server sends GOAWAY or closes.
@@ -274,6 +262,21 @@ impl RawClient {
             }
         }
     }
+}
+
+/// Reads one HTTP/2 frame; `None` once the connection ends.
+async fn read_frame_from(stream: &mut UnixStream) -> Option<Frame> {
+    let mut header = [0u8; 9];
+    stream.read_exact(&mut header).await.ok()?;
+    let len = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+    let mut payload = vec![0; len];
+    stream.read_exact(&mut payload).await.ok()?;
+    Some(Frame {
+        kind: header[3],
+        flags: header[4],
+        stream_id: u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff,
+        payload,
+    })
 }
 
 fn frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
@@ -515,21 +518,6 @@ async fn tonic_clients_work_through_the_layer() {
     assert!(seen[0].has_peer_cred);
 }
 
-/// Reads one frame from a raw server-side connection.
-async fn read_raw_frame(stream: &mut UnixStream) -> Frame {
-    let mut header = [0u8; 9];
-    stream.read_exact(&mut header).await.unwrap();
-    let len = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
-    let mut payload = vec![0; len];
-    stream.read_exact(&mut payload).await.unwrap();
-    Frame {
-        kind: header[3],
-        flags: header[4],
-        stream_id: u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff,
-        payload,
-    }
-}
-
 #[tokio::test]
 async fn a_unary_call_is_one_headers_frame_and_one_data_frame_that_ends_the_stream() {
     let dir = tempfile::tempdir().unwrap();
@@ -556,7 +544,9 @@ async fn a_unary_call_is_one_headers_frame_and_one_data_frame_that_ends_the_stre
     let mut on_stream = Vec::new();
     tokio::time::timeout(DEADLINE, async {
         loop {
-            let f = read_raw_frame(&mut server).await;
+            let f = read_frame_from(&mut server)
+                .await
+                .expect("the client keeps the connection open");
             if f.kind == SETTINGS && f.flags & ACK == 0 {
                 server
                     .write_all(&frame(SETTINGS, ACK, 0, &[]))
