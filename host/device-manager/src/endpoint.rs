@@ -104,6 +104,13 @@ impl Endpoint {
 /// the plugin.
 pub(crate) const MAX_DEVICE_LIST_BYTES: usize = 4 << 20;
 
+/// Whether the stream failed on a message over [`MAX_DEVICE_LIST_BYTES`]: tonic's own refusal
+/// (`OutOfRange`, "message length too large"), not an `OutOfRange` the plugin sent.
+fn over_the_limit(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::OutOfRange
+        && status.message().contains("message length too large")
+}
+
 /// Opens ListAndWatch with the codec that reads each update straight into devices
 /// ([`crate::device_list`]); the generated client would decode into the wire types first.
 async fn list_and_watch(
@@ -155,7 +162,7 @@ pub(crate) async fn run(
                     .to_owned()
             }
             Ok(None) => "ListAndWatch stream ended".to_owned(),
-            Err(status) if status.code() == tonic::Code::OutOfRange => format!(
+            Err(status) if over_the_limit(&status) => format!(
                 "ListAndWatch stream failed: {}; one device list may take at most {} MiB on the \
                  wire (the kubelet's limit too): spread the devices over more resources or \
                  shorten their ids",
