@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,11 @@ pub const WASM_STACK_BYTES: usize = 512 << 10;
 const CORE_INSTANCES_PER_COMPONENT: u32 = 20;
 const MEMORIES_PER_COMPONENT: u32 = 2;
 const TABLES_PER_COMPONENT: u32 = 8;
+
+/// Instances made ahead of their call (see [`crate::spent`]) that a runtime keeps at most, over
+/// every handler; the pool has this many slots beyond [`RuntimeConfig::pool_size`] for them, so
+/// they never take a slot from a call.
+pub const MAX_SPARES: u32 = 4;
 
 /// Bytes of each linear memory (and table) slot reset with `memset` instead of `madvise` when a
 /// call's instance is freed, so its pages stay resident across calls: no page faults on the next
@@ -291,6 +297,8 @@ pub(crate) struct RuntimeInner {
     /// Admits long calls ([`RuntimeConfig::long_calls`]).
     pub(crate) long_calls: Arc<CallGate>,
     pub(crate) config: RuntimeConfig,
+    /// Instances made ahead of their call, kept now (at most [`MAX_SPARES`]).
+    pub(crate) spares: AtomicU32,
     cache: Option<ActiveCache>,
     compiler: Compiler,
 }
@@ -371,10 +379,17 @@ impl Runtime {
                 gate,
                 long_calls: Arc::new(CallGate::new()),
                 config,
+                spares: AtomicU32::new(0),
                 cache,
                 compiler,
             }),
         })
+    }
+
+    /// How many instances are kept made ahead of their calls now (at most [`MAX_SPARES`]; see
+    /// [`crate::Spent`]).
+    pub fn spares(&self) -> u32 {
+        self.inner.spares.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The configuration this runtime was created with.
@@ -555,10 +570,11 @@ pub(crate) fn engine_config(config: &RuntimeConfig) -> Result<Config, LoadError>
         });
     }
     let mut pool = PoolingAllocationConfig::default();
-    pool.total_component_instances(config.pool_size)
-        .total_core_instances(config.pool_size * CORE_INSTANCES_PER_COMPONENT)
-        .total_memories(config.pool_size * MEMORIES_PER_COMPONENT)
-        .total_tables(config.pool_size * TABLES_PER_COMPONENT)
+    let slots = config.pool_size.saturating_add(MAX_SPARES);
+    pool.total_component_instances(slots)
+        .total_core_instances(slots * CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(slots * MEMORIES_PER_COMPONENT)
+        .total_tables(slots * TABLES_PER_COMPONENT)
         .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
         .max_memories_per_component(MEMORIES_PER_COMPONENT)
         .max_tables_per_component(TABLES_PER_COMPONENT)

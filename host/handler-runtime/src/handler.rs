@@ -2,7 +2,7 @@
 //! fresh `Store` and instance per call with that call's limits.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, ComponentExportIndex, Instance, InstancePre};
@@ -13,6 +13,7 @@ use crate::bindings::pluglet::handler::types as wit_types;
 use crate::call_state::CallState;
 use crate::engine::{LONG_CALL_CPU, Limits, RuntimeInner};
 use crate::error::{HandlerError, HandlerFault};
+use crate::spent::{Maker, Ready};
 use crate::types::{
     Accepted, AllocationRequest, Call, CallContext, Family, GuestLog, Hook, LogLevel,
     PackedRequest, PluginInfo, Refusal, RegisteredPlugin, RegistrationFacts,
@@ -132,6 +133,8 @@ pub struct Handler {
     indices: ExportIndices,
     settings: Arc<BTreeMap<String, String>>,
     limits: Limits,
+    /// An instance made ahead of the next call, if any (see [`crate::spent`]).
+    spare: Arc<Mutex<Option<Ready>>>,
 }
 
 impl std::fmt::Debug for Handler {
@@ -175,6 +178,7 @@ impl Handler {
             indices: parts.indices,
             settings: parts.settings,
             limits: parts.limits,
+            spare: Arc::default(),
         }
     }
 
@@ -202,6 +206,7 @@ impl Handler {
             indices: self.indices.clone(),
             settings: Arc::new(settings),
             limits,
+            spare: Arc::default(),
         }))
     }
 
@@ -380,8 +385,22 @@ impl Handler {
         )
     }
 
-    /// One call: wait for a pool slot, build a fresh store (WASI, limits, `fuel`, deadline),
-    /// instantiate, run `body`, turn any failure into a [`HandlerError`].
+    /// What makes this handler's stores and instances for calls on `node_name`.
+    fn maker(&self, node_name: &str) -> Maker {
+        Maker {
+            runtime: self.runtime.clone(),
+            pre: self.pre.clone(),
+            module: self.module_arc.clone(),
+            node_name: node_name.to_owned(),
+            settings: self.settings.clone(),
+            limits: self.limits,
+            spare: self.spare.clone(),
+        }
+    }
+
+    /// One call: wait for a pool slot, take the instance made ahead for it or build a fresh
+    /// store (WASI, limits) and instantiate, arm `fuel` and the deadline, run `body`, turn any
+    /// failure into a [`HandlerError`].
     fn call<R>(
         &self,
         cx: &CallContext,
@@ -412,25 +431,22 @@ impl Handler {
             .enter(self.runtime.config.pool_size, None)
             .ok();
         let started = Instant::now();
-        let state = CallState::new(
-            self.module_arc.clone(),
-            cx.node_name.clone(),
-            self.settings.clone(),
-            (self.limits.memory_mib as usize) << 20,
-        );
-        let mut store = Store::new(&self.runtime.engine, state);
-        store.limiter(|s| &mut s.limiter);
-        store.set_hostcall_fuel(answer::MAX_TRANSFER_BYTES);
+        let spare = crate::spent::take_spare(&self.spare, &cx.node_name);
+        let (mut store, instance) = match spare {
+            Some((store, instance)) => (store, Some(instance)),
+            None => (self.maker(&cx.node_name).store(), None),
+        };
         let fuel = fuel.unwrap_or(u64::MAX);
         store
             .set_fuel(fuel)
             .map_err(|e| fail(HandlerFault::Instantiate { source: e.into() }))?;
-        self.arm_deadline(&mut store);
+        arm_deadline(&self.runtime, &self.limits, &mut store);
 
-        let outcome = self
-            .pre
-            .instantiate(&mut store)
-            .and_then(|instance| body(&mut store, &instance, &index));
+        let outcome = match instance {
+            Some(instance) => Ok(instance),
+            None => self.pre.instantiate(&mut store),
+        }
+        .and_then(|instance| body(&mut store, &instance, &index));
         let elapsed = started.elapsed();
         let result = match outcome {
             Ok(value) => check(&value).map_err(fail).map(|()| {
@@ -456,62 +472,10 @@ impl Handler {
             }),
             Err(error) => Err(fail(self.classify(error, store.data(), fuel))),
         };
-        crate::spent::finish(store, permit.map(|p| p.owned(&self.runtime.gate)));
-        result
-    }
-
-    /// Epoch ticks covering `span`: rounded up, at least one.
-    fn ticks(tick: Duration, span: Duration) -> u64 {
-        let ticks = span.as_nanos().div_ceil(tick.as_nanos().max(1));
-        u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
-    }
-
-    /// Arms the deadline as a CPU-time budget of this thread. The epoch deadline fires after the
-    /// deadline in wall time; the callback then looks at the CPU time the calling thread actually
-    /// used, and only interrupts if the budget is spent (or the call has taken
-    /// [`Limits::wall_cap`] in wall time). A call that was merely descheduled on
-    /// a loaded machine gets the rest of its budget instead of failing spuriously.
-    ///
-    /// Once the call has used [`LONG_CALL_CPU`] it is long: it goes on only with a permit of the
-    /// runtime's long-call gate ([`crate::RuntimeConfig::long_calls`]), waiting for one (its
-    /// CPU time not counted, its wall time still capped) while other long calls hold them all.
-    fn arm_deadline(&self, store: &mut Store<CallState>) {
-        let tick = self.runtime.config.epoch_tick;
-        let budget = self.limits.deadline;
-        let wall_cap = self.limits.wall_cap();
-        let long_calls = self.runtime.long_calls.clone();
-        let long_limit = self.runtime.config.long_calls;
-        let started = Instant::now();
-        let cpu_start = thread_cpu_time();
-        store.data_mut().wall_end = started.checked_add(wall_cap);
-        store.set_epoch_deadline(Self::ticks(tick, budget.min(LONG_CALL_CPU)));
-        store.epoch_deadline_callback(move |mut cx| {
-            let used = || match (cpu_start, thread_cpu_time()) {
-                (Some(start), Some(now)) => now.saturating_sub(start),
-                _ => started.elapsed(),
-            };
-            let spent = used();
-            if spent >= budget || started.elapsed() >= wall_cap {
-                return Ok(UpdateDeadline::Interrupt);
-            }
-            if spent < LONG_CALL_CPU {
-                return Ok(UpdateDeadline::Continue(Self::ticks(
-                    tick,
-                    LONG_CALL_CPU - spent,
-                )));
-            }
-            if cx.data().long_permit.is_none() {
-                let left = wall_cap.saturating_sub(started.elapsed());
-                match long_calls.enter(long_limit, Some(left)) {
-                    Ok(permit) => cx.data_mut().long_permit = Some(permit.owned(&long_calls)),
-                    Err(_) => return Ok(UpdateDeadline::Interrupt),
-                }
-            }
-            Ok(UpdateDeadline::Continue(Self::ticks(
-                tick,
-                budget.saturating_sub(used()),
-            )))
+        crate::spent::finish(store, permit.map(|p| p.owned(&self.runtime.gate)), || {
+            self.maker(&cx.node_name)
         });
+        result
     }
 
     /// Names the cause of a failed call (`fuel`: the call's budget).
@@ -555,4 +519,55 @@ impl Handler {
             },
         }
     }
+}
+
+/// Arms the deadline as a CPU-time budget of this thread. The epoch deadline fires after the
+/// deadline in wall time; the callback then looks at the CPU time the calling thread actually
+/// used, and only interrupts if the budget is spent (or the call has taken
+/// [`Limits::wall_cap`] in wall time). A call that was merely descheduled on
+/// a loaded machine gets the rest of its budget instead of failing spuriously.
+///
+/// Once the call has used [`LONG_CALL_CPU`] it is long: it goes on only with a permit of the
+/// runtime's long-call gate ([`crate::RuntimeConfig::long_calls`]), waiting for one (its
+/// CPU time not counted, its wall time still capped) while other long calls hold them all.
+pub(crate) fn arm_deadline(runtime: &RuntimeInner, limits: &Limits, store: &mut Store<CallState>) {
+    let tick = runtime.config.epoch_tick;
+    let budget = limits.deadline;
+    let wall_cap = limits.wall_cap();
+    let long_calls = runtime.long_calls.clone();
+    let long_limit = runtime.config.long_calls;
+    let started = Instant::now();
+    let cpu_start = thread_cpu_time();
+    store.data_mut().wall_end = started.checked_add(wall_cap);
+    store.set_epoch_deadline(ticks(tick, budget.min(LONG_CALL_CPU)));
+    store.epoch_deadline_callback(move |mut cx| {
+        let used = || match (cpu_start, thread_cpu_time()) {
+            (Some(start), Some(now)) => now.saturating_sub(start),
+            _ => started.elapsed(),
+        };
+        let spent = used();
+        if spent >= budget || started.elapsed() >= wall_cap {
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        if spent < LONG_CALL_CPU {
+            return Ok(UpdateDeadline::Continue(ticks(tick, LONG_CALL_CPU - spent)));
+        }
+        if cx.data().long_permit.is_none() {
+            let left = wall_cap.saturating_sub(started.elapsed());
+            match long_calls.enter(long_limit, Some(left)) {
+                Ok(permit) => cx.data_mut().long_permit = Some(permit.owned(&long_calls)),
+                Err(_) => return Ok(UpdateDeadline::Interrupt),
+            }
+        }
+        Ok(UpdateDeadline::Continue(ticks(
+            tick,
+            budget.saturating_sub(used()),
+        )))
+    });
+}
+
+/// Epoch ticks covering `span`: rounded up, at least one.
+fn ticks(tick: Duration, span: Duration) -> u64 {
+    let ticks = span.as_nanos().div_ceil(tick.as_nanos().max(1));
+    u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
 }

@@ -21,7 +21,8 @@
 //! ([`Handler`]); call state per invocation (`call_state`), granting only that call's WASI
 //! context, limits, node name and settings. A call's instance is freed before the call returns,
 //! or, inside [`keeping_spent`], when the caller drops the [`Spent`] it gets (during a wait of
-//! its own, off its critical path).
+//! its own, off its critical path); that drop also makes the handler's next instance ahead, so
+//! its next call only runs the guest (at most [`MAX_SPARES`] such instances per runtime).
 //!
 //! ```no_run
 //! use std::collections::BTreeMap;
@@ -60,8 +61,9 @@ pub use bindings::CONTRACT_VERSION;
 pub use cache::{CACHE_DIR, CacheError, CacheStats, CompileCache, KEY_FILE};
 pub use compiler::Compiler;
 pub use engine::{
-    CallGate, FUEL_PER_DEVICE, GatePermit, LONG_CALL_CPU, Limits, MAX_MEMORY_MIB, MIN_WALL_CAP,
-    ModuleSource, Runtime, RuntimeConfig, WALL_CAP_FACTOR, WASM_STACK_BYTES, default_long_calls,
+    CallGate, FUEL_PER_DEVICE, GatePermit, LONG_CALL_CPU, Limits, MAX_MEMORY_MIB, MAX_SPARES,
+    MIN_WALL_CAP, ModuleSource, Runtime, RuntimeConfig, WALL_CAP_FACTOR, WASM_STACK_BYTES,
+    default_long_calls,
 };
 pub use error::{BoxError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;

@@ -1016,6 +1016,102 @@ mod spent_instances {
         }
     }
 
+    fn logged(
+        call: &pluglet_handler_runtime::Call<Result<Vec<String>, pluglet_handler_runtime::Refusal>>,
+    ) -> Vec<String> {
+        call.logs.iter().map(|l| l.message.clone()).collect()
+    }
+
+    #[test]
+    fn dropping_what_was_kept_makes_a_fresh_instance_that_the_next_call_runs_in() {
+        let rt = Runtime::new(RuntimeConfig {
+            pool_size: 1,
+            default_limits: Limits {
+                deadline: GENEROUS,
+                ..Limits::default()
+            },
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime");
+        let settings = BTreeMap::from([("allocate".to_string(), "count".to_string())]);
+        let handler = rt
+            .load(guest("misbehave"), settings, None)
+            .expect("misbehave loads");
+        let req = request(vec![dev("a", &[0]), dev("b", &[0])], &[], 1, None);
+        let fresh = vec!["call 1 of this instance".to_string()];
+
+        let (first, spent) =
+            pluglet_handler_runtime::keeping_spent(|| handler.allocate(&cx(), &req));
+        assert_eq!(logged(&first.unwrap()), fresh);
+        assert_eq!(
+            rt.spares(),
+            0,
+            "nothing is made ahead while the instance is kept"
+        );
+        drop(spent);
+        assert_eq!(
+            rt.spares(),
+            1,
+            "the next instance is made when the kept one is freed"
+        );
+
+        // The next call runs in the instance made ahead: a fresh one, never the one before.
+        let (second, spent) =
+            pluglet_handler_runtime::keeping_spent(|| handler.allocate(&cx(), &req));
+        assert_eq!(logged(&second.unwrap()), fresh);
+        assert_eq!(rt.spares(), 0, "the call took it");
+        drop(spent);
+        assert_eq!(rt.spares(), 1);
+
+        // A call for another node does not take the spare (it is dropped) and gets a fresh
+        // instance; the spare's pool slot was never one of the calls' slots.
+        let other = CallContext {
+            node_name: "node-8".into(),
+        };
+        let third = handler.allocate(&other, &req).unwrap();
+        assert_eq!(logged(&third), vec!["call 1 of this instance".to_string()]);
+        assert_eq!(
+            rt.spares(),
+            0,
+            "a spare made for another node is dropped, not kept"
+        );
+        // Calls outside a keeper neither make nor leave spares.
+        handler.allocate(&cx(), &req).unwrap();
+        assert_eq!(rt.spares(), 0);
+    }
+
+    #[test]
+    fn a_runtime_keeps_at_most_max_spares_made_ahead() {
+        let (rt, handler) = one_slot();
+        let req = request(vec![dev("a", &[0])], &[], 1, None);
+        let handlers: Vec<_> = (0..pluglet_handler_runtime::MAX_SPARES + 2)
+            .map(|i| {
+                handler
+                    .reconfigured(format!("copy-{i}"), BTreeMap::new(), None)
+                    .expect("reconfigured")
+            })
+            .collect();
+        for h in &handlers {
+            let (call, spent) = pluglet_handler_runtime::keeping_spent(|| h.allocate(&cx(), &req));
+            call.unwrap();
+            drop(spent);
+        }
+        assert_eq!(rt.spares(), pluglet_handler_runtime::MAX_SPARES);
+        // Every handler still answers, with or without a spare, in the one call slot.
+        for h in &handlers {
+            h.allocate(&cx(), &req).unwrap();
+        }
+        assert_eq!(rt.spares(), 0, "each spare was taken by its handler's call");
+        // A handler dropped with its spare gives its count back.
+        let (call, spent) =
+            pluglet_handler_runtime::keeping_spent(|| handlers[0].allocate(&cx(), &req));
+        call.unwrap();
+        drop(spent);
+        assert_eq!(rt.spares(), 1);
+        drop(handlers);
+        assert_eq!(rt.spares(), 0);
+    }
+
     #[test]
     fn a_panic_inside_keeping_spent_frees_what_was_kept() {
         let (_rt, handler) = one_slot();

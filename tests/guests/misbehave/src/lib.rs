@@ -14,6 +14,7 @@
 //! | `panic` | panics with "misbehave: asked to panic" |
 //! | `log` | logs setting `lines` lines (default 10), then accepts |
 //! | `refuse` | refuses with kind `other` |
+//! | `count` | logs `call N of this instance`, N counting the calls this instance has run, then accepts |
 //! | `recurse` | recurses without end (overflows the call stack) |
 //! | `huge-message[:MIB]` | refuses with a message of MIB MiB (default 100) |
 //! | `huge-version[:MIB]` | accepts with a version of MIB MiB (default 100) |
@@ -98,6 +99,11 @@ pub fn run(mode: &str) -> Result<Accepted, Refusal> {
             for i in 0..number("lines", 10) {
                 pluglet_guest::info(&format!("line {i}"));
             }
+        }
+        "count" => {
+            static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            pluglet_guest::info(&format!("call {n} of this instance"));
         }
         "refuse" => {
             return Err(Refusal::new(
