@@ -472,8 +472,11 @@ impl Handler {
             }),
             Err(error) => Err(fail(self.classify(error, store.data(), fuel))),
         };
+        // A call that failed leaves no spare behind: a module whose instantiation fails or runs
+        // into its deadline is not instantiated again until its next call.
+        let succeeded = result.is_ok();
         crate::spent::finish(store, permit.map(|p| p.owned(&self.runtime.gate)), || {
-            self.maker(&cx.node_name)
+            succeeded.then(|| self.maker(&cx.node_name))
         });
         result
     }

@@ -8,8 +8,8 @@
 //! [`keeping_spent`] and drops what they left, a [`Spent`], during that wait. Until then the
 //! pool slot stays taken, so the runtime never has more instances than slots.
 //!
-//! Dropping a [`Spent`] frees the instances and makes, for each handler called, one instance
-//! for its next call (a spare: a fresh store and instance, never one a call has run in). The
+//! Dropping a [`Spent`] frees the instances and makes, for each handler whose call succeeded,
+//! one instance for its next call (a spare: a fresh store and instance, never one a call has run in). The
 //! next call of that handler takes it and only runs the guest. Spares are made on tokio's
 //! blocking pool when there is a runtime (the caller's task goes on at once), on the dropping
 //! thread otherwise; a runtime keeps at most [`MAX_SPARES`] of them, in pool slots of their
@@ -33,11 +33,12 @@ thread_local! {
     static KEPT: RefCell<Option<Vec<Left>>> = const { RefCell::new(None) };
 }
 
-/// One call's store, the pool slot it holds, and what makes the handler's next instance.
+/// One call's store, the pool slot it holds, and what makes the handler's next instance (none
+/// after a failed call).
 struct Left {
     store: Store<CallState>,
     slot: Option<OwnedGatePermit>,
-    maker: Maker,
+    maker: Option<Maker>,
 }
 
 /// What the calls of a [`keeping_spent`] left behind: their instances and pool slots, freed
@@ -78,7 +79,9 @@ impl Drop for Spent {
             for Left { store, slot, maker } in left {
                 drop(store);
                 drop(slot);
-                maker.make_spare();
+                if let Some(maker) = maker {
+                    maker.make_spare();
+                }
             }
         };
         match tokio::runtime::Handle::try_current() {
@@ -112,7 +115,7 @@ pub fn keeping_spent<T>(f: impl FnOnce() -> T) -> (T, Spent) {
 pub(crate) fn finish(
     store: Store<CallState>,
     slot: Option<OwnedGatePermit>,
-    maker: impl FnOnce() -> Maker,
+    maker: impl FnOnce() -> Option<Maker>,
 ) {
     let unkept = KEPT.with(|k| match k.borrow_mut().as_mut() {
         Some(kept) => {

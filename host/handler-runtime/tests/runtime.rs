@@ -1081,6 +1081,26 @@ mod spent_instances {
     }
 
     #[test]
+    fn a_failed_call_leaves_no_instance_made_ahead() {
+        let rt = Runtime::new(RuntimeConfig {
+            pool_size: 1,
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime");
+        let settings = BTreeMap::from([("allocate".to_string(), "panic".to_string())]);
+        let handler = rt
+            .load(guest("misbehave"), settings, None)
+            .expect("misbehave loads");
+        let req = request(vec![dev("a", &[0])], &[], 1, None);
+        let (call, spent) =
+            pluglet_handler_runtime::keeping_spent(|| handler.allocate(&cx(), &req));
+        call.expect_err("the guest panics");
+        assert_eq!(spent.len(), 1, "the failed call's instance is kept too");
+        drop(spent);
+        assert_eq!(rt.spares(), 0);
+    }
+
+    #[test]
     fn a_runtime_keeps_at_most_max_spares_made_ahead() {
         let (rt, handler) = one_slot();
         let req = request(vec![dev("a", &[0])], &[], 1, None);
