@@ -965,8 +965,9 @@ mod gate {
 mod spent_instances {
     use super::*;
 
-    /// A runtime of one pool slot: a call whose instance is still kept holds the only slot.
-    fn one_slot() -> (Runtime, Arc<Handler>) {
+    /// A runtime of one pool slot (a call whose instance is still kept holds the only slot)
+    /// with `source` loaded under `settings`.
+    fn one_slot_with(source: ModuleSource, settings: &[(&str, &str)]) -> (Runtime, Arc<Handler>) {
         let rt = Runtime::new(RuntimeConfig {
             pool_size: 1,
             default_limits: Limits {
@@ -976,14 +977,20 @@ mod spent_instances {
             ..RuntimeConfig::default()
         })
         .expect("runtime");
-        let handler = rt
-            .load(
-                builtin("device-plugin", pluglet_wasm_guests::DEVICE_PLUGIN),
-                BTreeMap::new(),
-                None,
-            )
-            .expect("builtin device-plugin loads");
+        let settings = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let handler = rt.load(source, settings, None).expect("the module loads");
         (rt, handler)
+    }
+
+    /// [`one_slot_with`] the built-in device-plugin handler.
+    fn one_slot() -> (Runtime, Arc<Handler>) {
+        one_slot_with(
+            builtin("device-plugin", pluglet_wasm_guests::DEVICE_PLUGIN),
+            &[],
+        )
     }
 
     #[test]
@@ -1024,19 +1031,7 @@ mod spent_instances {
 
     #[test]
     fn dropping_what_was_kept_makes_a_fresh_instance_that_the_next_call_runs_in() {
-        let rt = Runtime::new(RuntimeConfig {
-            pool_size: 1,
-            default_limits: Limits {
-                deadline: GENEROUS,
-                ..Limits::default()
-            },
-            ..RuntimeConfig::default()
-        })
-        .expect("runtime");
-        let settings = BTreeMap::from([("allocate".to_string(), "count".to_string())]);
-        let handler = rt
-            .load(guest("misbehave"), settings, None)
-            .expect("misbehave loads");
+        let (rt, handler) = one_slot_with(guest("misbehave"), &[("allocate", "count")]);
         let req = request(vec![dev("a", &[0]), dev("b", &[0])], &[], 1, None);
         let fresh = vec!["call 1 of this instance".to_string()];
 
@@ -1082,15 +1077,7 @@ mod spent_instances {
 
     #[test]
     fn a_failed_call_leaves_no_instance_made_ahead() {
-        let rt = Runtime::new(RuntimeConfig {
-            pool_size: 1,
-            ..RuntimeConfig::default()
-        })
-        .expect("runtime");
-        let settings = BTreeMap::from([("allocate".to_string(), "panic".to_string())]);
-        let handler = rt
-            .load(guest("misbehave"), settings, None)
-            .expect("misbehave loads");
+        let (rt, handler) = one_slot_with(guest("misbehave"), &[("allocate", "panic")]);
         let req = request(vec![dev("a", &[0])], &[], 1, None);
         let (call, spent) =
             pluglet_handler_runtime::keeping_spent(|| handler.allocate(&cx(), &req));
