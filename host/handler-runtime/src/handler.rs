@@ -434,7 +434,16 @@ impl Handler {
         let spare = crate::spent::take_spare(&self.spare, &cx.node_name);
         let (mut store, instance) = match spare {
             Some((store, instance)) => (store, Some(instance)),
-            None => (self.maker(&cx.node_name).store(), None),
+            None => {
+                let store = new_store(
+                    &self.runtime,
+                    self.module_arc.clone(),
+                    cx.node_name.clone(),
+                    self.settings.clone(),
+                    &self.limits,
+                );
+                (store, None)
+            }
         };
         let fuel = fuel.unwrap_or(u64::MAX);
         store
@@ -522,6 +531,27 @@ impl Handler {
             },
         }
     }
+}
+
+/// A fresh store for one call of `module` on `node_name`: WASI, the memory cap, the transfer
+/// bound; fuel and the deadline are armed by the caller.
+pub(crate) fn new_store(
+    runtime: &RuntimeInner,
+    module: Arc<str>,
+    node_name: String,
+    settings: Arc<BTreeMap<String, String>>,
+    limits: &Limits,
+) -> Store<CallState> {
+    let state = CallState::new(
+        module,
+        node_name,
+        settings,
+        (limits.memory_mib as usize) << 20,
+    );
+    let mut store = Store::new(&runtime.engine, state);
+    store.limiter(|s| &mut s.limiter);
+    store.set_hostcall_fuel(answer::MAX_TRANSFER_BYTES);
+    store
 }
 
 /// Arms the deadline as a CPU-time budget of this thread. The epoch deadline fires after the

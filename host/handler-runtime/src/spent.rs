@@ -9,13 +9,14 @@
 //! pool slot stays taken, so the runtime never has more instances than slots.
 //!
 //! Dropping a [`Spent`] frees the instances and makes, for each handler whose call succeeded,
-//! one instance for its next call (a spare: a fresh store and instance, never one a call has run in). The
-//! next call of that handler takes it and only runs the guest. Spares are made on tokio's
-//! blocking pool when there is a runtime (the caller's task goes on at once), on the dropping
-//! thread otherwise; a runtime keeps at most [`MAX_SPARES`] of them, in pool slots of their
-//! own. Calls outside [`keeping_spent`] neither make nor need spares. A spare's guest clock and
-//! its captured output start when it was made; its fuel and deadline are set when the call
-//! takes it, so the call gets the whole budget and the instantiation's work is not counted.
+//! one instance for its next call (a spare: a fresh store and instance, never one a call has
+//! run in). The next call of that handler takes it and only runs the guest. Spares are made on
+//! tokio's blocking pool when there is a runtime (the caller's task goes on at once), on the
+//! dropping thread otherwise; a runtime keeps at most [`MAX_SPARES`] of them, in pool slots of
+//! their own. Calls outside [`keeping_spent`] neither make nor need spares. A spare's guest
+//! clock and its captured output start when it was made; its fuel and deadline are set when
+//! the call takes it, so the call gets the whole budget and the instantiation's work is not
+//! counted.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -171,8 +172,8 @@ pub(crate) fn take_spare(
     Some((ready.store, ready.instance))
 }
 
-/// What makes a handler's stores and instances: the runtime, the handler's compiled component,
-/// its identity, settings and limits, and where its spare is kept.
+/// What makes a handler's spare: the runtime, the handler's compiled component, its
+/// identity, settings and limits, and where the spare is kept.
 pub(crate) struct Maker {
     pub(crate) runtime: Arc<RuntimeInner>,
     pub(crate) pre: InstancePre<CallState>,
@@ -184,20 +185,6 @@ pub(crate) struct Maker {
 }
 
 impl Maker {
-    /// A fresh store for one call: WASI, the memory cap, the transfer bound.
-    pub(crate) fn store(&self) -> Store<CallState> {
-        let state = CallState::new(
-            self.module.clone(),
-            self.node_name.clone(),
-            self.settings.clone(),
-            (self.limits.memory_mib as usize) << 20,
-        );
-        let mut store = Store::new(&self.runtime.engine, state);
-        store.limiter(|s| &mut s.limiter);
-        store.set_hostcall_fuel(crate::answer::MAX_TRANSFER_BYTES);
-        store
-    }
-
     /// Makes the handler's spare, unless it has one or the runtime keeps [`MAX_SPARES`]
     /// already. The instantiation runs under the handler's fuel and deadline like a call; if it
     /// fails, no spare is kept (the next call instantiates, and reports the failure).
@@ -208,7 +195,13 @@ impl Maker {
         let Some(counted) = Counted::take(&self.runtime) else {
             return;
         };
-        let mut store = self.store();
+        let mut store = crate::handler::new_store(
+            &self.runtime,
+            self.module.clone(),
+            self.node_name.clone(),
+            self.settings.clone(),
+            &self.limits,
+        );
         let instance = store
             .set_fuel(self.limits.fuel.unwrap_or(u64::MAX))
             .and_then(|()| {
