@@ -385,7 +385,7 @@ impl Handler {
         )
     }
 
-    /// What makes this handler's stores and instances for calls on `node_name`.
+    /// What makes this handler's spare for calls on `node_name`.
     fn maker(&self, node_name: &str) -> Maker {
         Maker {
             runtime: self.runtime.clone(),
