@@ -383,10 +383,12 @@ impl Persistence {
     }
 
     /// Makes a change to the allocations durable, then makes it: `change` is applied to a copy
-    /// of `pods` to write the journal record of the state after it, and once that record is on
-    /// disk, to `pods` itself. On error `pods` is left as it was, so nothing that is not durable
-    /// is ever acknowledged, held or shown to the checkpoint writer. `change` must do the same
-    /// to both: it runs under the disk lock, which every change of allocated entries takes.
+    /// of `pods`'s entries ([`PodDevices::without_index`]) to write the journal record of the
+    /// state after it, and once that record is on disk, to `pods` itself. On error `pods` is
+    /// left as it was, so nothing that is not durable is ever acknowledged, held or shown to the
+    /// checkpoint writer. `change` must do the same to both, so it must not depend on what the
+    /// index says is held: it runs under the disk lock, which every change of allocated entries
+    /// takes.
     /// Returns what `change` returned on `pods`; asks for a checkpoint write to follow.
     pub async fn change<T>(
         &self,
@@ -396,7 +398,7 @@ impl Persistence {
         let mut disk = self.inner.disk.lock().await;
         let payload = {
             let mut current = lock(pods);
-            let mut next = current.clone();
+            let mut next = current.without_index();
             let version = next.version();
             change(&mut next);
             if next.version() == version {
