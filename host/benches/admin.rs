@@ -13,7 +13,8 @@
 //!   in-process stub device plugin (`pluglet_device_manager::stub`), answered once durable;
 //!   then `Release` of its pod, timed on its own. *back to back*: the release is sent as soon as
 //!   the allocation is answered (the checkpoint write the allocation asked for is under way);
-//!   *settled*: 20 ms later, once that write is done;
+//!   *settled*: 30 ms later, once allocations have been quiet long enough for that write to be
+//!   done;
 //! - floors: the stub's Allocate round trip over the same kind of connection, and one
 //!   in-place 4 KiB write with `fdatasync` in the state directory (what a journal record costs).
 
@@ -153,7 +154,7 @@ async fn allocations(
         assert_eq!(answer.device_ids.len(), count as usize);
         let settle = i % 2 == 1;
         if settle {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(30)).await;
         }
         let started = Instant::now();
         let released = client
@@ -171,7 +172,7 @@ async fn allocations(
         } else {
             back_to_back.push(took);
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
     }
     report(&format!("allocate {label}"), allocate);
     report(&format!("  release {label}, back to back"), back_to_back);

@@ -66,12 +66,17 @@ const DIR_SYNC_AFTER: usize = 4;
 /// failing).
 const MAX_ON_DISK: usize = 16;
 
-/// How long after an allocation or a release the checkpoint writer is woken. They are durable in
-/// the journal already; waiting makes a burst of them one write, keeps the write's fsyncs from
-/// queueing on the disk ahead of the next allocation's journal record, and keeps the writer
-/// thread's wake-up off the allocation's path. A device change, a caller waiting for the write,
-/// or shutdown wakes it sooner.
+/// How long allocations and releases must have been quiet before the checkpoint writer is woken
+/// for them. They are durable in the journal already; waiting makes a burst of them one write,
+/// keeps the write's fsyncs from queueing on the disk ahead of the next allocation's journal
+/// record, and keeps the writer thread's wake-up off the allocation's path. A device change, a
+/// caller waiting for the write, or shutdown wakes it sooner.
 const ALLOCATION_WRITE_DELAY: Duration = Duration::from_millis(20);
+
+/// The longest a steady stream of allocations and releases (never quiet for
+/// [`ALLOCATION_WRITE_DELAY`]) keeps the checkpoint writer waiting after the first change it has
+/// not written: the kubelet-format checkpoint never lags the journal by more.
+const ALLOCATION_WRITE_MAX: Duration = Duration::from_secs(1);
 
 /// The first retry of a failed checkpoint write comes after this long; each next one after
 /// twice as long, up to [`RETRY_MAX`].
@@ -176,6 +181,8 @@ struct Requests {
     devices_changed: AtomicBool,
     /// A delayed wake of the writer is pending.
     wake_armed: AtomicBool,
+    /// When allocations last changed (the delayed wake waits until they have been quiet).
+    last_allocation_change: Mutex<tokio::time::Instant>,
     wake: Notify,
     written: watch::Sender<Written>,
 }
@@ -203,21 +210,34 @@ impl WriteRequests {
             requested: AtomicU64::new(0),
             devices_changed: AtomicBool::new(false),
             wake_armed: AtomicBool::new(false),
+            last_allocation_change: Mutex::new(tokio::time::Instant::now()),
             wake: Notify::new(),
             written: watch::Sender::new(Written::default()),
         }))
     }
 
-    /// Asks for a write of the checkpoint (allocations changed), made within
-    /// `ALLOCATION_WRITE_DELAY`; returns its number.
+    /// Asks for a write of the checkpoint (allocations changed), made once allocations have been
+    /// quiet for `ALLOCATION_WRITE_DELAY`, at the latest `ALLOCATION_WRITE_MAX` after the first
+    /// change not yet written; returns its number.
     pub fn allocations_changed(&self) -> u64 {
         let seq = self.0.requested.fetch_add(1, Ordering::SeqCst) + 1;
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
+                let now = tokio::time::Instant::now();
+                *lock(&self.0.last_allocation_change) = now;
                 if !self.0.wake_armed.swap(true, Ordering::SeqCst) {
                     let wake = DelayedWake(self.0.clone());
+                    let latest = now + ALLOCATION_WRITE_MAX;
                     runtime.spawn(async move {
-                        tokio::time::sleep(ALLOCATION_WRITE_DELAY).await;
+                        loop {
+                            let quiet =
+                                *lock(&wake.0.last_allocation_change) + ALLOCATION_WRITE_DELAY;
+                            let due = quiet.min(latest);
+                            if tokio::time::Instant::now() >= due {
+                                break;
+                            }
+                            tokio::time::sleep_until(due).await;
+                        }
                         drop(wake);
                     });
                 }
@@ -602,8 +622,9 @@ fn read_checkpoint(path: &Path) -> Result<CheckpointFound, CheckpointError> {
     }
 }
 
-fn lock(pods: &Mutex<PodDevices>) -> std::sync::MutexGuard<'_, PodDevices> {
-    pods.lock().unwrap_or_else(|e| e.into_inner())
+/// Locks a mutex whose holder cannot leave it half-changed (so a poisoned one is taken as is).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn found<T>(path: &Path, outcome: LoadOutcome<T>) -> Found<T> {
@@ -752,6 +773,69 @@ mod tests {
                 }
             });
         assert!(woken, "the writer's wake was not lost");
+    }
+
+    /// Whether the writer has been woken since the last look (takes the wake).
+    async fn woken(requests: &WriteRequests) -> bool {
+        tokio::select! {
+            biased;
+            _ = requests.0.wake.notified() => true,
+            _ = std::future::ready(()) => false,
+        }
+    }
+
+    /// Elapsed paused time since `start`, in whole milliseconds.
+    fn ms_since(start: tokio::time::Instant) -> u128 {
+        start.elapsed().as_millis()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_writer_is_woken_once_allocations_are_quiet() {
+        let requests = WriteRequests::new();
+        let start = tokio::time::Instant::now();
+        requests.allocations_changed();
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert!(
+                !woken(&requests).await,
+                "woken at {} ms while allocations kept changing every 10 ms",
+                ms_since(start)
+            );
+            requests.allocations_changed();
+        }
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        assert!(!woken(&requests).await, "woken before 20 quiet ms");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(woken(&requests).await, "not woken after 25 quiet ms");
+        assert!(!requests.0.wake_armed.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_stream_of_allocations_wakes_the_writer_once_a_second() {
+        let requests = WriteRequests::new();
+        let start = tokio::time::Instant::now();
+        requests.allocations_changed();
+        let mut wakes = Vec::new();
+        for _ in 0..250 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if woken(&requests).await {
+                wakes.push(ms_since(start));
+            }
+            requests.allocations_changed();
+        }
+        assert_eq!(wakes.len(), 2, "wakes at {wakes:?} ms");
+        assert!(
+            (1000..=1010).contains(&wakes[0]),
+            "first wake {} ms after the first change, not at the latest 1 s",
+            wakes[0]
+        );
+        assert!(
+            (2000..=2020).contains(&wakes[1]),
+            "second wake {} ms after the start, not 1 s after the first change it did not cover",
+            wakes[1]
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        assert!(woken(&requests).await, "the stream's end wakes the writer");
     }
 
     #[tokio::test]
