@@ -12,7 +12,7 @@
 //! - allocate k of n: `Allocate` of one container through the built-in policy and the
 //!   in-process stub device plugin (`pluglet_device_manager::stub`), answered once durable;
 //!   then `Release` of its pod, timed on its own. *back to back*: the release is sent as soon as
-//!   the allocation is answered (the checkpoint write the allocation asked for is under way);
+//!   the allocation is answered (the checkpoint write the allocation asked for still to come);
 //!   *settled*: 30 ms later, once allocations have been quiet long enough for that write to be
 //!   done;
 //! - floors: the stub's Allocate round trip over the same kind of connection, and one

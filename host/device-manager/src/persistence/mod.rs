@@ -16,7 +16,8 @@
 //!   ([`Persistence::run_writer`], [`Persistence::spawn_writer`]), coalesced: a change asks for
 //!   a write ([`WriteRequests`]); the writer takes one snapshot per write, so a burst of changes
 //!   costs one write. A device change wakes the writer at once; after allocations and releases
-//!   alone it is woken a little later (`ALLOCATION_WRITE_DELAY`);
+//!   alone it is woken once they have been quiet for `ALLOCATION_WRITE_DELAY`, at the latest
+//!   `ALLOCATION_WRITE_MAX` after the first change it has not written;
 //! - allocations and releases must be durable before they are answered. Rather than wait for
 //!   the checkpoint (temporary file, fsync, rename, directory fsync), [`Persistence::change`]
 //!   writes a journal record first, on the caller's thread, and the checkpoint follows. The
