@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use pluglet_core::events::EventKind;
 use pluglet_core::{ContainerName, PodUid, ResourceName};
-use pluglet_handler_runtime::{AllocationRequest, CallContext, Device as PolicyDevice};
+use pluglet_handler_runtime::{AllocationRequest, CallContext, Candidates};
 use pluglet_handlers::Handlers;
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::cdi::{CdiError, Handoff, PendingSpec};
-use crate::devices::{Health, IdHasher};
+use crate::devices::{DeviceSet, Health, IdHasher};
 use crate::error::{AllocateError, ReleaseError};
 use crate::metrics::{Metrics, Stage, StageClock};
 use crate::persistence::Persistence;
@@ -68,12 +68,15 @@ pub struct Allocation {
     pub cdi_names: Vec<String>,
 }
 
-/// Checks a policy answer: exactly `count` distinct ids, all in `available`, including every
-/// `must_include` id. Returns what is wrong.
-pub fn check_answer<S: std::hash::BuildHasher>(
+/// Checks a policy answer: exactly `count` distinct ids, each one `is_available` says is,
+/// including every `must_include` id. Returns what is wrong.
+///
+/// Only the answer's ids are looked up, so the check costs the same for 8 devices offered as
+/// for 10,000.
+pub fn check_answer(
     answer: &[String],
     count: u32,
-    available: &HashSet<&str, S>,
+    is_available: impl Fn(&str) -> bool,
     must_include: &[String],
 ) -> Result<(), String> {
     if answer.len() != count as usize {
@@ -84,7 +87,7 @@ pub fn check_answer<S: std::hash::BuildHasher>(
         if !seen.insert(id.as_str()) {
             return Err(format!("{id} is chosen twice"));
         }
-        if !available.contains(id.as_str()) {
+        if !is_available(id) {
             return Err(format!(
                 "{id} is not an available device (unknown, unhealthy or held by another container)"
             ));
@@ -259,20 +262,21 @@ impl Allocator {
         let decision = decision.lock_owned().await;
         clock.done(Stage::Queue);
 
-        let (available, preferred_available, mut client) = match self.plan(&key, count)? {
+        let (available, offered, preferred_available, mut client) = match self.plan(&key, count)? {
             Plan::Reuse(allocation) => return Ok(allocation),
             Plan::Choose {
                 available,
+                offered,
                 preferred_available,
                 client,
-            } => (available, preferred_available, client),
+            } => (available, offered, preferred_available, client),
         };
         clock.done(Stage::Candidates);
 
         let preferred = if preferred_available {
             let request = v1beta1::PreferredAllocationRequest {
                 container_requests: vec![v1beta1::ContainerPreferredAllocationRequest {
-                    available_device_i_ds: available.iter().map(|d| d.id.clone()).collect(),
+                    available_device_i_ds: available.ids().map(str::to_owned).collect(),
                     must_include_device_i_ds: Vec::new(),
                     allocation_size: i32::try_from(count).unwrap_or(i32::MAX),
                 }],
@@ -324,16 +328,20 @@ impl Allocator {
             module: module.clone(),
             refusal,
         })?;
-        let available_ids: HashSet<&str, IdHasher> =
-            request.available.iter().map(|d| d.id.as_str()).collect();
-        check_answer(&chosen, count, &available_ids, &request.must_include).map_err(|problem| {
-            AllocateError::BadPolicyAnswer {
-                resource: resource.clone(),
-                module: module.clone(),
-                answer: chosen.clone(),
-                count,
-                problem,
-            }
+        // Offered means healthy in the snapshot the candidates came from and free now (under
+        // the decision lock nothing else of this resource is reserved; a release only frees).
+        let checked = {
+            let pods = self.lock();
+            let held = pods.held_of(resource.as_str());
+            let is_available = |id: &str| offered.is_healthy(id) && !held.is_held(id);
+            check_answer(&chosen, count, is_available, &request.must_include)
+        };
+        checked.map_err(|problem| AllocateError::BadPolicyAnswer {
+            resource: resource.clone(),
+            module: module.clone(),
+            answer: chosen.clone(),
+            count,
+            problem,
         })?;
         clock.done(Stage::Policy);
         tracing::debug!(%resource, %module, ?chosen, elapsed = ?call.elapsed, "allocation policy chose");
@@ -546,19 +554,17 @@ impl Allocator {
             return Ok(plan);
         }
         let offer = self.inner.registry.offer(&key.resource)?;
-        let available: Vec<PolicyDevice> = {
+        let available = {
             let pods = self.lock();
-            offer
-                .devices
-                .iter()
-                .filter(|d| {
-                    d.health == Health::Healthy && !pods.is_held(key.resource.as_str(), &d.id)
-                })
-                .map(|d| PolicyDevice {
-                    id: d.id.clone(),
-                    numa_nodes: d.numa.clone(),
-                })
-                .collect()
+            let held = pods.held_of(key.resource.as_str());
+            let healthy = offer.devices.allocatable();
+            let mut available = Candidates::with_capacity(healthy, healthy * ID_BYTES_GUESS);
+            for d in offer.devices.iter() {
+                if d.health == Health::Healthy && !held.is_held(&d.id) {
+                    available.push(&d.id, &d.numa);
+                }
+            }
+            available
         };
         if available.len() < count as usize {
             return Err(AllocateError::Unavailable {
@@ -569,6 +575,7 @@ impl Allocator {
         }
         Ok(Plan::Choose {
             available,
+            offered: offer.devices,
             preferred_available: offer.preferred_available,
             client: offer.client,
         })
@@ -761,13 +768,19 @@ fn devices_text(ids: &[String]) -> String {
     format!("{} {noun} ({})", ids.len(), ids.join(","))
 }
 
+/// Bytes per device id to make room for when collecting candidates (a guess: too small only
+/// costs a few regrowths of one string).
+const ID_BYTES_GUESS: usize = 16;
+
 /// What the records say before the policy runs.
 enum Plan {
     /// The container already holds these devices.
     Reuse(Allocation),
     /// Choose among these.
     Choose {
-        available: Vec<PolicyDevice>,
+        available: Candidates,
+        /// The registry's devices the candidates were taken from.
+        offered: DeviceSet,
         preferred_available: bool,
         client: DevicePluginClient<Channel>,
     },
@@ -829,7 +842,12 @@ mod tests {
     fn a_good_answer_passes() {
         let available = HashSet::from(["a", "b", "c"]);
         assert_eq!(
-            check_answer(&ids(&["c", "a"]), 2, &available, &ids(&["a"])),
+            check_answer(
+                &ids(&["c", "a"]),
+                2,
+                |id| available.contains(id),
+                &ids(&["a"])
+            ),
             Ok(())
         );
     }
@@ -844,7 +862,8 @@ mod tests {
             (&["a", "b"], &["c"], "must-include device c is missing"),
         ];
         for (answer, must, expected) in cases {
-            let err = check_answer(&ids(answer), 2, &available, &ids(must)).unwrap_err();
+            let err =
+                check_answer(&ids(answer), 2, |id| available.contains(id), &ids(must)).unwrap_err();
             assert!(err.contains(expected), "{answer:?}: {err}");
         }
     }

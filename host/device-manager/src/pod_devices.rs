@@ -66,6 +66,17 @@ pub struct Entry {
     pub state: EntryState,
 }
 
+/// The ids of one resource that some container holds or has reserved.
+#[derive(Clone, Copy, Debug)]
+pub struct HeldIds<'a>(Option<&'a HashMap<String, u32, IdHasher>>);
+
+impl HeldIds<'_> {
+    /// Whether `id` is held.
+    pub fn is_held(&self, id: &str) -> bool {
+        self.0.is_some_and(|held| held.contains_key(id))
+    }
+}
+
 /// Every holder's devices, with a per-resource index of what is held.
 #[derive(Clone, Debug, Default)]
 pub struct PodDevices {
@@ -106,9 +117,12 @@ impl PodDevices {
 
     /// Whether some container holds (or has reserved) device `id` of `resource`.
     pub fn is_held(&self, resource: &str, id: &str) -> bool {
-        self.held
-            .get(resource)
-            .is_some_and(|held| held.contains_key(id))
+        self.held_of(resource).is_held(id)
+    }
+
+    /// What is held of `resource`, looked up once for many ids.
+    pub fn held_of(&self, resource: &str) -> HeldIds<'_> {
+        HeldIds(self.held.get(resource))
     }
 
     /// Number of devices of `resource` held or reserved.

@@ -15,8 +15,8 @@ use crate::engine::{LONG_CALL_CPU, Limits, RuntimeInner};
 use crate::error::{HandlerError, HandlerFault};
 use crate::spent::{Maker, Ready};
 use crate::types::{
-    Accepted, AllocationRequest, Call, CallContext, Family, GuestLog, Hook, LogLevel,
-    PackedRequest, PluginInfo, Refusal, RegisteredPlugin, RegistrationFacts,
+    Accepted, AllocationRequest, Call, CallContext, Family, GuestLog, Hook, ListedRequest,
+    LogLevel, PackedRequest, PluginInfo, Refusal, RegisteredPlugin, RegistrationFacts,
 };
 
 /// CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`); `None` if the clock
@@ -356,17 +356,18 @@ impl Handler {
                 fuel,
                 |store, instance, index| {
                     let func = instance
-                        .get_typed_func::<(&PackedRequest,), (Result<Vec<String>, Refusal>,)>(
+                        .get_typed_func::<(PackedRequest<'_>,), (Result<Vec<String>, Refusal>,)>(
                             &mut *store,
                             index,
                         )?;
-                    let (out,) = func.call(&mut *store, (&request,))?;
+                    let (out,) = func.call(&mut *store, (request,))?;
                     Ok(out)
                 },
                 answer::check_allocate,
             );
         }
         let index = self.indices.allocate;
+        let request = ListedRequest::from(request);
         self.call(
             cx,
             Hook::Allocate,
@@ -374,11 +375,11 @@ impl Handler {
             fuel,
             |store, instance, index| {
                 let func = instance
-                    .get_typed_func::<(&AllocationRequest,), (Result<Vec<String>, Refusal>,)>(
+                    .get_typed_func::<(&ListedRequest,), (Result<Vec<String>, Refusal>,)>(
                         &mut *store,
                         index,
                     )?;
-                let (out,) = func.call(&mut *store, (request,))?;
+                let (out,) = func.call(&mut *store, (&request,))?;
                 Ok(out)
             },
             answer::check_allocate,

@@ -70,6 +70,6 @@ pub use handler::Handler;
 pub use handler::run_in_place;
 pub use spent::{Spent, keeping_spent};
 pub use types::{
-    Accepted, AllocationRequest, Call, CallContext, Device, Family, GuestLog, Hook, LogLevel,
-    PluginInfo, Refusal, RefusalKind, RegisteredPlugin, RegistrationFacts,
+    Accepted, AllocationRequest, Call, CallContext, Candidates, Device, Family, GuestLog, Hook,
+    LogLevel, PluginInfo, Refusal, RefusalKind, RegisteredPlugin, RegistrationFacts,
 };

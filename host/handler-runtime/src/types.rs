@@ -139,16 +139,111 @@ pub struct Device {
     pub numa_nodes: Vec<i64>,
 }
 
+/// The devices offered to an allocation policy, in order, kept in columns: every id one after
+/// another in one string with where each ends, and the NUMA nodes likewise. This is the form
+/// `allocate-packed` (contract 1.2.0) takes, so a request crosses into the guest as a few
+/// copies of memory, and building one costs no allocation per device.
+///
+/// Serialized (conformance vectors, `pluglet handler test` events) as a list of [`Device`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Vec<Device>", into = "Vec<Device>")]
+pub struct Candidates {
+    ids: String,
+    id_ends: Vec<u32>,
+    numa_nodes: Vec<i64>,
+    numa_ends: Vec<u32>,
+}
+
+impl Candidates {
+    /// Room for `devices` devices whose ids take about `id_bytes` bytes in all (and one NUMA
+    /// node each).
+    pub fn with_capacity(devices: usize, id_bytes: usize) -> Candidates {
+        Candidates {
+            ids: String::with_capacity(id_bytes),
+            id_ends: Vec::with_capacity(devices),
+            numa_nodes: Vec::with_capacity(devices),
+            numa_ends: Vec::with_capacity(devices),
+        }
+    }
+
+    /// Adds a device.
+    pub fn push(&mut self, id: &str, numa_nodes: &[i64]) {
+        self.ids.push_str(id);
+        self.id_ends.push(end(self.ids.len()));
+        self.numa_nodes.extend_from_slice(numa_nodes);
+        self.numa_ends.push(end(self.numa_nodes.len()));
+    }
+
+    /// How many devices.
+    pub fn len(&self) -> usize {
+        self.id_ends.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.id_ends.is_empty()
+    }
+
+    /// Each device's id and NUMA nodes, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &[i64])> + '_ {
+        (0..self.len()).map(|at| self.get(at))
+    }
+
+    /// The ids, in order.
+    pub fn ids(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        self.iter().map(|(id, _)| id)
+    }
+
+    /// The device at position `at` (which must be below [`Candidates::len`]).
+    fn get(&self, at: usize) -> (&str, &[i64]) {
+        let start = |ends: &[u32]| at.checked_sub(1).map_or(0, |before| ends[before] as usize);
+        let id = &self.ids[start(&self.id_ends)..self.id_ends[at] as usize];
+        let numa = &self.numa_nodes[start(&self.numa_ends)..self.numa_ends[at] as usize];
+        (id, numa)
+    }
+}
+
+/// An end offset in a column (a column past 4 GiB cannot cross into a guest anyway).
+fn end(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+impl FromIterator<Device> for Candidates {
+    fn from_iter<I: IntoIterator<Item = Device>>(devices: I) -> Candidates {
+        let mut candidates = Candidates::default();
+        for device in devices {
+            candidates.push(&device.id, &device.numa_nodes);
+        }
+        candidates
+    }
+}
+
+impl From<Vec<Device>> for Candidates {
+    fn from(devices: Vec<Device>) -> Candidates {
+        devices.into_iter().collect()
+    }
+}
+
+impl From<Candidates> for Vec<Device> {
+    fn from(candidates: Candidates) -> Vec<Device> {
+        candidates
+            .iter()
+            .map(|(id, numa)| Device {
+                id: id.to_owned(),
+                numa_nodes: numa.to_vec(),
+            })
+            .collect()
+    }
+}
+
 /// One container's request for devices of one resource.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ComponentType, Lift, Lower)]
-#[component(record)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocationRequest {
     /// Extended resource name.
     pub resource: String,
     /// Healthy devices held by no other container.
-    pub available: Vec<Device>,
+    pub available: Candidates,
     /// Ids that must be part of the answer.
-    #[component(name = "must-include")]
     #[serde(default)]
     pub must_include: Vec<String>,
     /// How many ids to choose.
@@ -158,48 +253,62 @@ pub struct AllocationRequest {
     pub preferred: Option<Vec<String>>,
 }
 
-/// [`AllocationRequest`] in columns: what `allocate-packed` (contract 1.2.0) takes. One string
-/// and three lists cross into the guest instead of a string and a list per device (each of
-/// which costs a call into the guest's allocator).
+/// [`AllocationRequest`] as `allocate` (contract 1.1.0) takes it: a string and a list per
+/// device. Made only for components built before `allocate-packed` existed.
 #[derive(Clone, Debug, PartialEq, Eq, ComponentType, Lower)]
 #[component(record)]
-pub(crate) struct PackedRequest {
+pub(crate) struct ListedRequest {
     resource: String,
-    ids: String,
-    #[component(name = "id-ends")]
-    id_ends: Vec<u32>,
-    #[component(name = "numa-nodes")]
-    numa_nodes: Vec<i64>,
-    #[component(name = "numa-ends")]
-    numa_ends: Vec<u32>,
+    available: Vec<Device>,
     #[component(name = "must-include")]
     must_include: Vec<String>,
     count: u32,
     preferred: Option<Vec<String>>,
 }
 
-impl From<&AllocationRequest> for PackedRequest {
-    fn from(request: &AllocationRequest) -> PackedRequest {
-        let devices = &request.available;
-        let mut ids = String::with_capacity(devices.iter().map(|d| d.id.len()).sum());
-        let mut id_ends = Vec::with_capacity(devices.len());
-        let mut numa_nodes = Vec::with_capacity(devices.len());
-        let mut numa_ends = Vec::with_capacity(devices.len());
-        for device in devices {
-            ids.push_str(&device.id);
-            id_ends.push(u32::try_from(ids.len()).unwrap_or(u32::MAX));
-            numa_nodes.extend_from_slice(&device.numa_nodes);
-            numa_ends.push(u32::try_from(numa_nodes.len()).unwrap_or(u32::MAX));
-        }
-        PackedRequest {
+impl From<&AllocationRequest> for ListedRequest {
+    fn from(request: &AllocationRequest) -> ListedRequest {
+        ListedRequest {
             resource: request.resource.clone(),
-            ids,
-            id_ends,
-            numa_nodes,
-            numa_ends,
+            available: request.available.clone().into(),
             must_include: request.must_include.clone(),
             count: request.count,
             preferred: request.preferred.clone(),
+        }
+    }
+}
+
+/// [`AllocationRequest`] as `allocate-packed` (contract 1.2.0) takes it: the candidates'
+/// columns, borrowed, so lowering it copies each column once, straight into the guest.
+#[derive(Clone, Copy, Debug, ComponentType, Lower)]
+#[component(record)]
+pub(crate) struct PackedRequest<'a> {
+    resource: &'a str,
+    ids: &'a str,
+    #[component(name = "id-ends")]
+    id_ends: &'a [u32],
+    #[component(name = "numa-nodes")]
+    numa_nodes: &'a [i64],
+    #[component(name = "numa-ends")]
+    numa_ends: &'a [u32],
+    #[component(name = "must-include")]
+    must_include: &'a [String],
+    count: u32,
+    preferred: Option<&'a [String]>,
+}
+
+impl<'a> From<&'a AllocationRequest> for PackedRequest<'a> {
+    fn from(request: &'a AllocationRequest) -> PackedRequest<'a> {
+        let columns = &request.available;
+        PackedRequest {
+            resource: &request.resource,
+            ids: &columns.ids,
+            id_ends: &columns.id_ends,
+            numa_nodes: &columns.numa_nodes,
+            numa_ends: &columns.numa_ends,
+            must_include: &request.must_include,
+            count: request.count,
+            preferred: request.preferred.as_deref(),
         }
     }
 }
@@ -335,4 +444,52 @@ pub struct GuestLog {
     pub level: LogLevel,
     /// Its text.
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(id: &str, numa: &[i64]) -> Device {
+        Device {
+            id: id.into(),
+            numa_nodes: numa.to_vec(),
+        }
+    }
+
+    #[test]
+    fn candidates_give_back_each_device_as_pushed() {
+        let devices = vec![
+            device("gpu-0", &[0]),
+            device("g", &[]),
+            device("long-device-name-2", &[0, 1]),
+            device("x", &[]),
+            device("y", &[3]),
+        ];
+        let candidates = Candidates::from(devices.clone());
+        assert_eq!(candidates.len(), 5);
+        let listed: Vec<(&str, &[i64])> = candidates.iter().collect();
+        let expected: Vec<(&str, &[i64])> = devices
+            .iter()
+            .map(|d| (d.id.as_str(), d.numa_nodes.as_slice()))
+            .collect();
+        assert_eq!(listed, expected);
+        assert_eq!(Vec::<Device>::from(candidates), devices);
+        assert!(Candidates::default().is_empty());
+        assert_eq!(Candidates::default().iter().count(), 0);
+    }
+
+    #[test]
+    fn candidates_read_and_write_as_a_list_of_devices() {
+        let text = r#"[{"id":"a","numa_nodes":[0]},{"id":"b"}]"#;
+        let candidates: Candidates = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            candidates,
+            Candidates::from(vec![device("a", &[0]), device("b", &[])])
+        );
+        assert_eq!(
+            serde_json::to_string(&candidates).unwrap(),
+            r#"[{"id":"a","numa_nodes":[0]},{"id":"b","numa_nodes":[]}]"#
+        );
+    }
 }

@@ -280,7 +280,7 @@ fn request(
 ) -> AllocationRequest {
     AllocationRequest {
         resource: "vendor.com/gpu".into(),
-        available,
+        available: available.into(),
         must_include: must.iter().map(|s| s.to_string()).collect(),
         count,
         preferred: preferred.map(|p| p.iter().map(|s| s.to_string()).collect()),
@@ -757,7 +757,8 @@ mod admission {
                     id: "c".into(),
                     numa_nodes: vec![0, 1],
                 },
-            ],
+            ]
+            .into(),
             must_include: vec![],
             count: 2,
             preferred: None,
@@ -789,7 +790,8 @@ mod admission {
                 device("long-device-name-2", &[1]),
                 device("x", &[]),
                 device("both", &[0, 1]),
-            ],
+            ]
+            .into(),
             must_include: vec!["x".into()],
             count: 3,
             preferred: Some(vec!["long-device-name-2".into(), "missing".into()]),

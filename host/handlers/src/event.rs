@@ -462,7 +462,7 @@ mod tests {
         let Event::Allocate(request) = event else {
             panic!("an allocate event")
         };
-        assert_eq!(request.available[0].numa_nodes, vec![1]);
+        assert_eq!(request.available.iter().next().unwrap().1, [1]);
         assert!(request.must_include.is_empty() && request.preferred.is_none());
 
         let err = Event::parse(Hook::Validate, r#"{"resource": "x"}"#).unwrap_err();

@@ -259,10 +259,14 @@ fn case_5_an_id_that_is_not_available_is_refused() {
     let answer = s.allocate(HOSTILE_RESOURCE, "unknown-id").unwrap();
     assert_eq!(answer, ["dev-0", "no-such-device"]);
     let request = request(HOSTILE_RESOURCE, "unknown-id");
-    let available: std::collections::HashSet<&str> =
-        request.available.iter().map(|d| d.id.as_str()).collect();
-    let problem = pluglet_device_manager::check_answer(&answer, request.count, &available, &[])
-        .expect_err("an id that is not available is refused");
+    let available: std::collections::HashSet<&str> = request.available.ids().collect();
+    let problem = pluglet_device_manager::check_answer(
+        &answer,
+        request.count,
+        |id| available.contains(id),
+        &[],
+    )
+    .expect_err("an id that is not available is refused");
     let served = s.handlers.for_resource(HOSTILE_RESOURCE);
     let err = pluglet_device_manager::error::AllocateError::BadPolicyAnswer {
         resource: HOSTILE_RESOURCE.into(),
