@@ -56,6 +56,15 @@ pub struct PodDevicesEntry {
     pub alloc_resp: Option<Vec<u8>>,
 }
 
+impl PodDevicesEntry {
+    /// This entry as the file lists it (one element of `PodDeviceEntries`).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128);
+        encode_entry(&mut out, self);
+        out
+    }
+}
+
 /// The content of `kubelet_internal_checkpoint` (Go's `checkpoint.checkpointData`).
 ///
 /// The file also carries a checksum over this data; it is computed by [`CheckpointData::encode`]
@@ -105,6 +114,31 @@ impl CheckpointData {
     /// [`CheckpointData::decode_unverified`]; the kubelet refuses it.
     pub fn encode_without_checksum(&self) -> Vec<u8> {
         self.encode_stamped(0)
+    }
+
+    /// [`CheckpointData::encode_without_checksum`] of data whose `RegisteredDevices` is empty and
+    /// whose entries are given already encoded, each as [`PodDevicesEntry::encode`] makes it: a
+    /// writer that keeps each entry's bytes from one write to the next encodes only what changed.
+    pub fn encode_entries_without_checksum<'a>(
+        entries: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Vec<u8> {
+        let mut entries = entries.into_iter().peekable();
+        let mut out = Vec::with_capacity(128);
+        out.extend_from_slice(b"{\"Data\":{\"PodDeviceEntries\":");
+        if entries.peek().is_none() {
+            out.extend_from_slice(b"null");
+        } else {
+            out.push(b'[');
+            for (i, entry) in entries.enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(entry);
+            }
+            out.push(b']');
+        }
+        out.extend_from_slice(b",\"RegisteredDevices\":{}},\"Checksum\":0}");
+        out
     }
 
     fn encode_stamped(&self, checksum: u64) -> Vec<u8> {
@@ -547,6 +581,26 @@ mod tests {
                 ("example.com/gpu".into(), strings(&["dev0", "dev1", "dev2"])),
                 ("example.com/nic".into(), Some(Vec::new())),
             ]),
+        }
+    }
+
+    #[test]
+    fn entries_encoded_one_by_one_make_the_same_file() {
+        for data in [sample(), edge(), CheckpointData::default()] {
+            let unregistered = CheckpointData {
+                registered_devices: BTreeMap::new(),
+                ..data.clone()
+            };
+            let entries: Vec<Vec<u8>> = data
+                .pod_device_entries
+                .iter()
+                .flatten()
+                .map(PodDevicesEntry::encode)
+                .collect();
+            assert_eq!(
+                CheckpointData::encode_entries_without_checksum(entries.iter().map(Vec::as_slice)),
+                unregistered.encode_without_checksum(),
+            );
         }
     }
 

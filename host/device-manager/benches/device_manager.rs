@@ -9,7 +9,8 @@
 //! - allocate k of n: one allocation through the built-in WASM policy and the plugin's
 //!   Allocate, ending when the answer is durable (the journal record; the kubelet checkpoint
 //!   follows after the answer). Released again between iterations, untimed, and the
-//!   checkpoint writes left to finish before the next one;
+//!   checkpoint writes left to finish before the next one; "100 held": the same with 100 other
+//!   containers holding one device each the whole time (every journal record carries them);
 //! - update 10,000: one ListAndWatch update of 10,000 devices (one health flips) → applied;
 //! - with CDI spec: the same allocation with the CDI hand-off on (the spec written before the
 //!   answer, on a tmpfs as `/var/run/cdi` is on a systemd node); and the spec write alone
@@ -113,6 +114,7 @@ async fn bench_allocate(
     count: u32,
     n: usize,
     cdi: bool,
+    held: usize,
 ) -> Duration {
     let root = tempfile::tempdir().unwrap();
     let manager = start(root.path(), handlers, durability, cdi).await;
@@ -126,6 +128,14 @@ async fn bench_allocate(
         .await
         .expect("register");
     wait_for(&manager, |m| allocatable(m, resource) == Some(devices_n)).await;
+    // Other containers holding one device each for the whole run (a busy node's state, which
+    // every journal record carries).
+    for i in 0..held {
+        manager
+            .allocate(&format!("holder-{i}"), "ctr", resource, 1)
+            .await
+            .expect("allocate a holder");
+    }
     manager.wait_checkpoint().await.expect("checkpoint");
     let mut samples = Vec::new();
     for i in 0..n {
@@ -389,7 +399,7 @@ fn main() {
             "  of which one unary RPC",
             ms(bench_rpc(500).await)
         );
-        let rows: [(&str, &str); 7] = [
+        let rows: [(&str, &str); 8] = [
             ("Register -> devices visible", "1.8 ms"),
             ("allocate 1 of 8", "0.77 ms"),
             ("allocate 1 of 1,024", "1.48 ms"),
@@ -397,6 +407,7 @@ fn main() {
             ("ListAndWatch update of 10,000", "10 ms"),
             ("allocate 1 of 8, CDI spec", "-"),
             ("allocate 1,024 of 1,024, CDI spec", "-"),
+            ("allocate 1 of 1,024, 100 held", "-"),
         ];
         for (i, (name, kubelet)) in rows.iter().enumerate() {
             if !wanted(name) {
@@ -407,12 +418,13 @@ fn main() {
                 let h = handlers.clone();
                 let d = match i {
                     0 => bench_register(h, durability, 100).await,
-                    1 => bench_allocate(h, durability, 8, 1, 200, false).await,
-                    2 => bench_allocate(h, durability, 1024, 1, 200, false).await,
-                    3 => bench_allocate(h, durability, 1024, 1024, 50, false).await,
+                    1 => bench_allocate(h, durability, 8, 1, 200, false, 0).await,
+                    2 => bench_allocate(h, durability, 1024, 1, 200, false, 0).await,
+                    3 => bench_allocate(h, durability, 1024, 1024, 50, false, 0).await,
                     4 => bench_update(h, durability, 50).await,
-                    5 => bench_allocate(h, durability, 8, 1, 200, true).await,
-                    _ => bench_allocate(h, durability, 1024, 1024, 50, true).await,
+                    5 => bench_allocate(h, durability, 8, 1, 200, true, 0).await,
+                    6 => bench_allocate(h, durability, 1024, 1024, 50, true, 0).await,
+                    _ => bench_allocate(h, durability, 1024, 1, 200, false, 100).await,
                 };
                 figures.push(ms(d));
             }

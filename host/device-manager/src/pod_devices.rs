@@ -7,6 +7,7 @@
 //! allocator (what is free) and the admin API.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
 
 use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
@@ -77,10 +78,31 @@ impl HeldIds<'_> {
     }
 }
 
+/// An entry as kept: shared by copies of the state until one of them changes it, with its
+/// encoded form once a writer has asked for it (see [`PodDevices::encoded`]).
+#[derive(Clone, Debug)]
+struct Kept {
+    entry: Entry,
+    encoded: OnceLock<Box<[u8]>>,
+}
+
+impl Kept {
+    fn new(entry: Entry) -> Arc<Kept> {
+        Arc::new(Kept {
+            entry,
+            encoded: OnceLock::new(),
+        })
+    }
+}
+
 /// Every holder's devices, with a per-resource index of what is held.
+///
+/// Entries are shared between copies ([`PodDevices::without_index`] copies keys and pointers,
+/// not devices and answers), and each keeps its encoded form for the journal, so a change costs
+/// the same whether ten or a thousand containers hold devices on the node.
 #[derive(Clone, Debug, Default)]
 pub struct PodDevices {
-    entries: BTreeMap<HolderKey, Entry>,
+    entries: BTreeMap<HolderKey, Arc<Kept>>,
     /// resource → device id → number of entries holding it (more than 1 only after restoring a
     /// checkpoint that says so).
     held: HashMap<ResourceName, HashMap<String, u32, IdHasher>>,
@@ -99,7 +121,7 @@ impl PodDevices {
 
     /// The entry of `key`, if any.
     pub fn get(&self, key: &HolderKey) -> Option<&Entry> {
-        self.entries.get(key)
+        self.entries.get(key).map(|kept| &kept.entry)
     }
 
     /// A copy of the entries without the per-resource index: enough to encode the state after
@@ -139,8 +161,8 @@ impl PodDevices {
                 *held.entry(id.clone()).or_default() += 1;
             }
         }
-        if let Some(old) = self.entries.insert(key.clone(), entry) {
-            self.unhold(key.resource.as_str(), &old.devices);
+        if let Some(old) = self.entries.insert(key.clone(), Kept::new(entry)) {
+            self.unhold(key.resource.as_str(), &old.entry.devices);
         }
     }
 
@@ -153,8 +175,12 @@ impl PodDevices {
         response: ContainerAllocateResponse,
     ) -> bool {
         match self.entries.get_mut(key) {
-            Some(entry) if entry.state == (EntryState::Reserved { token }) => {
-                entry.state = EntryState::Allocated { response };
+            Some(kept) if kept.entry.state == (EntryState::Reserved { token }) => {
+                *kept = Kept::new(Entry {
+                    devices: kept.entry.devices.clone(),
+                    numa: kept.entry.numa.clone(),
+                    state: EntryState::Allocated { response },
+                });
                 self.version += 1;
                 true
             }
@@ -165,7 +191,7 @@ impl PodDevices {
     /// Drops the reservation `token` of `key` (its allocation failed). False when it is gone.
     pub fn cancel(&mut self, key: &HolderKey, token: u64) -> bool {
         match self.entries.get(key) {
-            Some(entry) if entry.state == (EntryState::Reserved { token }) => {
+            Some(kept) if kept.entry.state == (EntryState::Reserved { token }) => {
                 self.release_key(key);
                 true
             }
@@ -196,8 +222,10 @@ impl PodDevices {
         self.version += 1;
         let mut removed = Vec::with_capacity(keys.len());
         for key in keys {
-            if let Some(entry) = self.entries.remove(&key) {
-                self.unhold(key.resource.as_str(), &entry.devices);
+            if let Some(kept) = self.entries.remove(&key) {
+                self.unhold(key.resource.as_str(), &kept.entry.devices);
+                let entry =
+                    Arc::try_unwrap(kept).map_or_else(|kept| kept.entry.clone(), |k| k.entry);
                 removed.push((key, entry));
             }
         }
@@ -206,7 +234,27 @@ impl PodDevices {
 
     /// Every entry, sorted by pod, container and resource.
     pub fn iter(&self) -> impl Iterator<Item = (&HolderKey, &Entry)> {
-        self.entries.iter()
+        self.entries.iter().map(|(key, kept)| (key, &kept.entry))
+    }
+
+    /// The allocated entries (reserved ones are left out), each as `encode` turns it into
+    /// bytes, sorted by pod, container and resource. An entry is encoded once: its bytes are
+    /// kept with it (and shared by copies) until it changes, so `encode` must depend on the key
+    /// and the entry only.
+    pub fn encoded<'a>(
+        &'a self,
+        encode: impl Fn(&HolderKey, &Entry) -> Vec<u8> + 'a,
+    ) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.entries
+            .iter()
+            .filter_map(move |(key, kept)| match kept.entry.state {
+                EntryState::Allocated { .. } => Some(
+                    &**kept
+                        .encoded
+                        .get_or_init(|| encode(key, &kept.entry).into_boxed_slice()),
+                ),
+                EntryState::Reserved { .. } => None,
+            })
     }
 
     /// Number of entries.
@@ -221,9 +269,9 @@ impl PodDevices {
 
     /// Removes the entry of `key`, whatever its state.
     pub fn release_key(&mut self, key: &HolderKey) {
-        if let Some(entry) = self.entries.remove(key) {
+        if let Some(kept) = self.entries.remove(key) {
             self.version += 1;
-            self.unhold(key.resource.as_str(), &entry.devices);
+            self.unhold(key.resource.as_str(), &kept.entry.devices);
         }
     }
 

@@ -10,7 +10,7 @@ use prost::Message as _;
 use serde::{Deserialize, Serialize};
 
 use crate::devices::{Device, DeviceSet, Health};
-use crate::pod_devices::{EntryState, PodDevices, group_by_numa};
+use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices, group_by_numa};
 
 /// The side file's content.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -85,22 +85,7 @@ pub fn kubelet_data<'a>(
 ) -> CheckpointData {
     let entries: Vec<PodDevicesEntry> = pods
         .iter()
-        .filter_map(|(key, entry)| match &entry.state {
-            EntryState::Allocated { response } => Some(PodDevicesEntry {
-                pod_uid: key.pod_uid.to_string(),
-                container_name: key.container.to_string(),
-                resource_name: key.resource.to_string(),
-                device_ids: Some(
-                    entry
-                        .numa
-                        .iter()
-                        .map(|(node, ids)| (*node, Some(ids.clone())))
-                        .collect(),
-                ),
-                alloc_resp: Some(response.encode_to_vec()),
-            }),
-            EntryState::Reserved { .. } => None,
-        })
+        .filter_map(|(key, entry)| kubelet_entry(key, entry))
         .collect();
     CheckpointData {
         // The kubelet writes a nil slice (`null`) when no pod holds devices.
@@ -111,6 +96,33 @@ pub fn kubelet_data<'a>(
     }
 }
 
+/// An allocated entry as the kubelet checkpoints it (`None` for a reserved one).
+fn kubelet_entry(key: &HolderKey, entry: &Entry) -> Option<PodDevicesEntry> {
+    match &entry.state {
+        EntryState::Allocated { response } => Some(PodDevicesEntry {
+            pod_uid: key.pod_uid.to_string(),
+            container_name: key.container.to_string(),
+            resource_name: key.resource.to_string(),
+            device_ids: Some(
+                entry
+                    .numa
+                    .iter()
+                    .map(|(node, ids)| (*node, Some(ids.clone())))
+                    .collect(),
+            ),
+            alloc_resp: Some(response.encode_to_vec()),
+        }),
+        EntryState::Reserved { .. } => None,
+    }
+}
+
+/// An allocated entry's bytes in a journal record ([`PodDevices::encoded`] keeps them).
+fn encode_entry(key: &HolderKey, entry: &Entry) -> Vec<u8> {
+    kubelet_entry(key, entry)
+        .map(|e| e.encode())
+        .unwrap_or_default()
+}
+
 /// A journal record: the number of named checkpoint checksums (one byte), the checksums
 /// (little-endian u64 each), then the allocations as a kubelet checkpoint file whose
 /// `RegisteredDevices` is empty and whose own checksum is left `0`: the record's CRC guards it,
@@ -118,7 +130,7 @@ pub fn kubelet_data<'a>(
 /// cost an allocation of 1,024 devices milliseconds. Records of earlier versions, which carry
 /// the checksum, read the same.
 pub fn encode_journal(on_disk: &[u64], pods: &PodDevices) -> Vec<u8> {
-    let file = kubelet_data(std::iter::empty(), pods).encode_without_checksum();
+    let file = CheckpointData::encode_entries_without_checksum(pods.encoded(encode_entry));
     let mut out = Vec::with_capacity(1 + 8 * on_disk.len() + file.len());
     out.push(u8::try_from(on_disk.len()).unwrap_or(u8::MAX));
     for checksum in on_disk.iter().take(usize::from(u8::MAX)) {
@@ -253,6 +265,59 @@ pub(crate) mod tests {
             "{text}"
         );
         assert!(text.contains("pod-1") && !text.contains("pod-2"), "{text}");
+    }
+
+    #[test]
+    fn a_journal_record_encodes_each_entry_once_and_follows_every_change() {
+        let allocated = |id: &str, env: &str| Entry {
+            devices: vec![id.into()],
+            numa: group_by_numa([(id, &[0][..])]),
+            state: EntryState::Allocated {
+                response: ContainerAllocateResponse {
+                    envs: [("E".to_owned(), env.to_owned())].into(),
+                    ..Default::default()
+                },
+            },
+        };
+        let whole = |pods: &PodDevices| {
+            let mut out = vec![0];
+            out.extend_from_slice(
+                &kubelet_data(std::iter::empty(), pods).encode_without_checksum(),
+            );
+            out
+        };
+        let mut pods = PodDevices::default();
+        assert_eq!(encode_journal(&[], &pods), whole(&pods));
+        for i in 0..5 {
+            pods.insert(
+                HolderKey::new(format!("pod-{i}"), "ctr", "vendor.com/gpu"),
+                allocated(&format!("d{i}"), "a"),
+            );
+        }
+        pods.insert(
+            HolderKey::new("pod-r", "ctr", "vendor.com/gpu"),
+            Entry {
+                devices: vec!["d9".into()],
+                numa: BTreeMap::new(),
+                state: EntryState::Reserved { token: 3 },
+            },
+        );
+        assert_eq!(encode_journal(&[], &pods), whole(&pods));
+        // A copy shares the entries' bytes; its changes are its own.
+        let mut next = pods.without_index();
+        assert!(next.commit(
+            &HolderKey::new("pod-r", "ctr", "vendor.com/gpu"),
+            3,
+            ContainerAllocateResponse::default()
+        ));
+        next.release("pod-2", None);
+        next.insert(
+            HolderKey::new("pod-1", "ctr", "vendor.com/gpu"),
+            allocated("d1", "b"),
+        );
+        assert_eq!(encode_journal(&[], &next), whole(&next));
+        assert_eq!(encode_journal(&[], &pods), whole(&pods));
+        assert_ne!(encode_journal(&[], &next), encode_journal(&[], &pods));
     }
 
     #[test]
