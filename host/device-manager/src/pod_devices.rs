@@ -176,11 +176,10 @@ impl PodDevices {
     ) -> bool {
         match self.entries.get_mut(key) {
             Some(kept) if kept.entry.state == (EntryState::Reserved { token }) => {
-                *kept = Kept::new(Entry {
-                    devices: kept.entry.devices.clone(),
-                    numa: kept.entry.numa.clone(),
-                    state: EntryState::Allocated { response },
-                });
+                // In place unless a copy shares the entry (then the copy gets its own).
+                let kept = Arc::make_mut(kept);
+                kept.entry.state = EntryState::Allocated { response };
+                kept.encoded = OnceLock::new();
                 self.version += 1;
                 true
             }
