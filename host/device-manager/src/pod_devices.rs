@@ -98,8 +98,8 @@ impl Kept {
 /// Every holder's devices, with a per-resource index of what is held.
 ///
 /// Entries are shared between copies ([`PodDevices::without_index`] copies keys and pointers,
-/// not devices and answers), and each keeps its encoded form for the journal, so a change costs
-/// the same whether ten or a thousand containers hold devices on the node.
+/// not devices and answers), and each keeps its encoded form for the journal: a change encodes
+/// only what it changes, however many containers hold devices on the node.
 #[derive(Clone, Debug, Default)]
 pub struct PodDevices {
     entries: BTreeMap<HolderKey, Arc<Kept>>,
