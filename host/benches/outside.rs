@@ -56,7 +56,10 @@
 //!
 //! - peer RT: one `GetDevicePluginOptions` round trip from the bench to the peer's device plugin
 //!   socket (a bare tonic unary call on a unix socket, kept-open connection);
-//! - peer Allocate RT: the peer's `Allocate` called directly with the same device ids;
+//! - peer Allocate RT: the peer's `Allocate` called directly with the same device ids, right
+//!   after the daemon's call in even iterations and right before it in odd ones (a peer that has
+//!   just answered answers faster than one woken from a wait, as the daemon's call always finds
+//!   it; the samples taken after the daemon's call are also printed on their own);
 //! - fsync: `pwrite` of 64 bytes + `fdatasync` of a file in the directory the daemon writes to
 //!   (device plugins dir for the checkpoint rows, state dir for the allocation journal); for the
 //!   10,000-device rows, a file of the checkpoint's size;
@@ -1415,6 +1418,7 @@ mod bench {
         let mut part_big_sync = Row::new("  part: fsync checkpoint-size file", None);
         let mut part_alloc_1 = Row::new("  part: peer Allocate RT, 1 id", None);
         let mut part_alloc_1024 = Row::new("  part: peer Allocate RT, 1,024 ids", None);
+        let mut part_alloc_1_after = Row::new("    of which right after the daemon's call", None);
         let mut part_delivery = Row::new("  part: peer delivers a 10k update", None);
         let mut state_sync = SyncFloor::new(&node.state, 64);
 
@@ -1455,7 +1459,11 @@ mod bench {
         let mut pod = 0usize;
         let metrics_addr = node.metrics_addr.clone();
         let mut sums = metrics_addr.as_deref().map(stage_sums);
-        for _ in 0..iters {
+        for iteration in 0..iters {
+            // The peer's Allocate is sampled after the daemon's call in even iterations and
+            // before it in odd ones, so that the floor meets the peer as often just woken from
+            // a wait as the daemon's call does (a peer that has just answered answers faster).
+            let floor_first = iteration % 2 == 1;
             for (row, resource, count) in [
                 (&mut a1_8, "bench.com/a8", 1u32),
                 (&mut a1_1024, "bench.com/a1024", 1),
@@ -1463,6 +1471,14 @@ mod bench {
             ] {
                 pod += 1;
                 let uid = format!("pod-{pod}");
+                let (client, ids) = if resource == "bench.com/a8" {
+                    (&mut floor_client, &ids_1)
+                } else if count == 1 {
+                    (&mut a1024_client, &ids_1)
+                } else {
+                    (&mut a1024_client, &ids_1024)
+                };
+                let before = floor_first.then(|| peer_allocate(&rt, client, ids));
                 let t = Instant::now();
                 let answer = node
                     .rt
@@ -1475,14 +1491,16 @@ mod bench {
                     .expect("admin Allocate");
                 row.samples.push(t.elapsed());
                 assert_eq!(answer.into_inner().device_ids.len(), count as usize);
-                let (client, ids) = if resource == "bench.com/a8" {
-                    (&mut floor_client, &ids_1)
-                } else if count == 1 {
-                    (&mut a1024_client, &ids_1)
-                } else {
-                    (&mut a1024_client, &ids_1024)
+                let peer_part = match before {
+                    Some(before) => before,
+                    None => {
+                        let after = peer_allocate(&rt, client, ids);
+                        if count == 1 {
+                            part_alloc_1_after.samples.push(after);
+                        }
+                        after
+                    }
                 };
-                let peer_part = peer_allocate(&rt, client, ids);
                 if count == 1 {
                     part_alloc_1.samples.push(peer_part);
                 } else {
@@ -1580,6 +1598,7 @@ mod bench {
             created,
             part_peer,
             part_alloc_1,
+            part_alloc_1_after,
             part_alloc_1024,
             part_dp_sync,
             part_state_sync,
