@@ -62,7 +62,10 @@
 //!   it; the samples taken after the daemon's call are also printed on their own);
 //! - fsync: `pwrite` of 64 bytes + `fdatasync` of a file in the directory the daemon writes to
 //!   (device plugins dir for the checkpoint rows, state dir for the allocation journal); for the
-//!   10,000-device rows, a file of the checkpoint's size;
+//!   10,000-device rows, a file of the checkpoint's size; the same small write and
+//!   `fdatasync` is also sampled right after the 1-id peer `Allocate`s taken after the daemon's
+//!   call and printed on its own (not part of any floor): what one `fdatasync` costs when it
+//!   follows a peer's answer, as the daemon's journal record does;
 //! - admin RT: `ListAllocations` with no allocations.
 //! - peer delivery (10k): the peer flips device 0 of another plugin of 10,000 devices that it
 //!   serves without registering (`serve`), and a bare ListAndWatch receiver in the bench (a
@@ -1421,6 +1424,7 @@ mod bench {
         let mut part_alloc_1_after = Row::new("    of which right after the daemon's call", None);
         let mut part_delivery = Row::new("  part: peer delivers a 10k update", None);
         let mut state_sync = SyncFloor::new(&node.state, 64);
+        let mut part_sync_after_peer = Row::new("  part: fsync 64 B, after a peer Allocate", None);
 
         // Warm-up, not counted.
         for _ in 0..20 {
@@ -1496,6 +1500,7 @@ mod bench {
                     None => {
                         let after = peer_allocate(&rt, client, ids);
                         if count == 1 {
+                            part_sync_after_peer.samples.push(state_sync.sample());
                             part_alloc_1_after.samples.push(after);
                         }
                         after
@@ -1602,6 +1607,7 @@ mod bench {
             part_alloc_1024,
             part_dp_sync,
             part_state_sync,
+            part_sync_after_peer,
             part_big_sync,
             part_delivery,
         ]
