@@ -124,39 +124,20 @@ impl CheckpointData {
     ) -> Vec<u8> {
         let mut entries = entries.into_iter().peekable();
         let mut out = Vec::with_capacity(128);
-        out.extend_from_slice(b"{\"Data\":{\"PodDeviceEntries\":");
-        if entries.peek().is_none() {
-            out.extend_from_slice(b"null");
-        } else {
-            out.push(b'[');
-            for (i, entry) in entries.enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(entry);
-            }
-            out.push(b']');
-        }
+        // The kubelet writes a nil slice (`null`) when no pod holds devices.
+        let listed = entries.peek().is_some().then_some(entries);
+        put_entries(&mut out, listed, |out, entry| out.extend_from_slice(entry));
         out.extend_from_slice(b",\"RegisteredDevices\":{}},\"Checksum\":0}");
         out
     }
 
     fn encode_stamped(&self, checksum: u64) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.size_hint());
-        out.extend_from_slice(b"{\"Data\":{\"PodDeviceEntries\":");
-        match &self.pod_device_entries {
-            None => out.extend_from_slice(b"null"),
-            Some(entries) => {
-                out.push(b'[');
-                for (i, entry) in entries.iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    encode_entry(&mut out, entry);
-                }
-                out.push(b']');
-            }
-        }
+        put_entries(
+            &mut out,
+            self.pod_device_entries.as_deref().map(<[_]>::iter),
+            encode_entry,
+        );
         out.extend_from_slice(b",\"RegisteredDevices\":{");
         // BTreeMap<String, _> iterates in byte order, which is Go's string order.
         for (i, (resource, ids)) in self.registered_devices.iter().enumerate() {
@@ -290,6 +271,28 @@ impl CheckpointData {
             .sum();
         96 + entries + registered
     }
+}
+
+/// The file's opening up to and including `PodDeviceEntries`: `null` for no list, else the
+/// entries, each written by `put`, as a JSON array.
+fn put_entries<T>(
+    out: &mut Vec<u8>,
+    entries: Option<impl Iterator<Item = T>>,
+    mut put: impl FnMut(&mut Vec<u8>, T),
+) {
+    out.extend_from_slice(b"{\"Data\":{\"PodDeviceEntries\":");
+    let Some(entries) = entries else {
+        out.extend_from_slice(b"null");
+        return;
+    };
+    out.push(b'[');
+    for (i, entry) in entries.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        put(out, entry);
+    }
+    out.push(b']');
 }
 
 fn encode_entry(out: &mut Vec<u8>, entry: &PodDevicesEntry) {
