@@ -6,6 +6,7 @@ fn main() {
         "proto/deviceplugin.proto",
         "proto/csi.proto",
         "proto/admin.proto",
+        "proto/podresources.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

@@ -146,6 +146,7 @@ async fn allocations(
                 container: "ctr".into(),
                 resource: resource.into(),
                 count,
+                ..Default::default()
             })
             .await
             .expect("Allocate")

@@ -1491,6 +1491,7 @@ mod bench {
                         container: "c".into(),
                         resource: resource.into(),
                         count,
+                        ..Default::default()
                     }))
                     .expect("admin Allocate");
                 row.samples.push(t.elapsed());

@@ -330,6 +330,7 @@ async fn allocate_until(admin: PathBuf, stop: Arc<AtomicBool>) -> (Vec<Duration>
                 container: "c".into(),
                 resource: SOAK_RESOURCE.into(),
                 count: 1,
+                ..Default::default()
             })
             .await;
         match allocated {

@@ -100,6 +100,24 @@ pub struct RunArgs {
     /// Write no CDI specs (allocations then carry only the plugin's own CDI names).
     #[arg(long)]
     pub no_cdi: bool,
+    /// The kubelet's pod-resources API socket, for monitoring and topology agents
+    /// [default: /var/lib/kubelet/pod-resources/kubelet.sock, or DIR/pod-resources/kubelet.sock
+    /// with --root].
+    #[arg(long, value_name = "PATH")]
+    pub pod_resources_socket: Option<PathBuf>,
+    /// Serve no pod-resources API.
+    #[arg(long)]
+    pub no_pod_resources: bool,
+    /// Group given the pod-resources socket, which is then mode 0660 so that the group's
+    /// members (a monitoring agent) can read it [default: mode 0600, the daemon's group].
+    #[arg(long, value_name = "NAME")]
+    pub pod_resources_socket_group: Option<String>,
+    /// Requests per second the pod-resources API answers, over every method (kubelet: 100).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pod_resources_qps: u32,
+    /// Requests the pod-resources API answers at once beyond its rate (kubelet: 10).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pod_resources_burst: u32,
     /// Admin API socket [default: /run/pluglet/pluglet.sock, or DIR/pluglet.sock with --root].
     #[arg(long, value_name = "PATH")]
     pub admin_socket: Option<PathBuf>,
@@ -268,6 +286,14 @@ pub enum CtlCommand {
         /// Number of devices.
         #[arg(long)]
         count: u32,
+        /// The pod's name, as the pod-resources API shows it [default: the name given with
+        /// the pod's earlier allocations, else its UID].
+        #[arg(long, value_name = "NAME")]
+        pod_name: Option<String>,
+        /// The pod's namespace [default: the one given with the pod's earlier allocations,
+        /// else default].
+        #[arg(long, value_name = "NAMESPACE")]
+        namespace: Option<String>,
     },
     /// Releases what a pod (or one of its containers) holds.
     Release {

@@ -33,6 +33,8 @@ pub const DEFAULT_ADMIN_SOCKET: &str = "/run/pluglet/pluglet.sock";
 /// CDI: the spec directory runtimes read for specs made at run time (podman, containerd and
 /// CRI-O read `/etc/cdi` and `/var/run/cdi`).
 pub const DEFAULT_CDI_SPEC_DIR: &str = "/var/run/cdi";
+/// Kubelet: the pod-resources API socket (`<root-dir>/pod-resources/kubelet.sock`).
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 /// File name of the admin socket under `--root`.
 pub const ADMIN_SOCKET_NAME: &str = "pluglet.sock";
 
@@ -56,6 +58,9 @@ pub enum ConfigError {
     /// A duration that must not be zero is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),
+    /// A count that must not be zero is zero.
+    #[error("{0} must be at least 1")]
+    ZeroCount(&'static str),
     /// The admin socket group does not exist.
     #[error(
         "admin socket group {0:?} does not exist: create it (groupadd) or name an existing group"
@@ -141,6 +146,8 @@ pub struct Paths {
     pub admin_socket: PathBuf,
     /// Where allocations are written as CDI specs.
     pub cdi_spec_dir: PathBuf,
+    /// The pod-resources API socket.
+    pub pod_resources_socket: PathBuf,
 }
 
 impl Paths {
@@ -153,6 +160,7 @@ impl Paths {
             state_dir: DEFAULT_STATE_DIR.into(),
             admin_socket: DEFAULT_ADMIN_SOCKET.into(),
             cdi_spec_dir: DEFAULT_CDI_SPEC_DIR.into(),
+            pod_resources_socket: DEFAULT_POD_RESOURCES_SOCKET.into(),
         }
     }
 
@@ -165,6 +173,7 @@ impl Paths {
             state_dir: root.join("state"),
             admin_socket: root.join(ADMIN_SOCKET_NAME),
             cdi_spec_dir: root.join("cdi"),
+            pod_resources_socket: root.join("pod-resources").join("kubelet.sock"),
         }
     }
 
@@ -236,6 +245,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Whether allocations are written as CDI specs to `paths.cdi_spec_dir`.
     pub cdi: bool,
+    /// The pod-resources API on `paths.pod_resources_socket`; `None`: not served.
+    pub pod_resources: Option<PodResources>,
     /// Publishing to a Kubernetes API server; `None`: off.
     pub publish: Option<Publish>,
     /// How long a resource gone past its grace period stays published at 0.
@@ -251,6 +262,22 @@ pub struct Publish {
     pub register_node: bool,
     /// Labels of a Node created with `register_node`.
     pub node_labels: std::collections::BTreeMap<String, String>,
+}
+
+/// How the pod-resources API is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodResources {
+    /// The group given the socket (then mode 0660); `None`: mode 0600, the daemon's group.
+    pub group: Option<SocketGroup>,
+    /// The rate limit over every method.
+    pub limits: pluglet_device_manager::pod_resources::Limits,
+}
+
+impl PodResources {
+    /// The socket's permission bits: 0660 with a group, else 0600.
+    pub fn mode(&self) -> u32 {
+        if self.group.is_some() { 0o660 } else { 0o600 }
+    }
 }
 
 /// `--admin-socket-group`: a group that exists.
@@ -377,6 +404,9 @@ impl Config {
         if let Some(p) = &args.cdi_spec_dir {
             paths.cdi_spec_dir = p.clone();
         }
+        if let Some(p) = &args.pod_resources_socket {
+            paths.pod_resources_socket = p.clone();
+        }
         let admin_socket_mode = parse_mode(&args.admin_socket_mode)?;
         let node_name = args.node_name.clone().unwrap_or_else(hostname);
         if node_name.trim().is_empty() {
@@ -443,10 +473,38 @@ impl Config {
                 level: log_level(args.log_level.as_deref(), rust_log)?,
             },
             cdi: !args.no_cdi,
+            pod_resources: pod_resources(args)?,
             publish: publish(args)?,
             removed_resource_linger: args.removed_resource_linger,
         })
     }
+}
+
+/// The pod-resources settings of `args`: `None` with `--no-pod-resources`.
+fn pod_resources(args: &RunArgs) -> Result<Option<PodResources>, ConfigError> {
+    if args.no_pod_resources {
+        return Ok(None);
+    }
+    let nonzero = |n: u32, name: &'static str| {
+        std::num::NonZeroU32::new(n).ok_or(ConfigError::ZeroCount(name))
+    };
+    Ok(Some(PodResources {
+        group: args
+            .pod_resources_socket_group
+            .as_deref()
+            .map(socket_group)
+            .transpose()?,
+        limits: pluglet_device_manager::pod_resources::Limits {
+            qps: nonzero(
+                args.pod_resources_qps,
+                "--pod-resources-qps (pod_resources_qps)",
+            )?,
+            burst: nonzero(
+                args.pod_resources_burst,
+                "--pod-resources-burst (pod_resources_burst)",
+            )?,
+        },
+    }))
 }
 
 /// The publishing settings of `args`: `None` without an API server.

@@ -38,6 +38,7 @@ use crate::ops::supervise::Supervisor;
 use crate::ops::{http, notify};
 use crate::plugin_manager::{PluginManager, PluginManagerConfig};
 use crate::plugin_types::csi::CsiKind;
+use pluglet_device_manager::pod_resources::{self, PodResourcesMetrics, PodResourcesService};
 
 /// Another daemon holds the state directory.
 #[derive(Debug, thiserror::Error)]
@@ -323,6 +324,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     });
 
+    // The pod-resources API: what monitoring and topology agents read from a kubelet.
+    let pod_resources_metrics = match &config.pod_resources {
+        Some(served) => {
+            let metrics = PodResourcesMetrics::default();
+            let serving = serve_pod_resources(
+                &paths.pod_resources_socket,
+                served,
+                PodResourcesService::new(devices.clone(), served.limits, metrics.clone()),
+                cancel.child_token(),
+            )?;
+            stages.spawn("pod-resources-server", serving);
+            Some(metrics)
+        }
+        None => None,
+    };
+
     if let Some(fleet) = fleet {
         let fed = devices.clone();
         let stopping = cancel.child_token();
@@ -370,6 +387,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         plugins: &counts,
         latency: &latency,
         publisher: publisher.as_ref(),
+        pod_resources: pod_resources_metrics.as_ref(),
     }));
     let counting = handler_changes.run(handlers.clone(), cancel.child_token());
     stages.spawn("handler-metrics", async move {
@@ -427,6 +445,40 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Binds the pod-resources socket at `path` (mode 0600, or 0660 in `served`'s group) and returns
+/// the server to run, which removes the socket when it stops. A socket that answers at `path`
+/// (a kubelet's) stops the start, as `kubelet.sock` does; a stale one is replaced.
+fn serve_pod_resources(
+    path: &Path,
+    served: &crate::config::PodResources,
+    service: PodResourcesService,
+    cancel: CancellationToken,
+) -> anyhow::Result<impl Future<Output = Result<(), String>> + use<>> {
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        anyhow::bail!(
+            "{} answers: a kubelet (or another Pluglet) serves the pod-resources API there; stop it, \
+             give Pluglet another --pod-resources-socket, or pass --no-pod-resources (nothing was changed)",
+            path.display()
+        );
+    }
+    let listener = pluglet_uds::bind(path, Some(served.mode()))
+        .with_context(|| format!("cannot serve the pod-resources API on {}", path.display()))?;
+    set_socket_group(path, served.group.as_ref())?;
+    info!(
+        path = %path.display(),
+        mode = format!("{:04o}", served.mode()),
+        qps = served.limits.qps,
+        burst = served.limits.burst,
+        "pod-resources API listening"
+    );
+    let path = path.to_owned();
+    Ok(async move {
+        let result = pod_resources::serve(service, listener, cancel).await;
+        let _ = std::fs::remove_file(&path);
+        result
+    })
 }
 
 /// Raises the soft limit on open files to the hard limit, as the Go runtime does for the

@@ -4,6 +4,7 @@
 //! - [`v1beta1`] (alias [`deviceplugin::v1beta1`]): the kubelet device plugin API.
 //! - [`csi::v1`]: the CSI subset a node agent calls at registration.
 //! - [`admin::v1`]: Pluglet's own admin API.
+//! - [`podresources::v1`]: the kubelet's pod-resources API (package `v1`).
 #![allow(missing_docs)]
 
 /// `package pluginregistration;`
@@ -14,6 +15,14 @@ pub mod pluginregistration {
 /// `package v1beta1;` (the device plugin API). Also reachable as [`deviceplugin::v1beta1`].
 pub mod v1beta1 {
     tonic::include_proto!("v1beta1");
+}
+
+/// The kubelet's pod-resources API.
+pub mod podresources {
+    /// `package v1;` (`k8s.io/kubelet/pkg/apis/podresources/v1`).
+    pub mod v1 {
+        tonic::include_proto!("v1");
+    }
 }
 
 /// Device plugin API.

@@ -109,6 +109,7 @@ fn allocate(pod: &str, container: &str, resource: &str, count: u32) -> pb::Alloc
         container: container.into(),
         resource: resource.into(),
         count,
+        ..Default::default()
     }
 }
 

@@ -202,6 +202,60 @@ fn podman_injects_an_allocation_by_its_cdi_name_until_it_is_released() {
     daemon.terminate();
 }
 
+/// A plugin that answers as the Kubernetes sample device plugin does (one identical
+/// `/dev/null` spec per device) is allocated 2 and 8 devices: each allocation's spec holds the
+/// node once, and podman runs a container with it.
+#[test]
+fn identical_device_specs_are_one_node_and_run_in_podman() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "podman runs containers as root here: run the tests as root (CI does)"
+    );
+    let root = TestRoot::new();
+    let image = busybox_image(&root.path());
+    let daemon = Daemon::start(&root.path(), &["--cdi-spec-dir", RUNTIME_CDI_DIR]);
+    let _plugin = DevicePluginProcess::start(
+        &root,
+        Flow::Classic,
+        WIDGET,
+        &["--devices", "10", "--dev-null-per-device"],
+    );
+    wait_allocatable(&daemon, WIDGET, 10);
+    for count in [2, 8] {
+        let pod = format!("pod-{}", unique());
+        let got = allocate(&daemon, &pod, "main", WIDGET, count)
+            .unwrap_or_else(|e| panic!("allocate {count}: {e}"));
+        assert_eq!(ids(&got["device_ids"]).len(), count as usize, "{got}");
+        let expected = format!("{WIDGET}=pluglet-{pod}_main");
+        assert_eq!(names(&got["cdi_names"]), [expected.as_str()], "{got}");
+        assert_eq!(
+            got["device_specs"].as_array().map(Vec::len),
+            Some(count as usize),
+            "the plugin's answer is kept as it gave it: {got}"
+        );
+        let spec_path =
+            Path::new(RUNTIME_CDI_DIR).join(format!("pluglet-example.com=widget={pod}_main.json"));
+        let spec: Value = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
+        assert_eq!(
+            spec["devices"][0]["containerEdits"]["deviceNodes"],
+            serde_json::json!([{"path": "/dev/null", "permissions": "rw"}]),
+            "{spec}"
+        );
+        let out = run_with_device(
+            &root.path(),
+            &image,
+            &expected,
+            "test -c /dev/null && echo node-ok",
+        );
+        let said = text(&out);
+        assert!(out.status.success(), "podman run with {expected}: {said}");
+        assert!(said.contains("node-ok"), "{said}");
+        release(&daemon, &pod, None);
+        assert!(!spec_path.exists(), "spec left after the release");
+    }
+    daemon.terminate();
+}
+
 #[test]
 fn specs_are_reconciled_at_start_and_cdi_can_be_turned_off() {
     let root = TestRoot::new();

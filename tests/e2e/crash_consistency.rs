@@ -136,6 +136,7 @@ async fn client(socket: &Path, id: usize, round: usize, seed: u64, model: Arc<Mu
                     container: "ctr".into(),
                     resource: GPU.into(),
                     count,
+                    ..Default::default()
                 })
                 .await;
             let mut model = model.lock().unwrap();

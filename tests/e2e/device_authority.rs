@@ -45,7 +45,7 @@ fn literal(name: &str, value: &str) -> Vec<u8> {
 
 /// What the server did with stream 1.
 #[derive(Debug, PartialEq)]
-enum Answer {
+pub(crate) enum Answer {
     /// It answered (HEADERS with END_STREAM: the gRPC trailers).
     Answered,
     /// RST_STREAM with this error code.
@@ -163,7 +163,7 @@ print("answered", len(answer))
 
 /// One unary gRPC call on `socket` written frame by frame, with `authority` as `:authority`
 /// (which Rust HTTP/2 clients refuse to send when it is a path), and what the server did.
-fn unary(socket: &std::path::Path, authority: &str, path: &str, body: &[u8]) -> Answer {
+pub(crate) fn unary(socket: &std::path::Path, authority: &str, path: &str, body: &[u8]) -> Answer {
     let mut stream = UnixStream::connect(socket).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))

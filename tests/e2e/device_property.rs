@@ -52,6 +52,7 @@ async fn run_op(mut client: AdminClient<Channel>, op: Op) -> Result<(), String> 
                 container: format!("c{container}"),
                 resource: GPU.into(),
                 count,
+                ..Default::default()
             };
             match client.allocate(request).await {
                 Ok(answer) => {
@@ -178,6 +179,7 @@ async fn run_case(socket: &std::path::Path, batches: Vec<Vec<Op>>) -> Result<(),
             container: "c".into(),
             resource: GPU.into(),
             count: DEVICES as u32,
+            ..Default::default()
         })
         .await
         .map_err(|s| format!("every device should be free: {s}"))?;

@@ -32,6 +32,7 @@ mod handler_swap;
 mod handler_vectors;
 mod kube_harness;
 mod node_operations;
+mod pod_resources;
 mod state_disk;
 mod status_events;
 mod sync_pods;

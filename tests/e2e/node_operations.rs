@@ -283,7 +283,7 @@ fn shipped_unit_passes_systemd_analyze_verify() {
         "ExecStart=/usr/local/bin/pluglet run --config /etc/pluglet/config.toml",
         "RuntimeDirectory=pluglet",
         "ProtectSystem=strict",
-        "ReadWritePaths=/var/lib/kubelet/plugins_registry /var/lib/kubelet/device-plugins /var/lib/pluglet",
+        "ReadWritePaths=/var/lib/kubelet/plugins_registry /var/lib/kubelet/device-plugins /var/lib/kubelet/pod-resources /var/lib/pluglet",
         "NoNewPrivileges=yes",
         "PrivateTmp=yes",
     ] {

@@ -17,7 +17,7 @@ use crate::support::{CsiPlugin, DEADLINE, Daemon, TestRoot, wait_for};
 const GPU: &str = "vendor.com/gpu";
 
 /// A free loopback address for `--metrics-addr`.
-fn free_addr() -> String {
+pub(crate) fn free_addr() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().to_string()
 }
@@ -105,7 +105,7 @@ print(json.dumps(out))
 }
 
 /// Both formats, parsed; they must agree on every sample they share.
-fn scrape(addr: &str) -> BTreeMap<String, f64> {
+pub(crate) fn scrape(addr: &str) -> BTreeMap<String, f64> {
     let (status, content_type, text) = get(addr, "/metrics", None).expect("/metrics answers");
     assert_eq!(status, 200, "{text}");
     assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");

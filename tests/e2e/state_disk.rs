@@ -147,6 +147,7 @@ fn a_full_disk_refuses_what_cannot_be_made_durable_and_recovers_when_space_is_ba
                     container: "ctr".into(),
                     resource: GPU.into(),
                     count: 1,
+                    ..Default::default()
                 })
                 .await
             {

@@ -103,6 +103,10 @@ struct Args {
     /// Answer Allocate with a CDI device name `<resource>=<id>` per device.
     #[arg(long)]
     cdi_devices: bool,
+    /// Answer Allocate as the Kubernetes sample device plugin does: one identical device spec
+    /// `/dev/null` → `/dev/null` (`rw`) per device allocated, and nothing else.
+    #[arg(long)]
+    dev_null_per_device: bool,
     /// Flip every device's health this many times a second, as SIGUSR1 does (load tests of
     /// what follows device health); 0: never.
     #[arg(long, default_value_t = 0)]
@@ -257,6 +261,17 @@ impl Plugin {
     }
 
     fn allocate_response(&self, ids: &[String]) -> v1beta1::ContainerAllocateResponse {
+        if self.args.dev_null_per_device {
+            let dev_null = v1beta1::DeviceSpec {
+                container_path: "/dev/null".into(),
+                host_path: "/dev/null".into(),
+                permissions: "rw".into(),
+            };
+            return v1beta1::ContainerAllocateResponse {
+                devices: vec![dev_null; ids.len()],
+                ..Default::default()
+            };
+        }
         let joined = ids.join(",");
         v1beta1::ContainerAllocateResponse {
             envs: [("VENDOR_DEVICES".to_string(), joined.clone())].into(),

@@ -44,7 +44,7 @@ use crate::devices::{DeviceSet, Health, IdHasher};
 use crate::error::{AllocateError, ReleaseError};
 use crate::metrics::{Metrics, Stage, StageClock};
 use crate::persistence::Persistence;
-use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices, group_by_numa};
+use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices, PodName, group_by_numa};
 use crate::registry::Registry;
 
 /// The kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
@@ -99,6 +99,26 @@ pub fn check_answer(
     Ok(())
 }
 
+/// The name to record with a new entry of `key`'s pod: the one `given`, else the one the pod's
+/// other entries carry. Refused when the pod's UID is recorded under another name (a pod's
+/// name never changes; two names for one UID are a client's mistake).
+fn pod_name_to_record(
+    pods: &PodDevices,
+    key: &HolderKey,
+    given: Option<&PodName>,
+) -> Result<Option<PodName>, AllocateError> {
+    let recorded = pods.pod_name(key.pod_uid.as_str());
+    match (given, recorded) {
+        (Some(given), Some(recorded)) if given != recorded => Err(AllocateError::PodRenamed {
+            pod_uid: key.pod_uid.clone(),
+            recorded: format!("{}/{}", recorded.namespace, recorded.name),
+            given: format!("{}/{}", given.namespace, given.name),
+        }),
+        (Some(given), _) => Ok(Some(given.clone())),
+        (None, recorded) => Ok(recorded.cloned()),
+    }
+}
+
 /// What one container holds of one resource, as the admin API shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocationInfo {
@@ -114,6 +134,8 @@ pub struct AllocationInfo {
     pub allocated: bool,
     /// The CDI device names of the allocation (see [`Allocation::cdi_names`]).
     pub cdi_names: Vec<String>,
+    /// The pod's name and namespace (its UID and `default` when none was given).
+    pub pod: PodName,
 }
 
 impl AllocationInfo {
@@ -129,6 +151,7 @@ impl AllocationInfo {
             device_ids: entry.devices.clone(),
             allocated,
             cdi_names,
+            pod: PodName::shown(entry.pod.as_ref(), key.pod_uid.as_str()),
         }
     }
 }
@@ -186,24 +209,34 @@ impl Allocator {
     }
 
     /// Allocates `count` devices of `resource` to one container (see the module doc), in an
-    /// `allocation` span with the pod, container and resource. A new allocation and a failed
-    /// one are recorded in the event log.
-    pub async fn allocate(&self, key: HolderKey, count: u32) -> Result<Allocation, AllocateError> {
+    /// `allocation` span with the pod, container and resource. `pod` is the pod's name and
+    /// namespace when the client gave them: recorded with the allocation, and refused when the
+    /// pod's UID is recorded under another name. A new allocation and a failed one are
+    /// recorded in the event log.
+    pub async fn allocate(
+        &self,
+        key: HolderKey,
+        count: u32,
+        pod: Option<PodName>,
+    ) -> Result<Allocation, AllocateError> {
         let span = tracing::info_span!(
             "allocation",
             pod = %key.pod_uid,
             container = %key.container,
             resource = %key.resource,
         );
-        self.allocate_in_span(key, count).instrument(span).await
+        self.allocate_in_span(key, count, pod)
+            .instrument(span)
+            .await
     }
 
     async fn allocate_in_span(
         &self,
         key: HolderKey,
         count: u32,
+        pod: Option<PodName>,
     ) -> Result<Allocation, AllocateError> {
-        let result = self.choose_and_commit(key.clone(), count).await;
+        let result = self.choose_and_commit(key.clone(), count, pod).await;
         let outcome = match &result {
             Ok(allocation) if allocation.reused => "reused",
             Ok(_) => "allocated",
@@ -242,6 +275,7 @@ impl Allocator {
         &self,
         key: HolderKey,
         count: u32,
+        pod: Option<PodName>,
     ) -> Result<Allocation, AllocateError> {
         let resource = key.resource.clone();
         if count == 0 {
@@ -262,15 +296,16 @@ impl Allocator {
         let decision = decision.lock_owned().await;
         clock.done(Stage::Queue);
 
-        let (available, offered, preferred_available, mut client) = match self.plan(&key, count)? {
-            Plan::Reuse(allocation) => return Ok(allocation),
-            Plan::Choose {
-                available,
-                offered,
-                preferred_available,
-                client,
-            } => (available, offered, preferred_available, client),
-        };
+        let (available, offered, preferred_available, mut client) =
+            match self.plan(&key, count, pod.as_ref())? {
+                Plan::Reuse(allocation) => return Ok(allocation),
+                Plan::Choose {
+                    available,
+                    offered,
+                    preferred_available,
+                    client,
+                } => (available, offered, preferred_available, client),
+            };
         clock.done(Stage::Candidates);
 
         let preferred = if preferred_available {
@@ -347,7 +382,7 @@ impl Allocator {
         tracing::debug!(%resource, %module, ?chosen, elapsed = ?call.elapsed, "allocation policy chose");
 
         let token = self.inner.next_token.fetch_add(1, Ordering::SeqCst);
-        let (client, pre_start) = self.reserve(&key, &chosen, token)?;
+        let (client, pre_start) = self.reserve(&key, &chosen, token, pod)?;
         drop(decision);
         clock.done(Stage::Reserve);
 
@@ -549,8 +584,13 @@ impl Allocator {
     }
 
     /// Reuse, or the candidates: the registry's devices now, minus what someone holds.
-    fn plan(&self, key: &HolderKey, count: u32) -> Result<Plan, AllocateError> {
-        if let Some(plan) = self.reuse(key, count)? {
+    fn plan(
+        &self,
+        key: &HolderKey,
+        count: u32,
+        pod: Option<&PodName>,
+    ) -> Result<Plan, AllocateError> {
+        if let Some(plan) = self.reuse(key, count, pod)? {
             return Ok(plan);
         }
         let offer = self.inner.registry.offer(&key.resource)?;
@@ -582,8 +622,14 @@ impl Allocator {
     }
 
     /// What the container holds already, if anything.
-    fn reuse(&self, key: &HolderKey, count: u32) -> Result<Option<Plan>, AllocateError> {
+    fn reuse(
+        &self,
+        key: &HolderKey,
+        count: u32,
+        pod: Option<&PodName>,
+    ) -> Result<Option<Plan>, AllocateError> {
         let pods = self.lock();
+        pod_name_to_record(&pods, key, pod)?;
         let Some(entry) = pods.get(key) else {
             return Ok(None);
         };
@@ -619,9 +665,11 @@ impl Allocator {
         key: &HolderKey,
         chosen: &[String],
         token: u64,
+        pod: Option<PodName>,
     ) -> Result<(DevicePluginClient<Channel>, bool), AllocateError> {
         let offer = self.inner.registry.offer(&key.resource)?;
         let mut pods = self.lock();
+        let pod = pod_name_to_record(&pods, key, pod.as_ref())?;
         if pods.get(key).is_some() {
             return Err(AllocateError::InProgress {
                 pod_uid: key.pod_uid.clone(),
@@ -653,6 +701,7 @@ impl Allocator {
                 devices: chosen.to_vec(),
                 numa,
                 state: EntryState::Reserved { token },
+                pod,
             },
         );
         Ok((offer.client, offer.pre_start_required))
@@ -960,22 +1009,22 @@ mod alone {
         let before = journaled().modified().unwrap();
 
         let a = allocator
-            .allocate(HolderKey::new("pod-a", "ctr", GPU), 2)
+            .allocate(HolderKey::new("pod-a", "ctr", GPU), 2, None)
             .await
             .unwrap();
         assert!(!a.reused);
         let again = allocator
-            .allocate(HolderKey::new("pod-a", "ctr", GPU), 2)
+            .allocate(HolderKey::new("pod-a", "ctr", GPU), 2, None)
             .await
             .unwrap();
         assert!(again.reused && again.device_ids == a.device_ids);
         let b = allocator
-            .allocate(HolderKey::new("pod-b", "ctr", GPU), 2)
+            .allocate(HolderKey::new("pod-b", "ctr", GPU), 2, None)
             .await
             .unwrap();
         assert!(b.device_ids.iter().all(|id| !a.device_ids.contains(id)));
         let err = allocator
-            .allocate(HolderKey::new("pod-c", "ctr", GPU), 1)
+            .allocate(HolderKey::new("pod-c", "ctr", GPU), 1, None)
             .await
             .unwrap_err();
         assert!(
@@ -1042,13 +1091,13 @@ mod alone {
         );
         let spec = cdi_dir.join("pluglet-vendor.com=gpu=pod-a_ctr.json");
         let a = allocator
-            .allocate(HolderKey::new("pod-a", "ctr", GPU), 1)
+            .allocate(HolderKey::new("pod-a", "ctr", GPU), 1, None)
             .await
             .unwrap();
         assert_eq!(a.cdi_names, ["vendor.com/gpu=pluglet-pod-a_ctr"]);
         assert!(spec.exists());
         let again = allocator
-            .allocate(HolderKey::new("pod-a", "ctr", GPU), 1)
+            .allocate(HolderKey::new("pod-a", "ctr", GPU), 1, None)
             .await
             .unwrap();
         assert_eq!(
@@ -1067,7 +1116,7 @@ mod alone {
             ..Default::default()
         });
         let err = allocator
-            .allocate(HolderKey::new("pod-b", "ctr", GPU), 1)
+            .allocate(HolderKey::new("pod-b", "ctr", GPU), 1, None)
             .await
             .unwrap_err();
         let text = pluglet_core::error_chain(&err);
@@ -1082,7 +1131,7 @@ mod alone {
         std::fs::remove_dir(&cdi_dir).unwrap();
         std::fs::write(&cdi_dir, "not a directory").unwrap();
         let err = allocator
-            .allocate(HolderKey::new("pod-c", "ctr", GPU), 1)
+            .allocate(HolderKey::new("pod-c", "ctr", GPU), 1, None)
             .await
             .unwrap_err();
         let text = pluglet_core::error_chain(&err);

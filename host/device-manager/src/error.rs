@@ -170,6 +170,18 @@ pub enum AllocateError {
         /// The resource.
         resource: ResourceName,
     },
+    /// The pod's UID is recorded under another name or namespace.
+    #[error(
+        "pod {pod_uid} holds devices as {recorded}, not {given}: a pod's name and namespace cannot change; give the same ones (or none) or use another pod UID"
+    )]
+    PodRenamed {
+        /// The pod.
+        pod_uid: PodUid,
+        /// `namespace/name` recorded with its allocations.
+        recorded: String,
+        /// `namespace/name` given now.
+        given: String,
+    },
     /// Fewer free healthy devices than requested (the kubelet's wording).
     #[error(
         "requested number of devices unavailable for {resource}. Requested: {requested}, Available: {available}"

@@ -20,7 +20,8 @@
 //!
 //! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task
 //! per connected plugin; `device_list` reads its ListAndWatch updates), [`devices`] (health, capacity, allocatable), [`allocator`] and
-//! [`pod_devices`] (who holds what), [`persistence`] (the files), [`registration_server`]
+//! [`pod_devices`] (who holds what), [`persistence`] (the files), [`pod_resources`] (the
+//! kubelet's pod-resources API, read from the acknowledged allocations), [`registration_server`]
 //! (`kubelet.sock` and start-up), `kind` (the device plugin type's pipeline steps), [`error`].
 
 pub mod allocator;
@@ -34,6 +35,7 @@ mod manager;
 pub mod metrics;
 pub mod persistence;
 pub mod pod_devices;
+pub mod pod_resources;
 pub mod registration_server;
 pub mod registry;
 pub mod stub;
@@ -48,4 +50,5 @@ pub use manager::{Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceMana
 pub use metrics::Metrics;
 pub use persistence::restore::{Recovery, RestoreReport, SetAside};
 pub use pluglet_checkpoint::Durability;
+pub use pod_devices::PodName;
 pub use registry::{RegistryEvent, ResourceInfo};

@@ -31,6 +31,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::allocator::{Allocation, AllocationInfo, Allocator};
 use crate::cdi::{Handoff, Reconciled};
+use crate::devices::DeviceSet;
 use crate::error::{AllocateError, ReleaseError, StartError};
 use crate::kind::DevicePluginKind;
 use crate::persistence::files::{SideResource, SideState, kubelet_data};
@@ -38,7 +39,7 @@ use crate::persistence::restore::RestoreReport;
 use crate::persistence::{
     JOURNAL_FILE_NAME, Paths, Persistence, SIDE_FILE_NAME, SideSource, Snapshot,
 };
-use crate::pod_devices::HolderKey;
+use crate::pod_devices::{HolderKey, PodDevices, PodName};
 use crate::registry::{Registry, ResourceInfo, Timings};
 
 /// How long a resource whose plugin disconnected stays (with its devices unhealthy) before it
@@ -356,6 +357,17 @@ impl DeviceManager {
         self.inner.allocator.allocations()
     }
 
+    /// The allocations as of the newest change made durable: a shared, immutable copy, read
+    /// without the allocator's lock (the pod-resources API answers from it).
+    pub fn acknowledged(&self) -> Arc<PodDevices> {
+        self.inner.persistence.acknowledged()
+    }
+
+    /// Every resource's devices (shared, not copied).
+    pub fn device_sets(&self) -> Vec<(ResourceName, DeviceSet)> {
+        self.inner.registry.device_sets()
+    }
+
     /// Allocates `count` devices of `resource` to one container: the same ones again if it
     /// holds them already; answered once the allocation is durable (see [`crate::allocator`]).
     pub async fn allocate(
@@ -365,9 +377,24 @@ impl DeviceManager {
         resource: impl Into<ResourceName>,
         count: u32,
     ) -> Result<Allocation, AllocateError> {
+        self.allocate_named(pod_uid, container, resource, count, None)
+            .await
+    }
+
+    /// [`DeviceManager::allocate`] for a pod with a name and namespace (`None`: the ones
+    /// recorded with the pod's other allocations, else its UID and `default`), as the
+    /// pod-resources API shows it.
+    pub async fn allocate_named(
+        &self,
+        pod_uid: impl Into<PodUid>,
+        container: impl Into<ContainerName>,
+        resource: impl Into<ResourceName>,
+        count: u32,
+        pod: Option<PodName>,
+    ) -> Result<Allocation, AllocateError> {
         self.inner
             .allocator
-            .allocate(HolderKey::new(pod_uid, container, resource), count)
+            .allocate(HolderKey::new(pod_uid, container, resource), count, pod)
             .await
     }
 

@@ -56,6 +56,29 @@ pub enum EntryState {
     },
 }
 
+/// A pod's name and namespace, as the pod-resources API shows them (Pluglet's pods are
+/// identified by UID; the name is what the client gave with its first allocation).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PodName {
+    /// The pod's name.
+    pub name: String,
+    /// Its namespace.
+    pub namespace: String,
+}
+
+impl PodName {
+    /// The namespace of a pod allocated without one, as the pod-resources API shows it.
+    pub const DEFAULT_NAMESPACE: &'static str = "default";
+
+    /// The name `pod` is shown with: `given`, else its UID in the default namespace.
+    pub fn shown(given: Option<&PodName>, pod_uid: &str) -> PodName {
+        given.cloned().unwrap_or_else(|| PodName {
+            name: pod_uid.to_owned(),
+            namespace: PodName::DEFAULT_NAMESPACE.to_owned(),
+        })
+    }
+}
+
 /// The devices one container holds of one resource.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
@@ -65,6 +88,9 @@ pub struct Entry {
     pub numa: BTreeMap<i64, Vec<String>>,
     /// Reserved or allocated.
     pub state: EntryState,
+    /// The pod's name and namespace, when the allocation gave them (recorded in the journal
+    /// with the allocation; see `persistence::files`).
+    pub pod: Option<PodName>,
 }
 
 /// The ids of one resource that some container holds or has reserved.
@@ -231,6 +257,15 @@ impl PodDevices {
         removed
     }
 
+    /// The name of `pod_uid` recorded with any of its entries, if one was given.
+    pub fn pod_name(&self, pod_uid: &str) -> Option<&PodName> {
+        let from = HolderKey::new(pod_uid, "", "");
+        self.entries
+            .range(from..)
+            .take_while(|(key, _)| key.pod_uid == pod_uid)
+            .find_map(|(_, kept)| kept.entry.pod.as_ref())
+    }
+
     /// Every entry, sorted by pod, container and resource.
     pub fn iter(&self) -> impl Iterator<Item = (&HolderKey, &Entry)> {
         self.entries.iter().map(|(key, kept)| (key, &kept.entry))
@@ -327,6 +362,7 @@ mod tests {
             devices: ids.iter().map(|s| s.to_string()).collect(),
             numa: BTreeMap::new(),
             state: EntryState::Reserved { token },
+            pod: None,
         }
     }
 
@@ -366,6 +402,7 @@ mod tests {
             state: EntryState::Allocated {
                 response: Default::default(),
             },
+            pod: None,
         }
     }
 

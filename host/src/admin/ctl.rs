@@ -129,11 +129,15 @@ impl Request {
                 container,
                 resource,
                 count,
+                pod_name,
+                namespace,
             } => Request::Allocate(pb::AllocateRequest {
                 pod_uid: pod.clone(),
                 container: container.clone(),
                 resource: resource.clone(),
                 count: *count,
+                pod_name: pod_name.clone().unwrap_or_default(),
+                pod_namespace: namespace.clone().unwrap_or_default(),
             }),
             CtlCommand::Release { pod, container } => Request::Release(pb::ReleaseRequest {
                 pod_uid: pod.clone(),

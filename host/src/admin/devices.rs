@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use pluglet_core::{PodUid, error_chain};
 use pluglet_device_manager::{
-    AllocateError, AllocationInfo, DeviceManager, ReleaseError, ResourceInfo,
+    AllocateError, AllocationInfo, DeviceManager, PodName, ReleaseError, ResourceInfo,
 };
 use pluglet_proto::admin::v1 as pb;
 use tonic::Status;
@@ -46,6 +46,8 @@ pub fn allocation_to_wire(a: &AllocationInfo) -> pb::Allocation {
         resource: a.resource.to_string(),
         device_ids: a.device_ids.clone(),
         cdi_names: a.cdi_names.clone(),
+        pod_name: a.pod.name.clone(),
+        pod_namespace: a.pod.namespace.clone(),
     }
 }
 
@@ -58,6 +60,7 @@ pub fn allocate_status(err: &AllocateError) -> Status {
         AllocateError::NotConnected { .. } | AllocateError::Stopped => Code::Unavailable,
         AllocateError::Unavailable { .. } => Code::ResourceExhausted,
         AllocateError::ChangedRequest { .. }
+        | AllocateError::PodRenamed { .. }
         | AllocateError::PolicyRefused { .. }
         | AllocateError::BadPolicyAnswer { .. } => Code::FailedPrecondition,
         AllocateError::InProgress { .. }
@@ -91,12 +94,14 @@ pub async fn allocate(
     check_name("pod_uid", &request.pod_uid)?;
     check_name("container", &request.container)?;
     check_name("resource", &request.resource)?;
+    let pod = pod_name(&request.pod_name, &request.pod_namespace)?;
     let allocation = devices
-        .allocate(
+        .allocate_named(
             &request.pod_uid,
             &request.container,
             &request.resource,
             request.count,
+            pod,
         )
         .await
         .map_err(|e| allocate_status(&e))?;
@@ -105,6 +110,55 @@ pub async fn allocate(
         response: Some(allocation.response),
         cdi_names: allocation.cdi_names,
     })
+}
+
+/// The pod name and namespace of an allocation, checked as Kubernetes checks them (a name is a
+/// DNS subdomain, a namespace a DNS label). Both empty: none given. A name alone is in
+/// `default`; a namespace alone is refused.
+pub fn pod_name(name: &str, namespace: &str) -> Result<Option<PodName>, Status> {
+    match (name.is_empty(), namespace.is_empty()) {
+        (true, true) => return Ok(None),
+        (true, false) => {
+            return Err(Status::invalid_argument(format!(
+                "pod_namespace {namespace:?} is given without pod_name: give both, or the name alone (namespace default)"
+            )));
+        }
+        _ => {}
+    }
+    let namespace = if namespace.is_empty() {
+        PodName::DEFAULT_NAMESPACE
+    } else {
+        namespace
+    };
+    if !dns_subdomain(name) {
+        return Err(Status::invalid_argument(format!(
+            "pod_name {name:?} is not a valid pod name: at most 253 characters, lower-case letters, digits, '-' and '.', starting and ending with a letter or digit (for example web-0)"
+        )));
+    }
+    if !dns_label(namespace) {
+        return Err(Status::invalid_argument(format!(
+            "pod_namespace {namespace:?} is not a valid namespace: at most 63 characters, lower-case letters, digits and '-', starting and ending with a letter or digit (for example kube-system)"
+        )));
+    }
+    Ok(Some(PodName {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+    }))
+}
+
+/// A DNS-1123 label: what Kubernetes accepts as a namespace.
+fn dns_label(s: &str) -> bool {
+    let ok_end = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    s.len() <= 63
+        && ok_end(s.chars().next())
+        && ok_end(s.chars().last())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// A DNS-1123 subdomain: what Kubernetes accepts as a pod name.
+fn dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(dns_label)
 }
 
 /// `Release`.

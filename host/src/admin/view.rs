@@ -510,6 +510,10 @@ pub struct AllocationView {
     pub device_ids: Vec<String>,
     /// CDI device names to give a container runtime (see [`AllocateResultView::cdi_names`]).
     pub cdi_names: Vec<String>,
+    /// The pod's name, as the pod-resources API shows it (its UID when none was given).
+    pub pod_name: String,
+    /// The pod's namespace (`default` when none was given).
+    pub pod_namespace: String,
 }
 
 impl From<&pb::Allocation> for AllocationView {
@@ -520,6 +524,8 @@ impl From<&pb::Allocation> for AllocationView {
             resource: a.resource.clone(),
             device_ids: a.device_ids.clone(),
             cdi_names: a.cdi_names.clone(),
+            pod_name: a.pod_name.clone(),
+            pod_namespace: a.pod_namespace.clone(),
         }
     }
 }
@@ -1456,6 +1462,8 @@ mod tests {
                 resource: "vendor.com/gpu".into(),
                 device_ids: ids.iter().map(|s| s.to_string()).collect(),
                 cdi_names: vec![format!("vendor.com/gpu=pluglet-{pod}_{container}")],
+                pod_name: pod.into(),
+                pod_namespace: "default".into(),
             })
                 .into()
         })
@@ -1498,6 +1506,8 @@ mod tests {
                 resource: a.resource.clone(),
                 device_ids: a.device_ids.clone(),
                 cdi_names: a.cdi_names.clone(),
+                pod_name: a.pod_name.clone(),
+                pod_namespace: a.pod_namespace.clone(),
             })
             .collect();
         (&pb::SyncPodsResponse { freed, dry_run }).into()
@@ -1755,6 +1765,8 @@ mod tests {
                 "cdi_names",
                 "container",
                 "device_ids",
+                "pod_name",
+                "pod_namespace",
                 "pod_uid",
                 "resource"
             ]

@@ -23,6 +23,11 @@ pub const KEYS: &[&str] = &[
     "state_dir",
     "cdi_spec_dir",
     "no_cdi",
+    "pod_resources_socket",
+    "no_pod_resources",
+    "pod_resources_socket_group",
+    "pod_resources_qps",
+    "pod_resources_burst",
     "admin_socket",
     "admin_socket_mode",
     "admin_socket_group",
@@ -59,6 +64,11 @@ pub struct ConfigFile {
     state_dir: Option<PathBuf>,
     cdi_spec_dir: Option<PathBuf>,
     no_cdi: Option<bool>,
+    pod_resources_socket: Option<PathBuf>,
+    no_pod_resources: Option<bool>,
+    pod_resources_socket_group: Option<String>,
+    pod_resources_qps: Option<u32>,
+    pod_resources_burst: Option<u32>,
     admin_socket: Option<PathBuf>,
     admin_socket_mode: Option<String>,
     admin_socket_group: Option<String>,
@@ -150,6 +160,11 @@ impl ConfigFile {
             state_dir as Some,
             cdi_spec_dir as Some,
             no_cdi,
+            pod_resources_socket as Some,
+            no_pod_resources,
+            pod_resources_socket_group as Some,
+            pod_resources_qps,
+            pod_resources_burst,
             admin_socket as Some,
             admin_socket_mode,
             admin_socket_group as Some,
@@ -240,6 +255,27 @@ pub fn to_toml(config: &Config) -> String {
     line("state_dir", Some(path(&paths.state_dir)), "");
     line("cdi_spec_dir", Some(path(&paths.cdi_spec_dir)), "");
     line("no_cdi", Some((!config.cdi).to_string()), "");
+    line(
+        "pod_resources_socket",
+        Some(path(&paths.pod_resources_socket)),
+        "",
+    );
+    let pod_resources = config.pod_resources.as_ref();
+    line(
+        "no_pod_resources",
+        Some(pod_resources.is_none().to_string()),
+        "",
+    );
+    line(
+        "pod_resources_socket_group",
+        pod_resources
+            .and_then(|p| p.group.as_ref())
+            .map(|g| string(&g.name)),
+        "not set, the socket is 0600 in the daemon's group",
+    );
+    let limits = pod_resources.map(|p| p.limits).unwrap_or_default();
+    line("pod_resources_qps", Some(limits.qps.to_string()), "");
+    line("pod_resources_burst", Some(limits.burst.to_string()), "");
     line("admin_socket", Some(path(&paths.admin_socket)), "");
     line(
         "admin_socket_mode",
@@ -558,6 +594,7 @@ mod tests {
         let without_default = [
             "root",
             "admin_socket_group",
+            "pod_resources_socket_group",
             "node_name",
             "metrics_addr",
             "kubeconfig",

@@ -523,6 +523,8 @@ pub struct Sources<'a> {
     pub latency: &'a crate::plugin_manager::metrics::RegistrationLatency,
     /// Publishing to a Kubernetes API server, when on.
     pub publisher: Option<&'a pluglet_fleet::Publisher>,
+    /// The pod-resources API's requests and errors, when it is served.
+    pub pod_resources: Option<&'a pluglet_device_manager::pod_resources::PodResourcesMetrics>,
 }
 
 /// Builds the registry over `sources`.
@@ -538,6 +540,9 @@ pub fn registry(sources: Sources<'_>) -> Registry {
     registry.register_collector(Box::new(Process(sources.health.clone())));
     if let Some(publisher) = sources.publisher {
         registry.register_collector(Box::new(Publishing(publisher.clone())));
+    }
+    if let Some(pod_resources) = sources.pod_resources {
+        registry.register_collector(Box::new(pod_resources.clone()));
     }
     registry
 }

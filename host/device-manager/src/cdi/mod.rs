@@ -311,6 +311,7 @@ mod tests {
                 state: EntryState::Allocated {
                     response: response(env),
                 },
+                pod: None,
             },
         );
         key

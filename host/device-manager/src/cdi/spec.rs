@@ -7,6 +7,15 @@
 //! and no `bind`). Annotations have no container edit in CDI and device annotations need
 //! cdiVersion 0.6.0, which the runtimes of Debian 12 refuse, so they are left out. The
 //! plugin's own `cdi_devices` are names, not edits: they are passed through, not written.
+//!
+//! The rule of the hand-off: refuse only what a runtime cannot apply or CDI cannot express
+//! (`docs/kubelet-compatibility.md`, "Allocate answers handed to a runtime"). Identical entries
+//! are one edit: plugins that answer one spec per device often repeat the same node (one
+//! `/dev/null` or one control device for every device), and the runtime a kubelet hands them
+//! to creates that node once. What is refused names the entries involved: one container path
+//! given two different host paths or permissions (or, for a mount, two host paths or two
+//! read-only settings), a path that is not absolute, permissions other than `r`, `w` and `m`,
+//! an env name that is empty or holds `=`.
 
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +78,18 @@ pub struct DeviceNode {
     pub permissions: Option<String>,
 }
 
+impl DeviceNode {
+    /// The node as an error message shows it.
+    fn describe(&self) -> String {
+        format!(
+            "{{path: {:?}, hostPath: {:?}, permissions: {:?}}}",
+            self.path,
+            self.host_path.as_deref().unwrap_or(&self.path),
+            self.permissions.as_deref().unwrap_or("")
+        )
+    }
+}
+
 /// A bind mount.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mount {
@@ -109,9 +130,30 @@ pub enum SpecError {
         /// The permissions.
         permissions: String,
     },
-    /// Two device nodes at one container path.
-    #[error("two device nodes at {0:?} in the container")]
-    DuplicateNode(String),
+    /// Two different device specs at one container path.
+    #[error(
+        "two different device specs at {path:?} in the container: {first} and {second}; a container path can hold only one device node"
+    )]
+    DuplicateNode {
+        /// The container path.
+        path: String,
+        /// The first spec, as the plugin gave it.
+        first: String,
+        /// The other one.
+        second: String,
+    },
+    /// Two different mounts at one container path.
+    #[error(
+        "two different mounts at {path:?} in the container: {first} and {second}; a container path can be mounted from only one host path"
+    )]
+    DuplicateMount {
+        /// The container path.
+        path: String,
+        /// The first mount, as the plugin gave it.
+        first: String,
+        /// The other one.
+        second: String,
+    },
     /// The kind or a device name breaks CDI's syntax (a bug in the naming).
     #[error("{0:?} is not a valid CDI name")]
     Name(String),
@@ -134,28 +176,52 @@ impl Spec {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         env.sort();
-        let device_nodes = response
-            .devices
-            .iter()
-            .map(|d| DeviceNode {
-                path: d.container_path.clone(),
-                host_path: (d.host_path != d.container_path).then(|| d.host_path.clone()),
-                permissions: (!d.permissions.is_empty()).then(|| d.permissions.clone()),
-            })
-            .collect();
-        let mounts = response
-            .mounts
-            .iter()
-            .map(|m| Mount {
-                host_path: m.host_path.clone(),
-                container_path: m.container_path.clone(),
-                options: if m.read_only {
-                    vec!["ro".into(), "bind".into()]
-                } else {
-                    vec!["bind".into()]
-                },
-            })
-            .collect();
+        let device_nodes = merged(
+            &response.devices,
+            |d| d.container_path.as_str(),
+            |d| {
+                format!(
+                    "{{container_path: {:?}, host_path: {:?}, permissions: {:?}}}",
+                    d.container_path, d.host_path, d.permissions
+                )
+            },
+            |path, first, second| SpecError::DuplicateNode {
+                path,
+                first,
+                second,
+            },
+        )?
+        .map(|d| DeviceNode {
+            path: d.container_path.clone(),
+            host_path: (d.host_path != d.container_path).then(|| d.host_path.clone()),
+            permissions: (!d.permissions.is_empty()).then(|| d.permissions.clone()),
+        })
+        .collect();
+        let mounts = merged(
+            &response.mounts,
+            |m| m.container_path.as_str(),
+            |m| {
+                format!(
+                    "{{container_path: {:?}, host_path: {:?}, read_only: {}}}",
+                    m.container_path, m.host_path, m.read_only
+                )
+            },
+            |path, first, second| SpecError::DuplicateMount {
+                path,
+                first,
+                second,
+            },
+        )?
+        .map(|m| Mount {
+            host_path: m.host_path.clone(),
+            container_path: m.container_path.clone(),
+            options: if m.read_only {
+                vec!["ro".into(), "bind".into()]
+            } else {
+                vec!["bind".into()]
+            },
+        })
+        .collect();
         let edits = ContainerEdits {
             env,
             device_nodes,
@@ -226,7 +292,7 @@ impl Spec {
                     _ => return Err(SpecError::Env(env.clone())),
                 }
             }
-            let mut paths = std::collections::HashSet::new();
+            let mut paths = std::collections::HashMap::new();
             for node in &edits.device_nodes {
                 absolute("device node container path", &node.path)?;
                 if let Some(host) = &node.host_path {
@@ -240,8 +306,12 @@ impl Spec {
                         permissions: p.clone(),
                     });
                 }
-                if !paths.insert(node.path.as_str()) {
-                    return Err(SpecError::DuplicateNode(node.path.clone()));
+                if let Some(first) = paths.insert(node.path.as_str(), node) {
+                    return Err(SpecError::DuplicateNode {
+                        path: node.path.clone(),
+                        first: first.describe(),
+                        second: node.describe(),
+                    });
                 }
             }
             for mount in &edits.mounts {
@@ -251,6 +321,34 @@ impl Spec {
         }
         Ok(())
     }
+}
+
+/// The entries of `all` once each, in first-seen order: an entry equal to one before it is
+/// dropped (one edit), one at the same container path (`at`) but different is refused with
+/// `conflict(path, first, second)`, both as `show` renders them.
+fn merged<T: PartialEq>(
+    all: &[T],
+    at: impl Fn(&T) -> &str,
+    show: impl Fn(&T) -> String,
+    conflict: impl Fn(String, String, String) -> SpecError,
+) -> Result<impl Iterator<Item = &T>, SpecError> {
+    let mut first_at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut keep = vec![true; all.len()];
+    for (i, entry) in all.iter().enumerate() {
+        match first_at.entry(at(entry)) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(i);
+            }
+            std::collections::hash_map::Entry::Occupied(o) => {
+                let first = &all[*o.get()];
+                if first != entry {
+                    return Err(conflict(o.key().to_string(), show(first), show(entry)));
+                }
+                keep[i] = false;
+            }
+        }
+    }
+    Ok(all.iter().zip(keep).filter_map(|(e, k)| k.then_some(e)))
 }
 
 fn absolute(what: &'static str, path: &str) -> Result<(), SpecError> {
@@ -413,7 +511,35 @@ mod tests {
             ),
             (
                 |a| a.devices[1].container_path = "/dev/vendor/d0".into(),
-                "two device nodes at \"/dev/vendor/d0\"",
+                "two different device specs at \"/dev/vendor/d0\" in the container: {container_path: \"/dev/vendor/d0\", host_path: \"/dev/null\", permissions: \"rw\"} and {container_path: \"/dev/vendor/d0\", host_path: \"/dev/fuse\", permissions: \"\"}",
+            ),
+            (
+                |a| {
+                    let mut other = a.devices[0].clone();
+                    other.permissions = "r".into();
+                    a.devices.push(other);
+                },
+                "two different device specs at \"/dev/vendor/d0\"",
+            ),
+            (
+                |a| {
+                    let mut other = a.mounts[0].clone();
+                    other.host_path = "/tmp/elsewhere".into();
+                    a.mounts.push(other);
+                },
+                "two different mounts at \"/var/run/vendor\" in the container: {container_path: \"/var/run/vendor\", host_path: \"/tmp/vendor\", read_only: true} and {container_path: \"/var/run/vendor\", host_path: \"/tmp/elsewhere\", read_only: true}",
+            ),
+            (
+                |a| {
+                    let mut other = a.mounts[1].clone();
+                    other.read_only = true;
+                    a.mounts.push(other);
+                },
+                "two different mounts at \"/data\"",
+            ),
+            (
+                |a| a.devices[0].container_path = "dev/vendor/d0".into(),
+                "device node container path \"dev/vendor/d0\" is not an absolute path",
             ),
             (
                 |a| {
@@ -434,6 +560,38 @@ mod tests {
             let err = Spec::for_allocation(&kind(), "pluglet-p_c", &a).unwrap_err();
             assert!(err.to_string().contains(expected), "{err} ({expected})");
         }
+    }
+
+    #[test]
+    fn identical_entries_are_one_edit() {
+        // One /dev/null spec per device, as some plugins answer: one node in the container.
+        let dev_null = DeviceSpec {
+            container_path: "/dev/null".into(),
+            host_path: "/dev/null".into(),
+            permissions: "rw".into(),
+        };
+        let mut a = answer();
+        a.devices = vec![dev_null.clone(); 8];
+        a.devices.insert(1, answer().devices[1].clone());
+        a.mounts.push(a.mounts[0].clone());
+        a.mounts.push(a.mounts[1].clone());
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &a)
+            .unwrap()
+            .unwrap();
+        let edits = &spec.devices[0].container_edits;
+        let paths: Vec<&str> = edits.device_nodes.iter().map(|n| n.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["/dev/null", "/dev/fuse"],
+            "first-seen order, once each"
+        );
+        let mounts: Vec<&str> = edits
+            .mounts
+            .iter()
+            .map(|m| m.container_path.as_str())
+            .collect();
+        assert_eq!(mounts, ["/var/run/vendor", "/data"]);
+        spec.validate().unwrap();
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! What goes into each file: the kubelet checkpoint's content for a state, the side file's,
 //! a journal record's, and the write of the two checkpoint files.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use pluglet_checkpoint::{CheckpointData, CheckpointError, Durability, PodDevicesEntry};
@@ -10,7 +10,7 @@ use prost::Message as _;
 use serde::{Deserialize, Serialize};
 
 use crate::devices::{Device, DeviceSet, Health};
-use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices, group_by_numa};
+use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices, PodName, group_by_numa};
 
 /// The side file's content.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -116,11 +116,69 @@ fn kubelet_entry(key: &HolderKey, entry: &Entry) -> Option<PodDevicesEntry> {
     }
 }
 
-/// An allocated entry's bytes in a journal record ([`PodDevices::encoded`] keeps them).
+/// An allocated entry's bytes in a journal record ([`PodDevices::encoded`] keeps them): the
+/// kubelet's entry, with the pod's name and namespace as two keys of Pluglet's own
+/// (`PodName`, `PodNamespace`) when they were given. A reader of the kubelet's format ignores
+/// keys it does not know, so records stay readable by versions before them.
 fn encode_entry(key: &HolderKey, entry: &Entry) -> Vec<u8> {
-    kubelet_entry(key, entry)
-        .map(|e| e.encode())
+    let Some(kubelet) = kubelet_entry(key, entry) else {
+        return Vec::new();
+    };
+    let mut bytes = kubelet.encode();
+    if let Some(pod) = &entry.pod
+        && bytes.pop() == Some(b'}')
+    {
+        for (name, value) in [("PodName", &pod.name), ("PodNamespace", &pod.namespace)] {
+            bytes.extend_from_slice(b",\"");
+            bytes.extend_from_slice(name.as_bytes());
+            bytes.extend_from_slice(b"\":");
+            serde_json::to_writer(&mut bytes, value).expect("a string encodes");
+        }
+        bytes.push(b'}');
+    }
+    bytes
+}
+
+/// The pods' names a journal record carries, by pod UID.
+pub type PodNames = HashMap<String, PodName>;
+
+/// The `PodName` and `PodNamespace` keys of a record's entries (see [`encode_entry`]).
+fn decode_pod_names(file: &[u8]) -> PodNames {
+    #[derive(Deserialize)]
+    struct File {
+        #[serde(rename = "Data")]
+        data: Option<Data>,
+    }
+    #[derive(Deserialize)]
+    struct Data {
+        #[serde(rename = "PodDeviceEntries")]
+        entries: Option<Vec<Named>>,
+    }
+    #[derive(Deserialize)]
+    struct Named {
+        #[serde(rename = "PodUID")]
+        pod_uid: Option<String>,
+        #[serde(rename = "PodName")]
+        name: Option<String>,
+        #[serde(rename = "PodNamespace")]
+        namespace: Option<String>,
+    }
+    let Ok(File { data: Some(data) }) = serde_json::from_slice::<File>(file) else {
+        return PodNames::new();
+    };
+    data.entries
         .unwrap_or_default()
+        .into_iter()
+        .filter_map(|e| {
+            Some((
+                e.pod_uid?,
+                PodName {
+                    name: e.name?,
+                    namespace: e.namespace?,
+                },
+            ))
+        })
+        .collect()
 }
 
 /// A journal record: the number of named checkpoint checksums (one byte), the checksums
@@ -140,15 +198,17 @@ pub fn encode_journal(on_disk: &[u64], pods: &PodDevices) -> Vec<u8> {
     out
 }
 
-/// Parses [`encode_journal`]'s record: the named checksums and the allocations.
-pub fn decode_journal(payload: &[u8]) -> Option<(Vec<u64>, CheckpointData)> {
+/// Parses [`encode_journal`]'s record: the named checksums, the allocations and the names of
+/// their pods.
+pub fn decode_journal(payload: &[u8]) -> Option<(Vec<u64>, CheckpointData, PodNames)> {
     let (&count, rest) = payload.split_first()?;
     let (sums, file) = rest.split_at_checked(8 * usize::from(count))?;
     let sums = sums
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
         .collect();
-    Some((sums, CheckpointData::decode_unverified(file).ok()?))
+    let data = CheckpointData::decode_unverified(file).ok()?;
+    Some((sums, data, decode_pod_names(file)))
 }
 
 /// Writes the kubelet checkpoint (`data`: an encoded file), and the side file when given, each
@@ -246,6 +306,7 @@ pub(crate) mod tests {
                 devices: vec!["d2".into()],
                 numa: BTreeMap::new(),
                 state: EntryState::Reserved { token: 1 },
+                pod: None,
             },
         );
         pods.insert(
@@ -256,6 +317,7 @@ pub(crate) mod tests {
                 state: EntryState::Allocated {
                     response: ContainerAllocateResponse::default(),
                 },
+                pod: None,
             },
         );
         let resources = BTreeMap::from([(ResourceName::from("vendor.com/gpu"), gpu_set())]);
@@ -278,6 +340,7 @@ pub(crate) mod tests {
                     ..Default::default()
                 },
             },
+            pod: None,
         };
         let whole = |pods: &PodDevices| {
             let mut out = vec![0];
@@ -300,6 +363,7 @@ pub(crate) mod tests {
                 devices: vec!["d9".into()],
                 numa: BTreeMap::new(),
                 state: EntryState::Reserved { token: 3 },
+                pod: None,
             },
         );
         assert_eq!(encode_journal(&[], &pods), whole(&pods));
@@ -331,11 +395,13 @@ pub(crate) mod tests {
                 state: EntryState::Allocated {
                     response: ContainerAllocateResponse::default(),
                 },
+                pod: None,
             },
         );
-        let (named, data) = decode_journal(&encode_journal(&[1, u64::MAX], &pods)).unwrap();
+        let (named, data, names) = decode_journal(&encode_journal(&[1, u64::MAX], &pods)).unwrap();
         assert_eq!(named, [1, u64::MAX]);
         assert_eq!(data.pod_device_entries.unwrap().len(), 1);
+        assert!(names.is_empty(), "no name given");
         assert!(data.registered_devices.is_empty());
         assert!(decode_journal(&[3, 0, 0]).is_none(), "truncated");
 
@@ -343,7 +409,7 @@ pub(crate) mod tests {
         let mut earlier = vec![1];
         earlier.extend_from_slice(&7u64.to_le_bytes());
         earlier.extend_from_slice(&kubelet_data(std::iter::empty(), &pods).encode());
-        let (named, old) = decode_journal(&earlier).unwrap();
+        let (named, old, _) = decode_journal(&earlier).unwrap();
         assert_eq!(named, [7]);
         assert_eq!(
             old.pod_device_entries,
@@ -352,5 +418,49 @@ pub(crate) mod tests {
                 .1
                 .pod_device_entries
         );
+    }
+
+    #[test]
+    fn a_pods_name_is_in_its_journal_entries_and_nowhere_in_the_checkpoint() {
+        let named = |pod: Option<PodName>| Entry {
+            devices: vec!["d0".into()],
+            numa: group_by_numa([("d0", &[0][..])]),
+            state: EntryState::Allocated {
+                response: ContainerAllocateResponse::default(),
+            },
+            pod,
+        };
+        let train = PodName {
+            name: "train-0".into(),
+            namespace: "ml \"quoted\"".into(),
+        };
+        let mut pods = PodDevices::default();
+        pods.insert(
+            HolderKey::new("uid-a", "ctr", "vendor.com/gpu"),
+            named(Some(train.clone())),
+        );
+        pods.insert(
+            HolderKey::new("uid-b", "ctr", "vendor.com/gpu"),
+            named(None),
+        );
+        let record = encode_journal(&[], &pods);
+        let (_, data, names) = decode_journal(&record).unwrap();
+        assert_eq!(names, PodNames::from([("uid-a".to_owned(), train)]));
+        // The kubelet's reader sees the same entries as without the names.
+        let mut plain = PodDevices::default();
+        for (key, entry) in pods.iter() {
+            plain.insert(
+                key.clone(),
+                Entry {
+                    pod: None,
+                    ..entry.clone()
+                },
+            );
+        }
+        let (_, without, _) = decode_journal(&encode_journal(&[], &plain)).unwrap();
+        assert_eq!(data.pod_device_entries, without.pod_device_entries);
+        let checkpoint =
+            String::from_utf8(kubelet_data(std::iter::empty(), &pods).encode()).unwrap();
+        assert!(!checkpoint.contains("PodName"), "{checkpoint}");
     }
 }

@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use pluglet_checkpoint::{
     CheckpointData, CheckpointError, Durability, Journal, LoadOutcome, PodDevicesEntry,
 };
@@ -323,6 +324,9 @@ struct Inner {
     disk: tokio::sync::Mutex<Disk>,
     requests: WriteRequests,
     metrics: Metrics,
+    /// The allocations as of the newest durable change (the state its journal record holds),
+    /// for readers that must not take the allocator's lock ([`Persistence::acknowledged`]).
+    acknowledged: ArcSwap<PodDevices>,
 }
 
 /// The files, the journal and the writer's bookkeeping (see the module doc). Cheap to clone.
@@ -384,6 +388,7 @@ impl Persistence {
         });
         let persistence = Persistence {
             inner: Arc::new(Inner {
+                acknowledged: ArcSwap::from_pointee(restored.pods.without_index()),
                 paths,
                 durability,
                 metrics,
@@ -396,6 +401,12 @@ impl Persistence {
             }),
         };
         Ok((persistence, restored))
+    }
+
+    /// The allocations as of the newest change made durable (reserved entries included, as
+    /// they stood then): a shared, immutable copy, read without the allocator's lock.
+    pub fn acknowledged(&self) -> Arc<PodDevices> {
+        self.inner.acknowledged.load_full()
     }
 
     /// The handle for asking for checkpoint writes.
@@ -417,7 +428,7 @@ impl Persistence {
         mut change: impl FnMut(&mut PodDevices) -> T,
     ) -> Result<T, Arc<CheckpointError>> {
         let mut disk = self.inner.disk.lock().await;
-        let payload = {
+        let (payload, next) = {
             let mut current = lock(pods);
             let mut next = current.without_index();
             let version = next.version();
@@ -426,7 +437,7 @@ impl Persistence {
                 // Nothing changes: nothing to record.
                 return Ok(change(&mut current));
             }
-            files::encode_journal(&disk.on_disk, &next)
+            (files::encode_journal(&disk.on_disk, &next), next)
         };
         // On the caller's thread: one small in-place write and an `fdatasync` (~0.2 ms)
         // cost less than handing the runtime worker to another thread around them.
@@ -438,6 +449,9 @@ impl Persistence {
         match result {
             Ok(()) => {
                 let out = change(&mut lock(pods));
+                // The copy the record was made from is the state now acknowledged; publishing
+                // it costs nothing more (the one it replaces was dropped here before).
+                self.inner.acknowledged.store(Arc::new(next));
                 drop(disk);
                 self.inner.requests.allocations_changed();
                 Ok(out)
@@ -667,6 +681,7 @@ mod tests {
                 state: EntryState::Allocated {
                     response: ContainerAllocateResponse::default(),
                 },
+                pod: None,
             },
         );
     }

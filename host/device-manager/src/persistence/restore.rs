@@ -197,6 +197,13 @@ pub fn restore(files: Files) -> Restored {
         .into_loaded(&mut report)
         .flatten()
         .and_then(|r| decode_journal(&r.payload));
+    // A pod's name never changes, and the newest record names every pod Pluglet's own
+    // checkpoint holds (each record holds every allocation, and no checkpoint holds a change
+    // the journal did not hold first): names come from it whichever file wins.
+    let (journal, pod_names) = match journal {
+        Some((named, data, pod_names)) => (Some((named, data)), pod_names),
+        None => (None, Default::default()),
+    };
     let (registered, entries) = match data {
         Some(data) => {
             let entries = match journal {
@@ -313,12 +320,14 @@ pub fn restore(files: Files) -> Restored {
                 ContainerAllocateResponse::default()
             }
         };
+        let pod = pod_names.get(&entry.pod_uid).cloned();
         pods.insert(
             HolderKey::new(entry.pod_uid, entry.container_name, entry.resource_name),
             Entry {
                 devices,
                 numa,
                 state: EntryState::Allocated { response },
+                pod,
             },
         );
         report.allocations += 1;
@@ -354,6 +363,7 @@ mod tests {
                             ..Default::default()
                         },
                     },
+                    pod: None,
                 },
             );
         }
