@@ -5,7 +5,8 @@
 //! with the holder's pid) → the metrics/health endpoint when `--metrics-addr` is set (it answers
 //! "not ready" from here on) → handler modules, compiled or taken from the compile cache in the
 //! state directory (then their directory is watched: changes apply as transactions) → device
-//! manager (checkpoint restored, `kubelet.sock` served) → plugin manager (watch in place and
+//! manager (checkpoint restored, `kubelet.sock` served) → the pod-resources API (unless
+//! `--no-pod-resources`) → plugin manager (watch in place and
 //! start-up scan done): ready → admin socket. Once the admin socket answers, the daemon is fully
 //! up.
 //!

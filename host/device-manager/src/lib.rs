@@ -16,6 +16,10 @@
 //!                                │ commit: journal record (durable)      │ write requests
 //!                                ▼                                       ▼
 //!                   persistence (journal, kubelet_internal_checkpoint + side file, restore)
+//!                                │ the state of the newest durable change (shared copy)
+//!                                ▼
+//!  agents ──► pod_resources (v1.PodResourcesLister on pod-resources/kubelet.sock, with the
+//!             registry's device sets; never the allocator's lock)
 //! ```
 //!
 //! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task

@@ -345,7 +345,7 @@ mod tests {
     use crate::persistence::NO_CHECKPOINT;
     use crate::persistence::files::tests::gpu_set;
     use crate::persistence::files::{SideResource, encode_journal, kubelet_data};
-    use crate::pod_devices::group_by_numa;
+    use crate::pod_devices::{PodName, group_by_numa};
 
     const GPU: &str = "vendor.com/gpu";
 
@@ -663,5 +663,51 @@ mod tests {
             "only the healthy ids the checkpoint lists"
         );
         assert!(set.get("d0").unwrap().numa.is_empty());
+    }
+
+    #[test]
+    fn pod_names_come_from_the_journal_whichever_file_wins() {
+        let name = PodName {
+            name: "train-0".into(),
+            namespace: "ml".into(),
+        };
+        let mut named = pods(&[("pod-a", "d0"), ("pod-b", "d1")]);
+        let key = HolderKey::new("pod-a", "ctr", GPU);
+        let entry = Entry {
+            pod: Some(name.clone()),
+            ..named.get(&key).unwrap().clone()
+        };
+        named.insert(key, entry);
+        let record = || {
+            Found::Loaded(Some(JournalRecord {
+                seq: 3,
+                payload: encode_journal(&[NO_CHECKPOINT], &named),
+            }))
+        };
+        let written_later = checkpoint(&[("pod-a", "d0"), ("pod-b", "d1")]);
+        for (what, checkpoint) in [
+            (
+                "checkpoint written after the record",
+                Found::Loaded(written_later),
+            ),
+            ("no checkpoint yet", Found::Missing),
+        ] {
+            let restored = restore(Files {
+                checkpoint,
+                side: Found::Loaded(side()),
+                checkpoint_readable: Vec::new(),
+                journal: record(),
+            });
+            let names: Vec<(String, Option<PodName>)> = restored
+                .pods
+                .iter()
+                .map(|(k, e)| (k.pod_uid.to_string(), e.pod.clone()))
+                .collect();
+            assert_eq!(
+                names,
+                [("pod-a".into(), Some(name.clone())), ("pod-b".into(), None)],
+                "{what}"
+            );
+        }
     }
 }
