@@ -122,13 +122,22 @@ impl CheckpointData {
     pub fn encode_entries_without_checksum<'a>(
         entries: impl IntoIterator<Item = &'a [u8]>,
     ) -> Vec<u8> {
-        let mut entries = entries.into_iter().peekable();
         let mut out = Vec::with_capacity(128);
+        Self::put_entries_without_checksum(&mut out, entries);
+        out
+    }
+
+    /// [`CheckpointData::encode_entries_without_checksum`] appended to `out`, so that a caller
+    /// that sizes `out` once (and writes its own header first) copies each entry's bytes once.
+    pub fn put_entries_without_checksum<'a>(
+        out: &mut Vec<u8>,
+        entries: impl IntoIterator<Item = &'a [u8]>,
+    ) {
+        let mut entries = entries.into_iter().peekable();
         // The kubelet writes a nil slice (`null`) when no pod holds devices.
         let listed = entries.peek().is_some().then_some(entries);
-        put_entries(&mut out, listed, |out, entry| out.extend_from_slice(entry));
+        put_entries(out, listed, |out, entry| out.extend_from_slice(entry));
         out.extend_from_slice(b",\"RegisteredDevices\":{}},\"Checksum\":0}");
-        out
     }
 
     fn encode_stamped(&self, checksum: u64) -> Vec<u8> {

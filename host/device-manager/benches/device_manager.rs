@@ -11,6 +11,9 @@
 //!   follows after the answer). Released again between iterations, untimed, and the
 //!   checkpoint writes left to finish before the next one; "100 held": the same with 100 other
 //!   containers holding one device each the whole time (every journal record carries them);
+//!   "1 of 64, 10,000 held": 64 devices free among 10,064, the other 10,000 held by
+//!   containers restored from a kubelet checkpoint written before the start (a node that
+//!   filled up), against "1 of 64, none held";
 //! - update 10,000: one ListAndWatch update of 10,000 devices (one health flips) → applied;
 //! - with CDI spec: the same allocation with the CDI hand-off on (the spec written before the
 //!   answer, on a tmpfs as `/var/run/cdi` is on a systemd node); and the spec write alone
@@ -107,6 +110,29 @@ async fn bench_register(handlers: Handlers, durability: Durability, n: usize) ->
     median(samples)
 }
 
+/// A kubelet checkpoint under `root` in which `held` containers hold one device `d<i>` of
+/// `resource` each: a node that filled up, as the device manager restores it at start (filling
+/// it allocation by allocation would take minutes, each journal record carrying all before it).
+fn prefill(root: &Path, resource: &str, held: usize) {
+    let entries = (0..held)
+        .map(|i| pluglet_checkpoint::PodDevicesEntry {
+            pod_uid: format!("restored-{i}"),
+            container_name: "ctr".into(),
+            resource_name: resource.into(),
+            device_ids: Some([(i as i64 % 2, Some(vec![format!("d{i}")]))].into()),
+            alloc_resp: Some(Vec::new()),
+        })
+        .collect();
+    let data = pluglet_checkpoint::CheckpointData {
+        pod_device_entries: Some(entries),
+        registered_devices: Default::default(),
+    };
+    let dir = root.join("device-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kubelet_internal_checkpoint"), data.encode()).unwrap();
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn bench_allocate(
     handlers: Handlers,
     durability: Durability,
@@ -115,8 +141,10 @@ async fn bench_allocate(
     n: usize,
     cdi: bool,
     held: usize,
+    restored: usize,
 ) -> Duration {
     let root = tempfile::tempdir().unwrap();
+    prefill(root.path(), "bench.example.com/gpu", restored);
     let manager = start(root.path(), handlers, durability, cdi).await;
     let resource = "bench.example.com/gpu";
     let stub = Stub::start(
@@ -128,6 +156,7 @@ async fn bench_allocate(
         .await
         .expect("register");
     wait_for(&manager, |m| allocatable(m, resource) == Some(devices_n)).await;
+    manager.wait_checkpoint().await.expect("checkpoint");
     // Other containers holding one device each for the whole run (a busy node's state, which
     // every journal record carries).
     for i in 0..held {
@@ -399,7 +428,7 @@ fn main() {
             "  of which one unary RPC",
             ms(bench_rpc(500).await)
         );
-        let rows: [(&str, &str); 8] = [
+        let rows: [(&str, &str); 10] = [
             ("Register -> devices visible", "1.8 ms"),
             ("allocate 1 of 8", "0.77 ms"),
             ("allocate 1 of 1,024", "1.48 ms"),
@@ -408,6 +437,8 @@ fn main() {
             ("allocate 1 of 8, CDI spec", "-"),
             ("allocate 1,024 of 1,024, CDI spec", "-"),
             ("allocate 1 of 1,024, 100 held", "-"),
+            ("allocate 1 of 64, none held", "-"),
+            ("allocate 1 of 64, 10,000 held", "-"),
         ];
         for (i, (name, kubelet)) in rows.iter().enumerate() {
             if !wanted(name) {
@@ -418,13 +449,15 @@ fn main() {
                 let h = handlers.clone();
                 let d = match i {
                     0 => bench_register(h, durability, 100).await,
-                    1 => bench_allocate(h, durability, 8, 1, 200, false, 0).await,
-                    2 => bench_allocate(h, durability, 1024, 1, 200, false, 0).await,
-                    3 => bench_allocate(h, durability, 1024, 1024, 50, false, 0).await,
+                    1 => bench_allocate(h, durability, 8, 1, 200, false, 0, 0).await,
+                    2 => bench_allocate(h, durability, 1024, 1, 200, false, 0, 0).await,
+                    3 => bench_allocate(h, durability, 1024, 1024, 50, false, 0, 0).await,
                     4 => bench_update(h, durability, 50).await,
-                    5 => bench_allocate(h, durability, 8, 1, 200, true, 0).await,
-                    6 => bench_allocate(h, durability, 1024, 1024, 50, true, 0).await,
-                    _ => bench_allocate(h, durability, 1024, 1, 200, false, 100).await,
+                    5 => bench_allocate(h, durability, 8, 1, 200, true, 0, 0).await,
+                    6 => bench_allocate(h, durability, 1024, 1024, 50, true, 0, 0).await,
+                    7 => bench_allocate(h, durability, 1024, 1, 200, false, 100, 0).await,
+                    8 => bench_allocate(h, durability, 64, 1, 100, false, 0, 0).await,
+                    _ => bench_allocate(h, durability, 10_064, 1, 100, false, 0, 10_000).await,
                 };
                 figures.push(ms(d));
             }

@@ -463,6 +463,7 @@ impl Allocator {
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         let span = tracing::info_span!("release", pod = pod_uid, container);
         self.release_where(
+            Some(pod_uid),
             |key| key.pod_uid == pod_uid && container.is_none_or(|c| key.container == c),
             "",
         )
@@ -486,17 +487,19 @@ impl Allocator {
                 .collect());
         }
         self.release_where(
+            None,
             |key| !keep.contains(&key.pod_uid),
             " (sync of pods: the pod is no longer active)",
         )
         .await
     }
 
-    /// Removes the entries `gone` selects in one change once that is durable (nothing is
-    /// removed when it cannot be made durable); each entry released is recorded in the event
-    /// log, its message ending with `why`.
+    /// Removes the entries `gone` selects (among those of `pod` only, when given) in one change
+    /// once that is durable (nothing is removed when it cannot be made durable); each entry
+    /// released is recorded in the event log, its message ending with `why`.
     async fn release_where(
         &self,
+        pod: Option<&str>,
         mut gone: impl FnMut(&HolderKey) -> bool,
         why: &str,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
@@ -505,7 +508,11 @@ impl Allocator {
             .inner
             .persistence
             .change(&self.inner.pods, |pods| {
-                pods.release_where(&mut gone)
+                let removed = match pod {
+                    Some(pod) => pods.release_pod_where(pod, &mut gone),
+                    None => pods.release_where(&mut gone),
+                };
+                removed
                     .iter()
                     .map(|(key, entry)| AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
                     .collect::<Vec<_>>()

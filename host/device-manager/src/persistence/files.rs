@@ -188,13 +188,16 @@ fn decode_pod_names(file: &[u8]) -> PodNames {
 /// cost an allocation of 1,024 devices milliseconds. Records of earlier versions, which carry
 /// the checksum, read the same.
 pub fn encode_journal(on_disk: &[u64], pods: &PodDevices) -> Vec<u8> {
-    let file = CheckpointData::encode_entries_without_checksum(pods.encoded(encode_entry));
-    let mut out = Vec::with_capacity(1 + 8 * on_disk.len() + file.len());
+    // Sized once: each entry's kept bytes are copied once, into the record.
+    let entries: Vec<&[u8]> = pods.encoded(encode_entry).collect();
+    let framing = 128;
+    let size = 1 + 8 * on_disk.len() + entries.iter().map(|e| e.len() + 1).sum::<usize>() + framing;
+    let mut out = Vec::with_capacity(size);
     out.push(u8::try_from(on_disk.len()).unwrap_or(u8::MAX));
     for checksum in on_disk.iter().take(usize::from(u8::MAX)) {
         out.extend_from_slice(&checksum.to_le_bytes());
     }
-    out.extend_from_slice(&file);
+    CheckpointData::put_entries_without_checksum(&mut out, entries);
     out
 }
 
