@@ -16,16 +16,27 @@
 //!   *settled*: 30 ms later, once allocations have been quiet long enough for that write to be
 //!   done;
 //! - floors: the stub's Allocate round trip over the same kind of connection, and one
-//!   in-place 4 KiB write with `fdatasync` in the state directory (what a journal record costs).
+//!   in-place 4 KiB write with `fdatasync` in the state directory (what a journal record costs);
+//! - the pod-resources API as a monitoring agent reads it (`pod-resources/kubelet.sock`, its
+//!   rate limit raised out of the way, one kept-open connection): `List` on the node holding
+//!   nothing (the floor), then with `PLUGLET_BENCH_PODS` named pods (default 1,000) holding
+//!   `PLUGLET_BENCH_PER_POD` devices each (default 10), `GetAllocatableResources` of every
+//!   device, and allocate 1 of 64 + release alternating in blocks of 10 between *quiet* and
+//!   *with a client calling `List` in a loop* (its own thread, runtime and connection), so both
+//!   halves meet the same machine.
 
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pluglet_device_manager::stub::{Stub, devices};
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
+use pluglet_proto::podresources::v1 as pr;
+use pluglet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use pluglet_uds::Channel;
@@ -223,6 +234,145 @@ async fn floors(root: &Path, stub: &Stub, ops: usize) {
     let _ = std::fs::remove_file(path);
 }
 
+async fn lister(root: &Path) -> PodResourcesListerClient<Channel> {
+    let channel = pluglet_uds::connect(
+        &root.join("pod-resources").join("kubelet.sock"),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("dial the pod-resources socket");
+    PodResourcesListerClient::new(channel)
+}
+
+/// `ops` calls of `List` on one connection.
+async fn list_calls(list: &mut PodResourcesListerClient<Channel>, ops: usize) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        let started = Instant::now();
+        list.list(pr::ListPodResourcesRequest {})
+            .await
+            .expect("List");
+        samples.push(started.elapsed());
+    }
+    samples
+}
+
+/// The pod-resources rows (see the module doc); `floor` is `List` of the node holding nothing.
+async fn pod_resources(
+    root: &Path,
+    client: &mut AdminClient<Channel>,
+    floor: Vec<Duration>,
+    ops: usize,
+) {
+    let pods = env_or("PLUGLET_BENCH_PODS", 1000);
+    let per_pod = env_or("PLUGLET_BENCH_PER_POD", 10);
+    let held = plugin(root, client, "bench.example.com/held", pods * per_pod).await;
+    let small = plugin(root, client, "bench.example.com/small", 64).await;
+    for i in 0..pods {
+        client
+            .allocate(pb::AllocateRequest {
+                pod_uid: format!("held-{i}"),
+                container: "ctr".into(),
+                resource: "bench.example.com/held".into(),
+                count: per_pod as u32,
+                pod_name: format!("name-{i}"),
+                pod_namespace: "bench".into(),
+            })
+            .await
+            .expect("Allocate");
+    }
+    let mut list = lister(root).await;
+    let listed = list
+        .list(pr::ListPodResourcesRequest {})
+        .await
+        .expect("List")
+        .into_inner();
+    assert_eq!(listed.pod_resources.len(), pods);
+    println!(
+        "pod-resources API, {pods} pods holding {} devices",
+        pods * per_pod
+    );
+    report("  floor: List on the node holding nothing", floor);
+    report(
+        &format!("  List, {pods} pods / {} devices", pods * per_pod),
+        list_calls(&mut list, ops).await,
+    );
+    let mut samples = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        let started = Instant::now();
+        list.get_allocatable_resources(pr::AllocatableResourcesRequest {})
+            .await
+            .expect("GetAllocatableResources");
+        samples.push(started.elapsed());
+    }
+    report("  GetAllocatableResources, every device", samples);
+
+    let looping = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let agent = {
+        let (looping, stop, calls) = (looping.clone(), stop.clone(), calls.clone());
+        let root = root.to_owned();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let mut list = lister(&root).await;
+                while !stop.load(Ordering::Relaxed) {
+                    if looping.load(Ordering::Relaxed) {
+                        list_calls(&mut list, 1).await;
+                        calls.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            });
+        })
+    };
+    let (mut quiet, mut loaded) = (Vec::new(), Vec::new());
+    for i in 0..ops * 2 {
+        let with_list = (i / 10) % 2 == 1;
+        looping.store(with_list, Ordering::Relaxed);
+        let pod = format!("ab-{i}");
+        let started = Instant::now();
+        client
+            .allocate(pb::AllocateRequest {
+                pod_uid: pod.clone(),
+                container: "ctr".into(),
+                resource: "bench.example.com/small".into(),
+                count: 1,
+                ..Default::default()
+            })
+            .await
+            .expect("Allocate");
+        let took = started.elapsed();
+        if with_list { &mut loaded } else { &mut quiet }.push(took);
+        client
+            .release(pb::ReleaseRequest {
+                pod_uid: pod,
+                container: String::new(),
+            })
+            .await
+            .expect("Release");
+    }
+    stop.store(true, Ordering::Relaxed);
+    agent.join().expect("the List loop");
+    let busy: Duration = loaded.iter().sum();
+    report("  allocate 1 of 64, quiet", quiet);
+    report(
+        "  allocate 1 of 64, a client calling List in a loop",
+        loaded,
+    );
+    println!(
+        "  (List calls answered meanwhile: {} in {})",
+        calls.load(Ordering::Relaxed),
+        ms(busy)
+    );
+    drop((held, small));
+}
+
 #[tokio::main]
 async fn main() {
     let calls = env_or("PLUGLET_BENCH_CALLS", 1000);
@@ -236,6 +386,12 @@ async fn main() {
         Command::new(pluglet())
             .args(["run", "--root"])
             .arg(root.path())
+            .args([
+                "--pod-resources-qps",
+                "1000000",
+                "--pod-resources-burst",
+                "1000000",
+            ])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -244,6 +400,7 @@ async fn main() {
             .expect("spawn pluglet run"),
     );
     let mut client = admin(root.path()).await;
+    let floor = list_calls(&mut lister(root.path()).await, ops).await;
 
     for _ in 0..100 {
         client
@@ -275,5 +432,6 @@ async fn main() {
         "1,024 of 1,024",
     )
     .await;
+    pod_resources(root.path(), &mut client, floor, ops).await;
     drop((gpu, big));
 }

@@ -204,8 +204,20 @@ pub fn allocate(
     resource: &str,
     count: u32,
 ) -> Result<Value, String> {
+    allocate_with(daemon, pod, container, resource, count, &[])
+}
+
+/// [`allocate`] with `extra` options (e.g. `--pod-name`).
+pub fn allocate_with(
+    daemon: &Daemon,
+    pod: &str,
+    container: &str,
+    resource: &str,
+    count: u32,
+    extra: &[&str],
+) -> Result<Value, String> {
     let count = count.to_string();
-    let out = daemon.ctl(&[
+    let mut args = vec![
         "allocate",
         "--pod",
         pod,
@@ -217,7 +229,9 @@ pub fn allocate(
         &count,
         "-o",
         "json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let out = daemon.ctl(&args);
     if out.status.success() {
         let value = serde_json::from_slice(&out.stdout).expect("ctl allocate prints JSON");
         check_envelope(&value, Some("AllocateResult"));

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::device_authority::{Answer, unary};
 use crate::device_support::{
-    DevicePluginProcess, Flow, allocations, ids, release, resource, wait_allocatable,
+    DevicePluginProcess, Flow, allocate_with, allocations, ids, release, resource, wait_allocatable,
 };
 use crate::ops::{free_addr, scrape};
 use crate::support::{DEADLINE, Daemon, TestRoot, grpcio, wait_for};
@@ -123,30 +123,12 @@ fn allocate_named(
     count: u32,
     name: Option<(&str, &str)>,
 ) -> Value {
-    let count = count.to_string();
-    let mut args = vec![
-        "allocate",
-        "--pod",
-        pod,
-        "--container",
-        container,
-        "--resource",
-        resource,
-        "--count",
-        &count,
-        "-o",
-        "json",
-    ];
-    if let Some((name, namespace)) = name {
-        args.extend(["--pod-name", name, "--namespace", namespace]);
-    }
-    let out = daemon.ctl(&args);
-    assert!(
-        out.status.success(),
-        "ctl allocate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let extra = match name {
+        Some((name, namespace)) => vec!["--pod-name", name, "--namespace", namespace],
+        None => Vec::new(),
+    };
+    allocate_with(daemon, pod, container, resource, count, &extra)
+        .unwrap_or_else(|e| panic!("ctl allocate: {e}"))
 }
 
 /// What `ctl allocations` says is held, as rows of the pod-resources API.
@@ -200,6 +182,23 @@ fn agents_see_what_pods_hold_and_what_is_allocatable_across_a_restart() {
     allocate_named(&daemon, "uid-a", "main", NIC, 1, None);
     allocate_named(&daemon, "uid-a", "side", GPU, 1, None);
     allocate_named(&daemon, "uid-b", "c", GPU, 1, None);
+    // A pod's name cannot change; a bad name is refused saying what a name is.
+    let renamed = allocate_with(
+        &daemon,
+        "uid-a",
+        "other",
+        GPU,
+        1,
+        &["--pod-name", "serve", "--namespace", "ml"],
+    )
+    .unwrap_err();
+    assert!(
+        renamed.contains("holds devices as ml/train, not ml/serve"),
+        "{renamed}"
+    );
+    let bad =
+        allocate_with(&daemon, "uid-c", "c", GPU, 1, &["--pod-name", "Bad_Name"]).unwrap_err();
+    assert!(bad.contains("is not a valid pod name"), "{bad}");
 
     let listed = list(&socket);
     let want = expected(&daemon);
