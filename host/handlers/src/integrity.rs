@@ -124,7 +124,7 @@ pub struct Trust {
 }
 
 /// A signature that verified.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SignatureInfo {
     /// The id of the key that made it, hex, as minisign prints it.
     pub key_id: String,

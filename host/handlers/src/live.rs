@@ -31,7 +31,7 @@ use crate::integrity::{self, SignatureInfo, Trust, Verdict};
 use crate::served::{Origin, Served};
 use crate::set::{HandlerSet, SlotState};
 use crate::slot::SlotKey;
-use crate::state::{Decision, StateStore, Version};
+use crate::state::{Applied, Decision, StateStore, Version};
 
 /// The built-in modules, loaded once.
 #[derive(Clone, Debug)]
@@ -197,6 +197,9 @@ pub enum ReloadOutcome {
     Unchanged,
     /// Refused (the reasons, one per line); the set in force keeps serving.
     Refused(String),
+    /// `handlers.toml` looks half-written (empty, when it was not a moment ago): nothing was
+    /// decided; read it again once its writer is done ([`Handlers::reload_written`]).
+    Waiting(String),
 }
 
 /// One entry that cannot be applied.
@@ -264,9 +267,11 @@ pub enum RollbackError {
     NothingToRollBackTo(SlotKey),
 }
 
-/// What the writer owns besides the set: the decisions and where they are kept.
+/// What the writer owns besides the set: the decisions, and the versions last recorded as
+/// applied.
 struct Writer {
     decisions: Vec<Decision>,
+    applied: Option<Vec<Applied>>,
 }
 
 /// Changes of the slots and the file, for `ctl handlers`.
@@ -289,6 +294,10 @@ pub(crate) struct Shared {
     events: broadcast::Sender<HandlersEvent>,
     /// The daemon's event log, once given.
     log: std::sync::OnceLock<EventLog>,
+    /// Events recorded before the log was given (a refusal at start), handed to it then.
+    early_events: Mutex<Vec<(EventKind, String, String)>>,
+    /// Whether `handlers.toml` had any text when it was last read.
+    had_text: std::sync::atomic::AtomicBool,
     me: Weak<Shared>,
     /// Per slot: the calls running, whichever version of the slot runs them.
     gates: Mutex<BTreeMap<SlotKey, Arc<CallGate>>>,
@@ -344,10 +353,14 @@ impl Handlers {
         )
     }
 
-    /// Loads the set from `dir` at start: the built-ins, then `handlers.toml` if present. Any
-    /// entry that cannot be applied fails the start (naming the file, entry and reason).
-    /// `state_dir` keeps rollback decisions across restarts (`None`: not kept). `trust`: the
-    /// keys that sign modules and whether a signature is required.
+    /// Loads the set from `dir` at start: the built-ins, then the versions last applied (kept in
+    /// `state_dir`), then `handlers.toml` if present, applied to them as a live change is. A
+    /// change that is refused leaves every slot on the version last applied to it and is
+    /// reported as a live refusal is; only an entry refused for a slot that never had a version
+    /// applied fails the start (naming the file, entry and reason), as does a `handlers.toml`
+    /// that cannot be read when none was ever applied. `state_dir` keeps rollback decisions and
+    /// the versions applied across restarts (`None`: not kept). `trust`: the keys that sign
+    /// modules and whether a signature is required.
     pub fn load(
         runtime: Runtime,
         dir: &Path,
@@ -367,6 +380,7 @@ impl Handlers {
             .as_ref()
             .map(StateStore::decisions)
             .unwrap_or_default();
+        let applied = store.as_ref().and_then(StateStore::applied);
         let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
             let builtin = |slot: SlotKey, handler: &Arc<Handler>| SlotState {
                 current: Arc::new(Served::new(
@@ -395,20 +409,52 @@ impl Handlers {
                 builtins,
                 trust,
                 set: ArcSwap::from_pointee(set),
-                writer: Mutex::new(Writer { decisions }),
+                writer: Mutex::new(Writer {
+                    decisions,
+                    applied: applied.clone(),
+                }),
                 changes: Mutex::new(ChangeLog::default()),
                 store,
                 events: broadcast::channel(256).0,
                 log: std::sync::OnceLock::new(),
+                early_events: Mutex::new(Vec::new()),
+                had_text: std::sync::atomic::AtomicBool::new(false),
                 me: me.clone(),
                 gates: Mutex::new(BTreeMap::new()),
             }
         });
         let handlers = Handlers { shared };
-        let file = file::read(dir)?;
+        if let Some(applied) = &applied {
+            handlers.shared.restore_applied(applied);
+        }
+        let file = match handlers.shared.read_file() {
+            Ok(file) => file,
+            // Applied before: the file is refused as a live change of it would be.
+            Err(err) if applied.is_some() => {
+                handlers.shared.file_refused(&err);
+                return Ok(handlers);
+            }
+            Err(err) => return Err(err.into()),
+        };
         match handlers.shared.transaction(file, true) {
             Ok(_) => Ok(handlers),
-            Err(TransactionError::Entries(refusals)) => Err(StartError::Entries(refusals)),
+            Err(TransactionError::Entries(refusals)) => {
+                // Refused as a live change: every slot stays on the version last applied to
+                // it. A slot that never had one has nothing to serve the entry's intent.
+                let base = handlers.current();
+                let never_applied: Vec<EntryRefusal> = refusals
+                    .into_iter()
+                    .filter(|r| {
+                        base.slot(&r.slot)
+                            .is_none_or(|s| s.current.entry().is_none())
+                    })
+                    .collect();
+                if never_applied.is_empty() {
+                    Ok(handlers)
+                } else {
+                    Err(StartError::Entries(never_applied))
+                }
+            }
         }
     }
 
@@ -440,6 +486,16 @@ impl Handlers {
     /// Records every change applied, refused or rolled back in `log` from now on (the first log
     /// given is kept).
     pub fn with_events(self, log: EventLog) -> Handlers {
+        let early = std::mem::take(
+            &mut *self
+                .shared
+                .early_events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for (kind, subject, message) in early {
+            log.record(kind, subject, message);
+        }
         if self.shared.log.set(log).is_err() {
             tracing::warn!("the handler set records in the event log it was given first");
         }
@@ -447,31 +503,43 @@ impl Handlers {
     }
 
     /// Reads the handlers directory again and applies what changed, as one transaction (see
-    /// the module doc). Compiles: call it off the async reactor.
+    /// the module doc). An empty `handlers.toml` that had text when it was last read is taken
+    /// as caught between its truncation and its write: nothing is decided
+    /// ([`ReloadOutcome::Waiting`]). Compiles: call it off the async reactor.
     pub fn reload(&self) -> ReloadOutcome {
+        self.reload_file(false)
+    }
+
+    /// Like [`Handlers::reload`], the caller knowing that `handlers.toml` is written whole (its
+    /// writer is done): an empty file is a file without entries.
+    pub fn reload_written(&self) -> ReloadOutcome {
+        self.reload_file(true)
+    }
+
+    fn reload_file(&self, written: bool) -> ReloadOutcome {
+        use std::sync::atomic::Ordering;
         let path = self.shared.dir.join(HANDLERS_FILE);
-        let file = match file::read(&self.shared.dir) {
+        let text = match file::read_text(&path) {
+            Ok(text) => text,
+            Err(err) => return ReloadOutcome::Refused(self.shared.file_refused(&err)),
+        };
+        let blank = text.as_deref().is_some_and(|t| t.trim().is_empty());
+        if blank && !written && self.shared.had_text.load(Ordering::Relaxed) {
+            let why = format!(
+                "{} is empty but had entries a moment ago: taken as half-written, nothing                  applied; waiting for its writer to finish",
+                path.display()
+            );
+            tracing::info!(file = %path.display(), "{why}");
+            return ReloadOutcome::Waiting(why);
+        }
+        self.shared
+            .had_text
+            .store(text.as_deref().is_some_and(|t| !t.trim().is_empty()), Ordering::Relaxed);
+        let file = match text.map_or(Ok(HandlersFile::default()), |t| {
+            file::parse(&self.shared.dir, &path, &t)
+        }) {
             Ok(file) => file,
-            Err(err) => {
-                let reason = pluglet_core::error_chain(&err);
-                tracing::warn!(file = %path.display(), error = %reason, "handlers change refused; the handlers in force keep serving");
-                self.shared.lock_changes().file = Some(ChangeRecord {
-                    state: ChangeState::Refused,
-                    at: SystemTime::now(),
-                    reason: reason.clone(),
-                    module: None,
-                    sha256: None,
-                });
-                self.shared.record(
-                    EventKind::HandlerRefused,
-                    || HANDLERS_FILE.to_owned(),
-                    || reason.clone(),
-                );
-                let _ = self.shared.events.send(HandlersEvent::Refused {
-                    reason: reason.clone(),
-                });
-                return ReloadOutcome::Refused(reason);
-            }
+            Err(err) => return ReloadOutcome::Refused(self.shared.file_refused(&err)),
         };
         match self.shared.transaction(file, false) {
             Ok(slots) if slots.is_empty() => ReloadOutcome::Unchanged,
@@ -547,9 +615,127 @@ impl Shared {
         subject: impl FnOnce() -> String,
         message: impl FnOnce() -> String,
     ) {
-        if let Some(log) = self.log.get() {
-            log.record(kind, subject(), message());
+        match self.log.get() {
+            Some(log) => log.record(kind, subject(), message()),
+            None => self
+                .early_events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((kind, subject(), message())),
         }
+    }
+
+    /// Reads `handlers.toml` at start, noting whether it has text.
+    fn read_file(&self) -> Result<HandlersFile, FileError> {
+        let path = self.dir.join(HANDLERS_FILE);
+        let text = file::read_text(&path)?;
+        self.had_text.store(
+            text.as_deref().is_some_and(|t| !t.trim().is_empty()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        match text {
+            Some(text) => file::parse(&self.dir, &path, &text),
+            None => Ok(HandlersFile::default()),
+        }
+    }
+
+    /// `handlers.toml` as a whole was refused (it cannot be read or parsed): recorded for
+    /// `ctl handlers`, the log and the events; returns the reason.
+    fn file_refused(&self, err: &FileError) -> String {
+        let path = self.dir.join(HANDLERS_FILE);
+        let reason = pluglet_core::error_chain(err);
+        tracing::warn!(file = %path.display(), error = %reason, "handlers change refused; the handlers in force keep serving");
+        self.lock_changes().file = Some(ChangeRecord {
+            state: ChangeState::Refused,
+            at: SystemTime::now(),
+            reason: reason.clone(),
+            module: None,
+            sha256: None,
+        });
+        self.record(
+            EventKind::HandlerRefused,
+            || HANDLERS_FILE.to_owned(),
+            || reason.clone(),
+        );
+        let _ = self.events.send(HandlersEvent::Refused {
+            reason: reason.clone(),
+        });
+        reason
+    }
+
+    /// At start, before `handlers.toml` is read: puts each slot back on the configured version
+    /// last applied to it, from the bytes kept by digest. A version that cannot be loaded, or
+    /// whose signature the daemon no longer trusts, is left out (the slot starts on its
+    /// built-in, and `handlers.toml` decides it as on a first start).
+    fn restore_applied(&self, applied: &[Applied]) {
+        let Some(store) = &self.store else { return };
+        let mut set = (*self.set.load_full()).clone();
+        for kept in applied {
+            let slot = &kept.slot;
+            let module = kept.version.entry.module.display().to_string();
+            let skip = |why: String| {
+                tracing::warn!(%slot, module, sha256 = %kept.version.sha256, reason = why, "the version last applied cannot be restored; the slot starts from its built-in");
+            };
+            if self.trust.require
+                && !kept
+                    .signature
+                    .as_ref()
+                    .is_some_and(|s| self.trust.keys.iter().any(|k| k.id() == s.key_id))
+            {
+                skip("its signature is not by a key trusted now (--require-signatures)".into());
+                continue;
+            }
+            let bytes = match store.module(&kept.version.sha256) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    skip(format!("kept module: {e}"));
+                    continue;
+                }
+            };
+            let limits = kept
+                .version
+                .entry
+                .limits(self.runtime.config().default_limits);
+            let handler = match self.runtime.load(
+                ModuleSource::Bytes {
+                    id: module.clone(),
+                    bytes: bytes.into(),
+                },
+                kept.version.entry.settings.clone(),
+                Some(limits),
+            ) {
+                Ok(handler) => handler,
+                Err(e) => {
+                    skip(pluglet_core::error_chain(&e));
+                    continue;
+                }
+            };
+            if !handler.implements(slot.family()) {
+                skip(format!("it does not export the {} family", slot.family()));
+                continue;
+            }
+            let served = Served::new(
+                slot.clone(),
+                handler,
+                Origin::Configured {
+                    entry: kept.version.entry.clone(),
+                    sha256: kept.version.sha256.clone(),
+                },
+                self.builtins.for_slot(slot),
+                false,
+                self.me.clone(),
+            )
+            .with_signature(kept.signature.clone());
+            set = set.with_slot(
+                slot,
+                Some(SlotState {
+                    current: Arc::new(served),
+                    previous: None,
+                }),
+            );
+        }
+        set.generation = 0;
+        self.set.store(Arc::new(set));
     }
 
     fn lock_changes(&self) -> std::sync::MutexGuard<'_, ChangeLog> {
@@ -609,7 +795,7 @@ impl Shared {
                     .is_some_and(|e| *e == d.rejected.entry && next_names(&next, d))
             });
             let decisions_changed = writer.decisions.len() != decided;
-            self.persist(&writer.decisions, decisions_changed, &next);
+            self.persist(&mut writer, decisions_changed, &next);
             self.set.store(Arc::new(next));
             let generation = self.set.load().generation;
             drop(writer);
@@ -938,11 +1124,34 @@ impl Shared {
         (next, changed)
     }
 
-    /// Saves the decisions (when they changed) and drops kept modules nothing refers to any more.
-    fn persist(&self, decisions: &[Decision], decisions_changed: bool, set: &HandlerSet) {
+    /// Saves the decisions (when they changed) and the versions `set` puts the slots on (when
+    /// they changed), and drops kept modules nothing refers to any more.
+    fn persist(&self, writer: &mut Writer, decisions_changed: bool, set: &HandlerSet) {
         let Some(store) = &self.store else { return };
-        if decisions_changed && let Err(e) = store.save_decisions(decisions) {
+        if decisions_changed && let Err(e) = store.save_decisions(&writer.decisions) {
             tracing::warn!(error = %e, "cannot save handler rollback decisions; a rollback will not survive a restart");
+        }
+        let applied: Vec<Applied> = set
+            .slots()
+            .filter_map(|(slot, state)| match state.current.origin() {
+                Origin::Configured { entry, sha256 } => Some(Applied {
+                    slot,
+                    version: Version {
+                        sha256: sha256.clone(),
+                        entry: entry.clone(),
+                    },
+                    signature: state.current.signature().cloned(),
+                }),
+                Origin::Builtin => None,
+            })
+            .collect();
+        if writer.applied.as_ref() != Some(&applied) {
+            match store.save_applied(&applied) {
+                Ok(()) => writer.applied = Some(applied),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot save the handler versions applied; a restart may start from older ones");
+                }
+            }
         }
         let mut keep: HashSet<String> = HashSet::new();
         for (_, state) in set.slots() {
@@ -952,7 +1161,7 @@ impl Shared {
                 }
             }
         }
-        for d in decisions {
+        for d in &writer.decisions {
             if let Some(r) = &d.restored {
                 keep.insert(r.sha256.clone());
             }
@@ -1120,7 +1329,7 @@ impl Shared {
                 at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             });
         }
-        self.persist(&writer.decisions, true, &next);
+        self.persist(&mut writer, true, &next);
         self.set.store(Arc::new(next));
         drop(writer);
         tracing::warn!(
