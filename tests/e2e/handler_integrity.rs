@@ -41,7 +41,7 @@ fn minisign(args: &[&str]) -> Output {
 
 /// A key pair made by `minisign -G -W` (no password) in `dir`; returns the public key file,
 /// the secret key file and the key id.
-fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf, String) {
+pub(crate) fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf, String) {
     let public = dir.join(format!("{name}.pub"));
     let secret = dir.join(format!("{name}.key"));
     minisign(&[
@@ -64,7 +64,7 @@ fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf, String) {
 }
 
 /// Signs `file` with `secret` and the trusted comment `comment` (writes `file.minisig`).
-fn sign(secret: &Path, file: &Path, comment: &str) {
+pub(crate) fn sign(secret: &Path, file: &Path, comment: &str) {
     minisign(&[
         "-S",
         "-s",

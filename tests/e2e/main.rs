@@ -28,6 +28,8 @@ mod devices;
 mod fleet;
 mod guide;
 mod handler_integrity;
+mod handler_restart;
+mod handler_rewrites;
 mod handler_swap;
 mod handler_vectors;
 mod kube_harness;

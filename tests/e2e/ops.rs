@@ -17,13 +17,13 @@ use crate::support::{CsiPlugin, DEADLINE, Daemon, TestRoot, wait_for};
 const GPU: &str = "vendor.com/gpu";
 
 /// A free loopback address for `--metrics-addr`.
-fn free_addr() -> String {
+pub(crate) fn free_addr() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().to_string()
 }
 
 /// One HTTP/1.1 GET: (status, content type, body); `None` while nothing listens.
-fn get(addr: &str, path: &str, accept: Option<&str>) -> Option<(u16, String, String)> {
+pub(crate) fn get(addr: &str, path: &str, accept: Option<&str>) -> Option<(u16, String, String)> {
     let mut stream = TcpStream::connect(addr).ok()?;
     stream.set_read_timeout(Some(DEADLINE)).unwrap();
     let accept = accept

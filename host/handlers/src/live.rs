@@ -532,9 +532,10 @@ impl Handlers {
             tracing::info!(file = %path.display(), "{why}");
             return ReloadOutcome::Waiting(why);
         }
-        self.shared
-            .had_text
-            .store(text.as_deref().is_some_and(|t| !t.trim().is_empty()), Ordering::Relaxed);
+        self.shared.had_text.store(
+            text.as_deref().is_some_and(|t| !t.trim().is_empty()),
+            Ordering::Relaxed,
+        );
         let file = match text.map_or(Ok(HandlersFile::default()), |t| {
             file::parse(&self.shared.dir, &path, &t)
         }) {
