@@ -562,6 +562,7 @@ mod tests {
             handler: "builtin:csi".into(),
             registered_at: "2026-11-29T16:00:00.000Z".into(),
             socket_path: "/reg.sock".into(),
+            door: "registry".into(),
             node_id: Some("node-1".into()),
             max_volumes_per_node: Some(3),
             topology: Some([("zone".to_string(), "a".to_string())].into()),

@@ -33,6 +33,7 @@ mod handler_rewrites;
 mod handler_swap;
 mod handler_vectors;
 mod kube_harness;
+mod kubelet_sock_plugins;
 mod node_operations;
 mod state_disk;
 mod status_events;

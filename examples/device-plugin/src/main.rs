@@ -6,7 +6,10 @@
 //!
 //! - classic: `--kubelet-socket PATH` calls `v1beta1.Registration/Register` on the kubelet's
 //!   socket once its own service is up (the endpoint it sends is the file name of its socket, which
-//!   must therefore sit in the same directory as the kubelet's socket);
+//!   must therefore sit in the same directory as the kubelet's socket). As real plugins do, it
+//!   watches the kubelet's socket: when it is created again (the kubelet restarted, and removed
+//!   the sockets beside it), the plugin serves its own socket again if it was removed and
+//!   registers again;
 //! - plugin watcher: `--reg-socket PATH` serves `pluginregistration.Registration` (type
 //!   `DevicePlugin`, name = the resource, endpoint = the absolute path of its device socket,
 //!   versions `["v1beta1"]`) and appends every `NotifyRegistrationStatus` to `--status-file` as a
@@ -97,7 +100,8 @@ struct Args {
     /// API version sent in Register / GetInfo (to test refusals).
     #[arg(long, default_value = "v1beta1")]
     api_version: String,
-    /// Bind and register again when the device socket disappears.
+    /// Bind and register again when the device socket disappears (in the classic flow the
+    /// plugin also registers again whenever the kubelet's socket is created again).
     #[arg(long)]
     reregister: bool,
     /// Answer Allocate with a CDI device name `<resource>=<id>` per device.
@@ -507,23 +511,63 @@ async fn watch_health_file(plugin: Arc<Plugin>, path: PathBuf) {
     }
 }
 
-/// Re-binds and re-registers whenever the device socket disappears (`--reregister`).
+/// The identity of the file at `path` (device and inode), if there is one. A socket removed
+/// and created again is seen either missing at one look or with another inode.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Keeps the plugin registered: watches the kubelet's socket (classic flow), and with
+/// `--reregister` the device socket too, every 50 ms. When the kubelet's socket is a new file
+/// (the kubelet restarted), or the device socket is gone, it serves the device socket again if
+/// it is gone and registers again (retried every tick, [`REGISTER_TRIES`] times at most).
 async fn keep_registered(plugin: Arc<Plugin>, socket: PathBuf) {
+    /// Register attempts after a restart of the kubelet before the plugin waits for the next.
+    const REGISTER_TRIES: u32 = 40;
+    let kubelet = plugin.args.kubelet_socket.clone();
+    let mut kubelet_id = kubelet.as_deref().and_then(file_id);
+    let mut must_register = false;
+    let mut tries = 0;
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
         tick.tick().await;
-        if socket.exists() {
+        if let Some(kubelet) = &kubelet {
+            let id = file_id(kubelet);
+            if id.is_some() && id != kubelet_id {
+                tracing::info!(socket = %kubelet.display(), "the kubelet's socket was created again: registering again");
+                must_register = true;
+                tries = 0;
+            }
+            kubelet_id = id;
+        }
+        let gone = !socket.exists();
+        if gone && (must_register || plugin.args.reregister) {
+            tracing::info!(socket = %socket.display(), "device socket gone: serving it again");
+            if let Err(err) = serve_device_plugin(&plugin, &socket) {
+                tracing::error!("{err:#}");
+                continue;
+            }
+            must_register = true;
+        }
+        if !must_register {
             continue;
         }
-        tracing::info!(socket = %socket.display(), "device socket gone: serving and registering again");
-        if let Err(err) = serve_device_plugin(&plugin, &socket) {
-            tracing::error!("{err:#}");
-            continue;
-        }
-        if let Some(kubelet) = &plugin.args.kubelet_socket
-            && let Err(err) = register(&plugin.args, kubelet, &socket).await
-        {
-            tracing::error!("{err:#}");
+        match &kubelet {
+            Some(kubelet) => match register(&plugin.args, kubelet, &socket).await {
+                Ok(()) => must_register = false,
+                Err(err) if tries + 1 >= REGISTER_TRIES => {
+                    tracing::error!(
+                        "{err:#}; waiting for the kubelet's socket to be created again"
+                    );
+                    must_register = false;
+                }
+                Err(err) => {
+                    tries += 1;
+                    tracing::warn!("{err:#}; trying again");
+                }
+            },
+            None => must_register = false,
         }
     }
 }
@@ -627,7 +671,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(kubelet) = &args.kubelet_socket {
         register(&args, kubelet, &socket).await?;
     }
-    if args.reregister {
+    if args.reregister || args.kubelet_socket.is_some() {
         tokio::spawn(keep_registered(plugin.clone(), socket.clone()));
     }
     if args.flap_per_second > 0 {

@@ -131,9 +131,14 @@ pub struct PluginView {
     /// RFC 3339, UTC (empty in an event file).
     #[serde(default)]
     pub registered_at: String,
-    /// Registration socket the plugin was found at (empty in an event file).
+    /// Registration socket the plugin was found at (empty in an event file, and for a device
+    /// plugin registered through `kubelet.sock`).
     #[serde(default)]
     pub socket_path: String,
+    /// How it registered: `registry` (a socket in the plugin registry) or `kubelet.sock` (a
+    /// device plugin's `Register`); empty in an event file.
+    #[serde(default)]
+    pub door: String,
     /// CSI: NodeGetInfo's node id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
@@ -156,6 +161,7 @@ impl From<&pb::Plugin> for PluginView {
             handler: p.handler.clone(),
             registered_at: p.registered_at.clone(),
             socket_path: p.socket_path.clone(),
+            door: p.door.clone(),
             node_id: p.csi.as_ref().map(|c| c.node_id.clone()),
             max_volumes_per_node: p.csi.as_ref().map(|c| c.max_volumes_per_node),
             topology: p.csi.as_ref().map(|c| sorted(&c.topology)),
@@ -803,6 +809,9 @@ pub struct ResourceSummaryView {
     pub allocated: i64,
     /// Whether a plugin's ListAndWatch stream is live.
     pub connected: bool,
+    /// Why it is not connected, or what was wrong with the plugin's last device list.
+    #[serde(default)]
+    pub last_error: Option<String>,
 }
 
 /// A handler slot's module in force (`ctl status`).
@@ -937,6 +946,7 @@ impl From<&pb::GetStatusResponse> for StatusView {
                         allocatable: x.allocatable,
                         allocated: x.allocated,
                         connected: x.connected,
+                        last_error: non_empty(&x.last_error),
                     })
                     .collect()
             }),
@@ -1024,6 +1034,11 @@ impl StatusView {
                     })
                     .collect(),
             )),
+        }
+        for r in self.resources.iter().flatten() {
+            if let Some(why) = &r.last_error {
+                let _ = writeln!(out, "{}: {why}", r.resource);
+            }
         }
 
         out.push_str("\nHANDLERS\n");
@@ -1137,6 +1152,7 @@ impl Table for PluginView {
     const HEADER: &'static [&'static str] = &[
         "NAME",
         "TYPE",
+        "DOOR",
         "VERSION",
         "NODE ID",
         "ENDPOINT",
@@ -1147,6 +1163,7 @@ impl Table for PluginView {
         vec![
             self.name.clone(),
             self.plugin_type.clone(),
+            dash(&self.door),
             dash(self.version.as_deref().unwrap_or_default()),
             dash(self.node_id.as_deref().unwrap_or_default()),
             self.endpoint.clone(),
@@ -1316,6 +1333,7 @@ mod tests {
             handler: "builtin:csi".into(),
             registered_at: "2026-11-29T16:00:00.000Z".into(),
             socket_path: "/r/plugins_registry/reg.sock".into(),
+            door: "registry".into(),
             csi: Some(pb::CsiNodeInfo {
                 node_id: "node-1".into(),
                 max_volumes_per_node: 16,
@@ -1661,6 +1679,7 @@ mod tests {
         assert_eq!(
             keys(&plugins()[0]),
             [
+                "door",
                 "endpoint",
                 "handler",
                 "max_volumes_per_node",
@@ -1933,6 +1952,7 @@ mod tests {
                 allocatable: 3,
                 allocated: 2,
                 connected: true,
+                last_error: String::new(),
             }],
             handlers: vec![pb::HandlerSummary {
                 slot: "CSIPlugin".into(),
