@@ -182,30 +182,36 @@ pub struct RunArgs {
     pub log_level: Option<String>,
 }
 
-/// Output format of `pluglet ctl`.
+/// Output format of `pluglet ctl` and `pluglet handler` (`-o table|json`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum OutputFormat {
-    /// Aligned columns for people.
+    /// Aligned columns and lines for people (`text` is the same).
     #[default]
+    #[value(alias = "text")]
     Table,
     /// JSON (wire strings, snake_case keys) for scripts.
     Json,
 }
 
-/// `pluglet ctl`.
+/// `pluglet ctl`. Its options are global: they may come before or after the subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct CtlArgs {
     /// Talk to the daemon running with `--root DIR` (admin socket DIR/pluglet.sock).
-    #[arg(long, value_name = "DIR", conflicts_with = "admin_socket")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with = "admin_socket",
+        global = true
+    )]
     pub root: Option<PathBuf>,
     /// Admin socket of the daemon [default: /run/pluglet/pluglet.sock].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", global = true)]
     pub admin_socket: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table, global = true)]
     pub output: OutputFormat,
     /// Time allowed to reach the daemon.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration, global = true)]
     pub timeout: Duration,
     /// What to show.
     #[command(subcommand)]
@@ -332,6 +338,36 @@ mod tests {
         };
         assert_eq!(args.output, OutputFormat::Json);
         assert!(matches!(args.command, CtlCommand::Sockets));
+    }
+
+    #[test]
+    fn ctl_global_options_may_follow_the_subcommand() {
+        let cli = Cli::try_parse_from([
+            "pluglet",
+            "ctl",
+            "handlers",
+            "rollback",
+            "--resource",
+            "r",
+            "--root",
+            "/x",
+            "-o",
+            "text",
+        ])
+        .unwrap();
+        let Command::Ctl(args) = cli.command else {
+            panic!("not ctl")
+        };
+        assert_eq!(args.root.as_deref(), Some(std::path::Path::new("/x")));
+        assert_eq!(args.output, OutputFormat::Table);
+        let cli = Cli::try_parse_from([
+            "pluglet", "handler", "verify", "m.wasm", "--key", "k", "-o", "json",
+        ])
+        .unwrap();
+        let Command::Handler(args) = cli.command else {
+            panic!("not handler")
+        };
+        assert_eq!(args.output, OutputFormat::Json);
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod registration;
 
 mod admin_access;
 mod cdi_runtime;
+mod cli_grammar;
 mod compile_cache;
 mod crash_consistency;
 mod device_authority;
