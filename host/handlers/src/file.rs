@@ -112,6 +112,21 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// A short digest of the settings (the first 8 hex digits of the sha256 of their
+    /// `key=value` lines, sorted), to tell two versions of one module apart; `None` without
+    /// settings.
+    pub fn settings_hash(&self) -> Option<String> {
+        use sha2::Digest as _;
+        if self.settings.is_empty() {
+            return None;
+        }
+        let mut digest = sha2::Sha256::new();
+        for (key, value) in &self.settings {
+            digest.update(format!("{key}={value}\n"));
+        }
+        Some(hex::encode(digest.finalize())[..8].to_owned())
+    }
+
     /// The entry's limits over `defaults`.
     pub fn limits(&self, defaults: Limits) -> Limits {
         let mut limits = defaults;

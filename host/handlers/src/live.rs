@@ -113,6 +113,9 @@ pub enum ChangeState {
     Refused,
     /// Rolled back to the previous version.
     RolledBack,
+    /// Waiting: a module file that changed while the pin still names the version in force
+    /// is served once the pin names it.
+    Pending,
 }
 
 impl std::fmt::Display for ChangeState {
@@ -121,6 +124,7 @@ impl std::fmt::Display for ChangeState {
             ChangeState::Applied => "applied",
             ChangeState::Refused => "refused",
             ChangeState::RolledBack => "rolled_back",
+            ChangeState::Pending => "pending",
         })
     }
 }
@@ -265,6 +269,9 @@ pub enum RollbackError {
     /// Nothing to go back to.
     #[error("{0} has no previous version and no built-in to go back to")]
     NothingToRollBackTo(SlotKey),
+    /// The slot is on its built-in already.
+    #[error("{0} is already served by its built-in; there is nothing to roll back")]
+    AlreadyBuiltin(SlotKey),
 }
 
 /// What the writer owns besides the set: the decisions, and the versions last recorded as
@@ -322,6 +329,8 @@ impl std::fmt::Debug for Handlers {
 enum Plan {
     /// As it is.
     Keep,
+    /// As it is, with a change waiting (recorded as pending).
+    Pending(ChangeRecord),
     /// By a newly loaded (or reused) handler.
     Apply {
         handler: Arc<Handler>,
@@ -333,6 +342,7 @@ enum Plan {
     Restore {
         handler: Arc<Handler>,
         origin: Origin,
+        signature: Option<SignatureInfo>,
         reason: String,
     },
     /// By the built-in (the entry was removed).
@@ -381,6 +391,7 @@ impl Handlers {
             .map(StateStore::decisions)
             .unwrap_or_default();
         let applied = store.as_ref().and_then(StateStore::applied);
+        let decisions_at_start = decisions.clone();
         let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
             let builtin = |slot: SlotKey, handler: &Arc<Handler>| SlotState {
                 current: Arc::new(Served::new(
@@ -425,7 +436,9 @@ impl Handlers {
         });
         let handlers = Handlers { shared };
         if let Some(applied) = &applied {
-            handlers.shared.restore_applied(applied);
+            handlers
+                .shared
+                .restore_applied(applied, &decisions_at_start);
         }
         let file = match handlers.shared.read_file() {
             Ok(file) => file,
@@ -667,12 +680,19 @@ impl Shared {
     /// At start, before `handlers.toml` is read: puts each slot back on the configured version
     /// last applied to it, from the bytes kept by digest. A version that cannot be loaded, or
     /// whose signature the daemon no longer trusts, is left out (the slot starts on its
-    /// built-in, and `handlers.toml` decides it as on a first start).
-    fn restore_applied(&self, applied: &[Applied]) {
+    /// built-in, and `handlers.toml` decides it as on a first start). A version a rollback
+    /// decision restored is left to the decision, which puts it back and says why.
+    fn restore_applied(&self, applied: &[Applied], decisions: &[Decision]) {
         let Some(store) = &self.store else { return };
         let mut set = (*self.set.load_full()).clone();
         for kept in applied {
             let slot = &kept.slot;
+            if decisions
+                .iter()
+                .any(|d| d.slot == *slot && d.restored.as_ref() == Some(&kept.version))
+            {
+                continue;
+            }
             let module = kept.version.entry.module.display().to_string();
             let skip = |why: String| {
                 tracing::warn!(%slot, module, sha256 = %kept.version.sha256, reason = why, "the version last applied cannot be restored; the slot starts from its built-in");
@@ -762,8 +782,13 @@ impl Shared {
             let decisions = self.lock_writer().decisions.clone();
             let mut plans: BTreeMap<SlotKey, Plan> = BTreeMap::new();
             let mut refusals = Vec::new();
+            let mut pending = Vec::new();
             for (slot, entry) in &file.entries {
                 match self.plan(&path, &base, &decisions, slot, entry, &mut compiled) {
+                    Ok(Plan::Pending(record)) => {
+                        pending.push((slot.clone(), record));
+                        plans.insert(slot.clone(), Plan::Keep);
+                    }
                     Ok(plan) => {
                         plans.insert(slot.clone(), plan);
                     }
@@ -801,6 +826,17 @@ impl Shared {
             let generation = self.set.load().generation;
             drop(writer);
             self.applied(&changed, generation, at_start);
+            if !pending.is_empty() {
+                let mut changes = self.lock_changes();
+                for (slot, record) in pending {
+                    let same = changes.slots.get(&slot).is_some_and(|r| {
+                        r.state == ChangeState::Pending && r.sha256 == record.sha256
+                    });
+                    if !same {
+                        changes.slots.insert(slot, record);
+                    }
+                }
+            }
             return Ok(changed.into_iter().map(|(slot, _)| slot).collect());
         }
     }
@@ -842,7 +878,18 @@ impl Shared {
         let in_force = base.slot(slot).map(|s| &*s.current);
         let signature = match integrity::check(&self.trust, entry, &bytes, &sha256, in_force) {
             Ok(Verdict::Pass(signature)) => signature,
-            Ok(Verdict::KeepInForce) => return Ok(Plan::Keep),
+            Ok(Verdict::KeepInForce) => {
+                return Ok(Plan::Pending(ChangeRecord {
+                    state: ChangeState::Pending,
+                    at: SystemTime::now(),
+                    reason: format!(
+                        "the module file changed (now sha256 {sha256}) but handlers.toml still \
+                         pins the version in force; it is served once the pin names it"
+                    ),
+                    module: Some(entry.module.display().to_string()),
+                    sha256: Some(sha256),
+                }));
+            }
             Err(reason) => return Err(refuse(Some(sha256), reason)),
         };
         let version = Version {
@@ -945,14 +992,21 @@ impl Shared {
         decision: &Decision,
     ) -> Result<Plan, Box<EntryRefusal>> {
         let reason = format!(
-            "module sha256 {} was rolled back at {}: {}",
-            decision.rejected.sha256, decision.at, decision.reason
+            "module sha256 {} was rolled back at {} to {}: {}",
+            decision.rejected.sha256,
+            decision.at,
+            decision.restored.as_ref().map_or_else(
+                || "the built-in".to_owned(),
+                |r| format!("sha256 {}", r.sha256)
+            ),
+            decision.reason
         );
         let Some(restored) = &decision.restored else {
             return match self.builtins.for_slot(slot) {
                 Some(builtin) => Ok(Plan::Restore {
                     handler: builtin.clone(),
                     origin: Origin::Builtin,
+                    signature: None,
                     reason,
                 }),
                 None => Err(Box::new(EntryRefusal {
@@ -991,12 +1045,21 @@ impl Shared {
                 Some(limits),
             )
             .map_err(|e| refuse(pluglet_core::error_chain(&e)))?;
+        // Its signature, as recorded when it was last put in force.
+        let signature = self
+            .lock_writer()
+            .applied
+            .iter()
+            .flatten()
+            .find(|a| a.slot == *slot && a.version == *restored)
+            .and_then(|a| a.signature.clone());
         Ok(Plan::Restore {
             handler,
             origin: Origin::Configured {
                 entry: restored.entry.clone(),
                 sha256: restored.sha256.clone(),
             },
+            signature,
             reason,
         })
     }
@@ -1015,7 +1078,7 @@ impl Shared {
             let old = base.slot(&slot).cloned();
             let builtin = self.builtins.for_slot(&slot);
             let (state, record) = match plan {
-                Plan::Keep => continue,
+                Plan::Keep | Plan::Pending(_) => continue,
                 Plan::Apply {
                     handler,
                     version,
@@ -1029,10 +1092,16 @@ impl Shared {
                     }
                     let previous = old.map(|o| o.current);
                     let has_target = previous.is_some() || builtin.is_some();
-                    let reason = match &previous {
+                    let mut reason = match &previous {
                         Some(p) => format!("replaces {} (sha256 {})", p.module(), p.sha256()),
                         None => "new entry".to_owned(),
                     };
+                    if let Some(signature) = &signature {
+                        reason.push_str(&format!("; signed \"{}\"", signature.trusted_comment));
+                    }
+                    if let Some(hash) = version.entry.settings_hash() {
+                        reason.push_str(&format!("; settings {hash}"));
+                    }
                     let record = ChangeRecord {
                         state: ChangeState::Applied,
                         at: SystemTime::now(),
@@ -1063,6 +1132,7 @@ impl Shared {
                 Plan::Restore {
                     handler,
                     origin,
+                    signature,
                     reason,
                 } => {
                     let served = Served::new(
@@ -1072,7 +1142,8 @@ impl Shared {
                         builtin,
                         false,
                         self.me.clone(),
-                    );
+                    )
+                    .with_signature(signature);
                     let record = ChangeRecord {
                         state: ChangeState::RolledBack,
                         at: SystemTime::now(),
@@ -1184,7 +1255,7 @@ impl Shared {
             );
             self.record(
                 EventKind::HandlerRefused,
-                || refusal.slot.to_string(),
+                || refusal.slot.id(),
                 || format!("{}: {}", refusal.module.display(), refusal.reason),
             );
             changes.slots.insert(
@@ -1210,11 +1281,11 @@ impl Shared {
 
     fn applied(&self, changed: &[(SlotKey, ChangeRecord)], generation: u64, at_start: bool) {
         let mut changes = self.lock_changes();
-        // A successful change ends every refusal before it.
+        // A successful change ends every refusal and wait before it.
         changes.file = None;
-        changes
-            .slots
-            .retain(|_, record| record.state != ChangeState::Refused);
+        changes.slots.retain(|_, record| {
+            record.state != ChangeState::Refused && record.state != ChangeState::Pending
+        });
         for (slot, record) in changed {
             match record.state {
                 ChangeState::RolledBack => tracing::warn!(
@@ -1238,7 +1309,7 @@ impl Shared {
                 ChangeState::RolledBack => EventKind::HandlerRolledBack,
                 _ => EventKind::HandlerApplied,
             };
-            self.record(kind, || slot.to_string(), || change_message(record));
+            self.record(kind, || slot.id(), || change_message(record));
             changes.slots.insert(slot.clone(), record.clone());
         }
         drop(changes);
@@ -1290,6 +1361,7 @@ impl Shared {
             ),
             None => match (builtin, state.current.origin()) {
                 (Some(b), Origin::Configured { .. }) => (b.clone(), Origin::Builtin, None),
+                (_, Origin::Builtin) => return Err(RollbackError::AlreadyBuiltin(slot.clone())),
                 _ => return Err(RollbackError::NothingToRollBackTo(slot.clone())),
             },
         };
@@ -1348,9 +1420,11 @@ impl Shared {
                 state: ChangeState::RolledBack,
                 at: SystemTime::now(),
                 reason: format!(
-                    "{} (sha256 {}) rolled back: {reason}",
+                    "{} (sha256 {}) rolled back to {} (sha256 {}): {reason}",
                     state.current.module(),
-                    state.current.sha256()
+                    state.current.sha256(),
+                    restored.module(),
+                    restored.sha256()
                 ),
                 module: Some(restored.module().to_owned()),
                 sha256: Some(restored.sha256().to_owned()),
@@ -1358,13 +1432,14 @@ impl Shared {
         );
         self.record(
             EventKind::HandlerRolledBack,
-            || slot.to_string(),
+            || slot.id(),
             || {
                 format!(
-                    "{} (sha256 {}) rolled back to {}: {reason}",
+                    "{} (sha256 {}) rolled back to {} (sha256 {}): {reason}",
                     state.current.module(),
                     short(state.current.sha256()),
-                    restored.module()
+                    restored.module(),
+                    short(restored.sha256())
                 )
             },
         );
