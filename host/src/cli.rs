@@ -38,6 +38,22 @@ fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(s)
 }
 
+/// Parses `ADDR:PORT`: an IP address and a port, or a host name and a port (resolved now, the
+/// first address taken), e.g. `127.0.0.1:9810`, `[::1]:9810`, `localhost:9810`.
+pub fn parse_socket_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs as _;
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let hint = "write an address and a port, such as 127.0.0.1:9810, [::1]:9810 or localhost:9810";
+    match s.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("{s:?} resolves to no address; {hint}")),
+        Err(e) => Err(format!("{s:?} is not an address and port ({e}); {hint}")),
+    }
+}
+
 /// Format of the daemon's log lines on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -152,7 +168,7 @@ pub struct RunArgs {
     pub require_signatures: bool,
     /// Serve `/metrics`, `/healthz` and `/readyz` over HTTP on ADDR:PORT (off unless set; the
     /// shipped unit and config use 127.0.0.1:9810).
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Publish this node's device plugin resources and CSI drivers to the Kubernetes API server
     /// of this kubeconfig file (its current context); off unless this or --in-cluster is set.
@@ -368,6 +384,22 @@ mod tests {
             panic!("not handler")
         };
         assert_eq!(args.output, OutputFormat::Json);
+    }
+
+    #[test]
+    fn metrics_addr_takes_a_host_name_or_says_what_to_write() {
+        assert_eq!(
+            parse_socket_addr("127.0.0.1:9810").unwrap(),
+            "127.0.0.1:9810".parse().unwrap()
+        );
+        assert!(
+            parse_socket_addr("localhost:9812")
+                .unwrap()
+                .ip()
+                .is_loopback()
+        );
+        let err = parse_socket_addr("9812").unwrap_err();
+        assert!(err.contains("such as 127.0.0.1:9810"), "{err}");
     }
 
     #[test]

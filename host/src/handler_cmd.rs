@@ -230,8 +230,9 @@ fn runtime(limits: Limits) -> anyhow::Result<Runtime> {
     })?)
 }
 
+/// Milliseconds, to the microsecond.
 fn millis(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 #[derive(Serialize)]

@@ -321,6 +321,7 @@ pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
         }),
         running_calls: s.current.concurrency().map_or(0, |(running, _)| running),
         max_concurrent_calls: s.current.concurrency().map_or(0, |(_, limit)| limit),
+        settings_sha256: entry.and_then(|e| e.settings_hash()).unwrap_or_default(),
     }
 }
 
@@ -434,11 +435,7 @@ impl Admin for AdminService {
             .slots
             .iter()
             .map(|s| pb::HandlerSummary {
-                slot: match &s.slot {
-                    SlotKey::PluginType(t) => t.clone(),
-                    SlotKey::Resource(r) => format!("resource {r}"),
-                    SlotKey::DefaultPolicy => "default policy".to_owned(),
-                },
+                slot: s.slot.id(),
                 module: s.current.module().to_owned(),
                 sha256: s.current.sha256().to_owned(),
             })

@@ -206,6 +206,10 @@ impl From<&pb::SocketStatus> for SocketView {
 /// A handler slot and the module in force (`ctl handlers`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HandlerView {
+    /// The slot's name, as in `ctl status`, metric labels and events: `plugin_type/<type>`,
+    /// `resource/<name>` or `default_policy`.
+    #[serde(default)]
+    pub slot: String,
     /// Plugin type it serves; `None` for an allocation policy.
     pub plugin_type: Option<String>,
     /// Resource it governs as an allocation policy; `None` for the default policy and for
@@ -246,10 +250,16 @@ pub struct HandlerView {
     /// The minisign signature that vouched for the module when it was applied (`None`: none
     /// was checked).
     pub signature: Option<SignatureView>,
-    /// Calls of the slot running now (`None` for a built-in: not counted).
+    /// Calls of the slot running now (absent for a built-in: not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running_calls: Option<u32>,
-    /// How many calls of the slot may run at once (`None` for a built-in: not limited).
+    /// How many calls of the slot may run at once (absent for a built-in: not limited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_calls: Option<u32>,
+    /// A short digest of the entry's settings, to tell versions of one module apart (absent
+    /// without settings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings_sha256: Option<String>,
 }
 
 /// A minisign signature that verified.
@@ -327,6 +337,11 @@ impl From<&pb::HandlerInfo> for HandlerView {
     fn from(h: &pb::HandlerInfo) -> HandlerView {
         let failures = h.failures.unwrap_or_default();
         HandlerView {
+            slot: match (h.plugin_type.as_str(), h.resource.as_str()) {
+                ("", "") => "default_policy".to_owned(),
+                ("", r) => format!("resource/{r}"),
+                (t, _) => format!("plugin_type/{t}"),
+            },
             plugin_type: non_empty(&h.plugin_type),
             resource: non_empty(&h.resource),
             module: h.module.clone(),
@@ -364,6 +379,7 @@ impl From<&pb::HandlerInfo> for HandlerView {
             }),
             running_calls: (h.max_concurrent_calls > 0).then_some(h.running_calls),
             max_concurrent_calls: (h.max_concurrent_calls > 0).then_some(h.max_concurrent_calls),
+            settings_sha256: non_empty(&h.settings_sha256),
         }
     }
 }
@@ -430,11 +446,7 @@ impl HandlersView {
 
 impl HandlerView {
     fn key(&self) -> String {
-        match (self.plugin_type.as_deref(), self.resource.as_deref()) {
-            (Some(t), _) => t.to_owned(),
-            (None, Some(r)) => format!("resource {r}"),
-            (None, None) => "(default policy)".to_owned(),
-        }
+        self.slot.clone()
     }
 }
 
@@ -671,7 +683,12 @@ impl ReleaseResultView {
                 None => format!("nothing released: pod {pod_uid} holds no devices\n"),
             }
         } else {
-            format!("released {} entries of pod {pod_uid}\n", self.released)
+            let entries = if self.released == 1 {
+                "entry"
+            } else {
+                "entries"
+            };
+            format!("released {} {entries} of pod {pod_uid}\n", self.released)
         }
     }
 }
@@ -809,15 +826,17 @@ pub struct ResourceSummaryView {
     pub allocated: i64,
     /// Whether a plugin's ListAndWatch stream is live.
     pub connected: bool,
-    /// Why it is not connected, or what was wrong with the plugin's last device list.
-    #[serde(default)]
+    /// Why it is not connected, or what was wrong with the plugin's last device list (absent
+    /// while all is well).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
 }
 
 /// A handler slot's module in force (`ctl status`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HandlerSummaryView {
-    /// `CSIPlugin`, `resource vendor.com/gpu` or `default policy`.
+    /// The slot's name: `plugin_type/CSIPlugin`, `resource/vendor.com/gpu` or
+    /// `default_policy`.
     pub slot: String,
     /// `builtin:<name>` or the module's path.
     pub module: String,
@@ -1190,7 +1209,7 @@ impl Table for SocketView {
 
 impl Table for HandlerView {
     const HEADER: &'static [&'static str] = &[
-        "FOR", "MODULE", "SHA256", "CALLS", "RUNNING", "FAILED", "P99", "PREVIOUS", "CHANGE",
+        "SLOT", "MODULE", "SHA256", "CALLS", "RUNNING", "FAILED", "P99", "PREVIOUS", "CHANGE",
     ];
     fn row(&self) -> Vec<String> {
         let failed = self.failures.trap
@@ -1201,13 +1220,18 @@ impl Table for HandlerView {
         vec![
             self.key(),
             self.module.clone(),
-            match &self.signature {
-                Some(sig) => format!(
-                    "{} signed:{}",
-                    self.sha256.chars().take(12).collect::<String>(),
-                    sig.key_id
-                ),
-                None => self.sha256.chars().take(12).collect(),
+            {
+                let mut version: String = self.sha256.chars().take(12).collect();
+                if let Some(sig) = &self.signature {
+                    version.push_str(&format!(
+                        " signed:{} \"{}\"",
+                        sig.key_id, sig.trusted_comment
+                    ));
+                }
+                if let Some(hash) = &self.settings_sha256 {
+                    version.push_str(&format!(" settings:{hash}"));
+                }
+                version
             },
             self.calls.to_string(),
             match (self.running_calls, self.max_concurrent_calls) {
@@ -1719,7 +1743,6 @@ mod tests {
                 "families",
                 "last_change",
                 "last_failure",
-                "max_concurrent_calls",
                 "mean_us",
                 "module",
                 "on_failure",
@@ -1730,9 +1753,9 @@ mod tests {
                 "refusals",
                 "resource",
                 "rollback_after",
-                "running_calls",
                 "sha256",
-                "signature"
+                "signature",
+                "slot"
             ]
         );
         assert_eq!(
@@ -1797,7 +1820,11 @@ mod tests {
             .collect();
         assert_eq!(
             first,
-            ["CSIPlugin", "resource vendor.com/gpu", "(default policy)"]
+            [
+                "plugin_type/CSIPlugin",
+                "resource/vendor.com/gpu",
+                "default_policy"
+            ]
         );
     }
 
