@@ -56,6 +56,7 @@ use tonic::{Request, Response, Status};
 /// Command line.
 #[derive(Parser, Debug, Clone)]
 #[command(version, about = "A fake Kubernetes device plugin with test controls")]
+#[command(group(clap::ArgGroup::new("door").required(true).multiple(true).args(["kubelet_socket", "reg_socket"])))]
 struct Args {
     /// Extended resource name the devices are advertised under.
     #[arg(long, default_value = "vendor.com/gpu")]
@@ -596,9 +597,6 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
-    if args.kubelet_socket.is_none() && args.reg_socket.is_none() {
-        bail!("give --kubelet-socket (classic flow) and/or --reg-socket (plugin-watcher flow)");
-    }
     let socket = default_socket(&args)?;
     let socket = std::path::absolute(&socket)
         .with_context(|| format!("cannot make {} absolute", socket.display()))?;
