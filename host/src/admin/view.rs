@@ -661,12 +661,16 @@ impl AllocateResultView {
 pub struct ReleaseResultView {
     /// Number of (container, resource) entries released.
     pub released: u32,
+    /// The entries released, in the shape of `ctl allocations` items.
+    #[serde(default)]
+    pub freed: Vec<AllocationView>,
 }
 
 impl From<&pb::ReleaseResponse> for ReleaseResultView {
     fn from(r: &pb::ReleaseResponse) -> ReleaseResultView {
         ReleaseResultView {
             released: r.released,
+            freed: r.freed.iter().map(AllocationView::from).collect(),
         }
     }
 }
@@ -688,7 +692,15 @@ impl ReleaseResultView {
             } else {
                 "entries"
             };
-            format!("released {} {entries} of pod {pod_uid}\n", self.released)
+            let listed = if self.freed.is_empty() {
+                String::new()
+            } else {
+                table(&self.freed)
+            };
+            format!(
+                "{listed}released {} {entries} of pod {pod_uid}\n",
+                self.released
+            )
         }
     }
 }
@@ -1601,10 +1613,16 @@ mod tests {
              cdi         vendor.com/gpu=pluglet-p_c\n"
         );
 
-        let released = ReleaseResultView { released: 2 };
+        let released = ReleaseResultView {
+            released: 2,
+            freed: Vec::new(),
+        };
         assert_eq!(round_trip(&released), released);
         assert_eq!(released.text("p", None), "released 2 entries of pod p\n");
-        let nothing = ReleaseResultView { released: 0 };
+        let nothing = ReleaseResultView {
+            released: 0,
+            freed: Vec::new(),
+        };
         assert_eq!(
             nothing.text("p", None),
             "nothing released: pod p holds no devices\n"
@@ -1801,7 +1819,13 @@ mod tests {
                 "resource"
             ]
         );
-        assert_eq!(keys(&ReleaseResultView { released: 1 }), ["released"]);
+        assert_eq!(
+            keys(&ReleaseResultView {
+                released: 1,
+                freed: Vec::new()
+            }),
+            ["freed", "released"]
+        );
     }
 
     #[test]
@@ -1886,11 +1910,14 @@ mod tests {
             ["SocketList", "ResourceList", "AllocationList", "EventList"]
         );
 
-        let released: Value =
-            serde_json::from_str(&json_of(&ReleaseResultView { released: 2 })).unwrap();
+        let released: Value = serde_json::from_str(&json_of(&ReleaseResultView {
+            released: 2,
+            freed: Vec::new(),
+        }))
+        .unwrap();
         assert_eq!(
             released,
-            json!({"api_version": "pluglet/v1", "kind": "ReleaseResult", "released": 2})
+            json!({"api_version": "pluglet/v1", "kind": "ReleaseResult", "released": 2, "freed": []})
         );
         let handlers = HandlersView {
             items: handlers(),
