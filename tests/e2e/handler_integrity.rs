@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 use crate::handler_swap::{
-    gpu_row, guest, handlers, handlers_toml, rename_into_place, sha256, wait_gpu_row, wait_gpu_sha,
+    guest, handlers, handlers_toml, rename_into_place, sha256, wait_gpu_row, wait_gpu_sha,
     wait_until,
 };
 use crate::support::daemon::pluglet;
@@ -123,9 +123,12 @@ fn a_pin_decides_which_module_serves() {
             String::new(),
         )
     });
-    let row = gpu_row(&daemon).unwrap();
+    // It shows as pending, with the file's digest.
+    let row = wait_gpu_row(&daemon, "showing the new file as pending", |r| {
+        r["last_change"]["state"] == "pending"
+    });
     assert_eq!(row["sha256"], spread.as_str(), "{row}");
-    assert_ne!(row["last_change"]["state"], "refused", "{row}");
+    assert_eq!(row["last_change"]["sha256"], misbehave.as_str(), "{row}");
 
     // The pin names the new digest: the pair applies.
     rename_into_place(

@@ -383,7 +383,8 @@ fn rollback_by_hand_puts_the_previous_version_back() {
         handlers.roll_back(&slot).unwrap().module(),
         "builtin:device-plugin"
     );
-    assert!(handlers.roll_back(&slot).is_err());
+    let err = handlers.roll_back(&slot).unwrap_err().to_string();
+    assert!(err.contains("already served by its built-in"), "{err}");
     assert!(
         handlers
             .roll_back(&SlotKey::Resource("x.com/none".into()))
