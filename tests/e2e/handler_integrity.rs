@@ -329,3 +329,64 @@ fn a_key_file_that_cannot_be_used_fails_the_start() {
         "{log}"
     );
 }
+
+#[test]
+fn a_signature_installed_before_its_module_waits_for_it() {
+    let root = TestRoot::new();
+    let keys = root.side("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    let (public, secret, _) = key_pair(&keys, "vendor");
+    let dir = root.handlers();
+    std::fs::create_dir_all(&dir).unwrap();
+    let module = dir.join("policy.wasm");
+    std::fs::copy(guest("spread-policy"), &module).unwrap();
+    sign(&secret, &module, "spread-policy 1.0");
+    handlers_toml(&root, &[], &toml("policy.wasm", None));
+    let daemon = Daemon::start(
+        &root.path(),
+        &[
+            "--require-signatures",
+            "--trusted-key",
+            public.to_str().unwrap(),
+        ],
+    );
+    let spread = sha256(&guest("spread-policy"));
+    wait_gpu_sha(&daemon, &spread);
+
+    // Version 2's signature first, as the guide installs it: the module in force keeps
+    // serving, and the change shows as pending, not refused.
+    let staged = root.side("next.wasm");
+    std::fs::copy(guest("misbehave"), &staged).unwrap();
+    sign(&secret, &staged, "misbehave 2.0");
+    rename_into_place(
+        &root,
+        "policy.wasm.minisig",
+        &std::fs::read(crate::handler_integrity::signature_of(&staged)).unwrap(),
+    );
+    let row = wait_gpu_row(&daemon, "waiting for the module its signature signs", |r| {
+        r["last_change"]["state"] == "pending"
+    });
+    assert_eq!(row["sha256"], spread.as_str(), "{row}");
+    assert!(
+        row["last_change"]["reason"]
+            .as_str()
+            .is_some_and(|why| why.contains("waits for the module it signs")),
+        "{row}"
+    );
+
+    // Then the module: the pair applies, with the new signature.
+    rename_into_place(&root, "policy.wasm", &std::fs::read(&staged).unwrap());
+    let row = wait_gpu_sha(&daemon, &sha256(&staged));
+    assert_eq!(row["last_change"]["state"], "applied", "{row}");
+    assert_eq!(
+        row["signature"]["trusted_comment"], "misbehave 2.0",
+        "{row}"
+    );
+}
+
+/// The detached signature file minisign writes beside `file`.
+pub(crate) fn signature_of(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".minisig");
+    PathBuf::from(name)
+}

@@ -113,8 +113,8 @@ pub enum ChangeState {
     Refused,
     /// Rolled back to the previous version.
     RolledBack,
-    /// Waiting: a module file that changed while the pin still names the version in force
-    /// is served once the pin names it.
+    /// Waiting, the version in force serving: a module file that changed while the pin still
+    /// names the version in force, or a signature installed before the module it signs.
     Pending,
 }
 
@@ -878,14 +878,11 @@ impl Shared {
         let in_force = base.slot(slot).map(|s| &*s.current);
         let signature = match integrity::check(&self.trust, entry, &bytes, &sha256, in_force) {
             Ok(Verdict::Pass(signature)) => signature,
-            Ok(Verdict::KeepInForce) => {
+            Ok(Verdict::KeepInForce(reason)) => {
                 return Ok(Plan::Pending(ChangeRecord {
                     state: ChangeState::Pending,
                     at: SystemTime::now(),
-                    reason: format!(
-                        "the module file changed (now sha256 {sha256}) but handlers.toml still \
-                         pins the version in force; it is served once the pin names it"
-                    ),
+                    reason,
                     module: Some(entry.module.display().to_string()),
                     sha256: Some(sha256),
                 }));
