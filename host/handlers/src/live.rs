@@ -391,7 +391,6 @@ impl Handlers {
             .map(StateStore::decisions)
             .unwrap_or_default();
         let applied = store.as_ref().and_then(StateStore::applied);
-        let decisions_at_start = decisions.clone();
         let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
             let builtin = |slot: SlotKey, handler: &Arc<Handler>| SlotState {
                 current: Arc::new(Served::new(
@@ -436,9 +435,7 @@ impl Handlers {
         });
         let handlers = Handlers { shared };
         if let Some(applied) = &applied {
-            handlers
-                .shared
-                .restore_applied(applied, &decisions_at_start);
+            handlers.shared.restore_applied(applied);
         }
         let file = match handlers.shared.read_file() {
             Ok(file) => file,
@@ -450,7 +447,10 @@ impl Handlers {
             Err(err) => return Err(err.into()),
         };
         match handlers.shared.transaction(file, true) {
-            Ok(_) => Ok(handlers),
+            Ok(_) => {
+                handlers.shared.rollbacks_in_force();
+                Ok(handlers)
+            }
             Err(TransactionError::Entries(refusals)) => {
                 // Refused as a live change: every slot stays on the version last applied to
                 // it. A slot that never had one has nothing to serve the entry's intent.
@@ -653,6 +653,55 @@ impl Shared {
         }
     }
 
+    /// At start, once `handlers.toml` is applied: every slot a rollback decision still holds on
+    /// the version it restored says so, as when the rollback happened (`ctl handlers`, the
+    /// log, an event).
+    fn rollbacks_in_force(&self) {
+        let set = self.set.load_full();
+        let decisions = self.lock_writer().decisions.clone();
+        for decision in decisions.iter().filter(|d| next_names(&set, d)) {
+            let Some(state) = set.slot(&decision.slot) else {
+                continue;
+            };
+            // Restored by this start's own change: said already.
+            if self.lock_changes().slots.contains_key(&decision.slot) {
+                continue;
+            }
+            let reason = format!(
+                "module sha256 {} was rolled back at {} to {}: {}",
+                decision.rejected.sha256,
+                decision.at,
+                decision.restored.as_ref().map_or_else(
+                    || "the built-in".to_owned(),
+                    |r| format!("sha256 {}", r.sha256)
+                ),
+                decision.reason
+            );
+            let record = ChangeRecord {
+                state: ChangeState::RolledBack,
+                at: SystemTime::now(),
+                reason,
+                module: Some(state.current.module().to_owned()),
+                sha256: Some(state.current.sha256().to_owned()),
+            };
+            tracing::warn!(
+                slot = %decision.slot,
+                module = state.current.module(),
+                reason = %record.reason,
+                "serving the version a rollback restored"
+            );
+            self.record(
+                EventKind::HandlerRolledBack,
+                || decision.slot.id(),
+                || change_message(&record),
+            );
+            self.lock_changes()
+                .slots
+                .entry(decision.slot.clone())
+                .or_insert(record);
+        }
+    }
+
     /// `handlers.toml` as a whole was refused (it cannot be read or parsed): recorded for
     /// `ctl handlers`, the log and the events; returns the reason.
     fn file_refused(&self, err: &FileError) -> String {
@@ -680,19 +729,12 @@ impl Shared {
     /// At start, before `handlers.toml` is read: puts each slot back on the configured version
     /// last applied to it, from the bytes kept by digest. A version that cannot be loaded, or
     /// whose signature the daemon no longer trusts, is left out (the slot starts on its
-    /// built-in, and `handlers.toml` decides it as on a first start). A version a rollback
-    /// decision restored is left to the decision, which puts it back and says why.
-    fn restore_applied(&self, applied: &[Applied], decisions: &[Decision]) {
+    /// built-in, and `handlers.toml` decides it as on a first start).
+    fn restore_applied(&self, applied: &[Applied]) {
         let Some(store) = &self.store else { return };
         let mut set = (*self.set.load_full()).clone();
         for kept in applied {
             let slot = &kept.slot;
-            if decisions
-                .iter()
-                .any(|d| d.slot == *slot && d.restored.as_ref() == Some(&kept.version))
-            {
-                continue;
-            }
             let module = kept.version.entry.module.display().to_string();
             let skip = |why: String| {
                 tracing::warn!(%slot, module, sha256 = %kept.version.sha256, reason = why, "the version last applied cannot be restored; the slot starts from its built-in");

@@ -337,6 +337,43 @@ fn a_failing_new_module_is_rolled_back_and_not_applied_again_and_the_decision_su
 }
 
 #[test]
+fn a_refused_entry_at_start_keeps_the_version_a_rollback_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    let good = handlers.for_resource(GPU).sha256().to_owned();
+    install(dir.path(), "misbehave", "bad.wasm");
+    write_toml(
+        dir.path(),
+        &policy_entry("allocate = \"panic\"", "rollback_after = 1")
+            .replace("policy.wasm", "bad.wasm"),
+    );
+    assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
+    assert!(allocate(&handlers).is_err());
+    assert_eq!(handlers.for_resource(GPU).sha256(), good);
+    drop(handlers);
+
+    // While the daemon is down the entry is edited to a pin no module has: refused at start,
+    // as it would be live, and the version the rollback restored keeps serving.
+    write_toml(
+        dir.path(),
+        &policy_entry("", &format!("sha256 = \"{}\"", "0".repeat(64))),
+    );
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    assert_eq!(handlers.for_resource(GPU).sha256(), good);
+    let change = slot_state(&handlers).last_change.unwrap();
+    assert_eq!(change.state, ChangeState::Refused);
+    assert!(
+        change.reason.contains("does not match the pin"),
+        "{}",
+        change.reason
+    );
+    assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
+}
+
+#[test]
 fn with_on_failure_builtin_a_failed_call_is_decided_by_the_builtin_and_counted() {
     let dir = tempfile::tempdir().unwrap();
     install(dir.path(), "misbehave", "policy.wasm");
