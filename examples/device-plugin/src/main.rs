@@ -512,35 +512,68 @@ async fn watch_health_file(plugin: Arc<Plugin>, path: PathBuf) {
     }
 }
 
-/// The identity of the file at `path` (device and inode), if there is one. A socket removed
-/// and created again is seen either missing at one look or with another inode.
-fn file_id(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+/// Watches the directory of the kubelet's socket (inotify) and sends a unit each time the
+/// socket is created there; the watcher lives as long as the returned value.
+fn watch_kubelet_socket(
+    kubelet: &Path,
+) -> anyhow::Result<(
+    notify::RecommendedWatcher,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+)> {
+    use notify::Watcher as _;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let name = kubelet.file_name().map(ToOwned::to_owned);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if matches!(event.kind, notify::EventKind::Create(_))
+            && event.paths.iter().any(|p| p.file_name() == name.as_deref())
+        {
+            let _ = tx.send(());
+        }
+    })?;
+    let dir = kubelet
+        .parent()
+        .context("the kubelet socket path has no directory")?;
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .with_context(|| format!("cannot watch {}", dir.display()))?;
+    Ok((watcher, rx))
 }
 
-/// Keeps the plugin registered: watches the kubelet's socket (classic flow), and with
-/// `--reregister` the device socket too, every 50 ms. When the kubelet's socket is a new file
-/// (the kubelet restarted), or the device socket is gone, it serves the device socket again if
-/// it is gone and registers again (retried every tick, [`REGISTER_TRIES`] times at most).
+/// Keeps the plugin registered. In the classic flow it watches the kubelet's socket, as real
+/// plugins do: when it is created again (the kubelet restarted, removing the sockets beside
+/// it), the plugin serves its device socket again if it is gone and registers again (retried
+/// every 50 ms, [`REGISTER_TRIES`] times at most). With `--reregister` a device socket that
+/// disappears is served again (and registered again) too.
 async fn keep_registered(plugin: Arc<Plugin>, socket: PathBuf) {
     /// Register attempts after a restart of the kubelet before the plugin waits for the next.
     const REGISTER_TRIES: u32 = 40;
     let kubelet = plugin.args.kubelet_socket.clone();
-    let mut kubelet_id = kubelet.as_deref().and_then(file_id);
+    let (_watcher, mut created) = match kubelet.as_deref().map(watch_kubelet_socket) {
+        Some(Ok((watcher, created))) => (Some(watcher), Some(created)),
+        Some(Err(err)) => {
+            tracing::error!("{err:#}; the plugin will not register again by itself");
+            (None, None)
+        }
+        None => (None, None),
+    };
     let mut must_register = false;
     let mut tries = 0;
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
-        tick.tick().await;
-        if let Some(kubelet) = &kubelet {
-            let id = file_id(kubelet);
-            if id.is_some() && id != kubelet_id {
-                tracing::info!(socket = %kubelet.display(), "the kubelet's socket was created again: registering again");
+        let kubelet_created = async {
+            match created.as_mut() {
+                Some(created) => created.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tick.tick() => {}
+            Some(()) = kubelet_created => {
+                tracing::info!("the kubelet's socket was created again: registering again");
                 must_register = true;
                 tries = 0;
             }
-            kubelet_id = id;
         }
         let gone = !socket.exists();
         if gone && (must_register || plugin.args.reregister) {
@@ -586,8 +619,20 @@ fn default_socket(args: &Args) -> anyhow::Result<PathBuf> {
     Ok(dir.join(format!("{}.sock", args.resource.replace('/', "_"))))
 }
 
+/// Runs the plugin; an error is printed as one `error:` line with its causes (no backtrace),
+/// exit status 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
