@@ -38,6 +38,22 @@ fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(s)
 }
 
+/// Parses `ADDR:PORT`: an IP address and a port, or a host name and a port (resolved now, the
+/// first address taken), e.g. `127.0.0.1:9810`, `[::1]:9810`, `localhost:9810`.
+pub fn parse_socket_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs as _;
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let hint = "write an address and a port, such as 127.0.0.1:9810, [::1]:9810 or localhost:9810";
+    match s.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("{s:?} resolves to no address; {hint}")),
+        Err(e) => Err(format!("{s:?} is not an address and port ({e}); {hint}")),
+    }
+}
+
 /// Format of the daemon's log lines on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -170,7 +186,7 @@ pub struct RunArgs {
     pub require_signatures: bool,
     /// Serve `/metrics`, `/healthz` and `/readyz` over HTTP on ADDR:PORT (off unless set; the
     /// shipped unit and config use 127.0.0.1:9810).
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Publish this node's device plugin resources and CSI drivers to the Kubernetes API server
     /// of this kubeconfig file (its current context); off unless this or --in-cluster is set.
@@ -200,30 +216,36 @@ pub struct RunArgs {
     pub log_level: Option<String>,
 }
 
-/// Output format of `pluglet ctl`.
+/// Output format of `pluglet ctl` and `pluglet handler` (`-o table|json`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum OutputFormat {
-    /// Aligned columns for people.
+    /// Aligned columns and lines for people (`text` is the same).
     #[default]
+    #[value(alias = "text")]
     Table,
     /// JSON (wire strings, snake_case keys) for scripts.
     Json,
 }
 
-/// `pluglet ctl`.
+/// `pluglet ctl`. Its options are global: they may come before or after the subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct CtlArgs {
     /// Talk to the daemon running with `--root DIR` (admin socket DIR/pluglet.sock).
-    #[arg(long, value_name = "DIR", conflicts_with = "admin_socket")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with = "admin_socket",
+        global = true
+    )]
     pub root: Option<PathBuf>,
     /// Admin socket of the daemon [default: /run/pluglet/pluglet.sock].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", global = true)]
     pub admin_socket: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table, global = true)]
     pub output: OutputFormat,
     /// Time allowed to reach the daemon.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration, global = true)]
     pub timeout: Duration,
     /// What to show.
     #[command(subcommand)]
@@ -358,6 +380,52 @@ mod tests {
         };
         assert_eq!(args.output, OutputFormat::Json);
         assert!(matches!(args.command, CtlCommand::Sockets));
+    }
+
+    #[test]
+    fn ctl_global_options_may_follow_the_subcommand() {
+        let cli = Cli::try_parse_from([
+            "pluglet",
+            "ctl",
+            "handlers",
+            "rollback",
+            "--resource",
+            "r",
+            "--root",
+            "/x",
+            "-o",
+            "text",
+        ])
+        .unwrap();
+        let Command::Ctl(args) = cli.command else {
+            panic!("not ctl")
+        };
+        assert_eq!(args.root.as_deref(), Some(std::path::Path::new("/x")));
+        assert_eq!(args.output, OutputFormat::Table);
+        let cli = Cli::try_parse_from([
+            "pluglet", "handler", "verify", "m.wasm", "--key", "k", "-o", "json",
+        ])
+        .unwrap();
+        let Command::Handler(args) = cli.command else {
+            panic!("not handler")
+        };
+        assert_eq!(args.output, OutputFormat::Json);
+    }
+
+    #[test]
+    fn metrics_addr_takes_a_host_name_or_says_what_to_write() {
+        assert_eq!(
+            parse_socket_addr("127.0.0.1:9810").unwrap(),
+            "127.0.0.1:9810".parse().unwrap()
+        );
+        assert!(
+            parse_socket_addr("localhost:9812")
+                .unwrap()
+                .ip()
+                .is_loopback()
+        );
+        let err = parse_socket_addr("9812").unwrap_err();
+        assert!(err.contains("such as 127.0.0.1:9810"), "{err}");
     }
 
     #[test]

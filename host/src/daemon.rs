@@ -359,7 +359,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             registry_dir: paths.registry_dir.clone(),
             timings: timings.clone(),
         },
-        pipeline,
+        pipeline.clone(),
         cancel.clone(),
     )
     .context(
@@ -400,6 +400,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         &paths.admin_socket,
         config.admin_socket_mode,
         AdminService::new(handle, handlers.clone())
+            .with_pipeline(pipeline.clone())
             .with_devices(devices.clone())
             .with_publisher(publisher.clone())
             .with_health(health.clone())

@@ -5,7 +5,7 @@
 //!   is not a component, a component of another contract or one with forbidden imports is refused
 //!   with the reason (non-zero exit).
 //! - `pluglet handler test MODULE --hook validate|register|deregister|allocate --event FILE.json
-//!   [--setting k=v]... [--node-name N] [-o json|text]`: runs one hook on the event and prints the
+//!   [--setting k=v]... [--node-name N] [-o table|json]`: runs one hook on the event and prints the
 //!   outcome, the compile time and the call time separately, and the guest's log lines.
 //! - `pluglet handler test MODULE --vectors FILE.vectors.json [--setting k=v]...`: runs every
 //!   case of a vectors file ([`pluglet_handlers::Vectors`]) and prints each (passed or failed,
@@ -19,8 +19,9 @@
 //! embedded in this binary. The event JSON is [`pluglet_handlers::Event`]'s: a plugin as an item
 //! of `pluglet ctl plugins -o json` (validate/register/deregister, plus `"existing"`), or an
 //! allocation request with devices as an item of `pluglet ctl resources -o json` has them
-//! (allocate). With `-o json` each subcommand prints one object in the envelope of
-//! [`crate::admin::view`] (kinds `HandlerCheck`, `HandlerTest`, `HandlerVectors`).
+//! (allocate). With `-o json` (before or after the subcommand) each subcommand prints one object
+//! in the envelope of [`crate::admin::view`] (kinds `HandlerCheck`, `HandlerTest`,
+//! `HandlerVectors`, `HandlerVerify`).
 //!
 //! A bad event file ([`EventError`]) and a failing handler ([`HandlerRunError`]: refused at load,
 //! trap, deadline, memory cap) are separate errors: the first names the file, the second the
@@ -39,10 +40,14 @@ use pluglet_handlers::{CaseResult, Event, Outcome, TrustedKey, Vectors, run_hook
 use serde::Serialize;
 
 use crate::admin::view::{self, Kind};
+use crate::cli::OutputFormat;
 
 /// Arguments of `pluglet handler`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct HandlerArgs {
+    /// Output format (before or after the subcommand).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table, global = true)]
+    pub output: OutputFormat,
     /// What to do with the module.
     #[command(subcommand)]
     pub command: HandlerCommand,
@@ -78,9 +83,6 @@ pub struct VerifyArgs {
 pub struct CheckArgs {
     /// The module: a `.wasm` component file, or `builtin:csi` / `builtin:device-plugin`.
     pub module: String,
-    /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
 }
 
 /// Arguments of `pluglet handler test`.
@@ -114,9 +116,6 @@ pub struct TestArgs {
     /// per device offered, as in the daemon.
     #[arg(long)]
     pub fuel: Option<u64>,
-    /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
 }
 
 /// A hook to run.
@@ -132,15 +131,6 @@ pub enum HookArg {
     Allocate,
 }
 
-/// Output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
-    /// For people.
-    Text,
-    /// One JSON object.
-    Json,
-}
-
 fn parse_setting(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
@@ -152,13 +142,25 @@ fn parse_setting(text: &str) -> Result<(String, String), String> {
 /// deadline, memory cap) is an error; a guest's refusal is a normal outcome of `test`.
 pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
     match args.command {
-        HandlerCommand::Check(args) => check(args),
-        HandlerCommand::Test(args) => test(args),
-        HandlerCommand::Verify(args) => verify(args),
+        HandlerCommand::Check(check_args) => check(check_args, args.output),
+        HandlerCommand::Test(test_args) => test(test_args, args.output),
+        HandlerCommand::Verify(verify_args) => verify(verify_args, args.output),
     }
 }
 
-fn verify(args: VerifyArgs) -> anyhow::Result<()> {
+#[derive(Serialize)]
+struct VerifyReport {
+    module: String,
+    signature: String,
+    key_id: String,
+    trusted_comment: String,
+}
+
+impl Kind for VerifyReport {
+    const KIND: &'static str = "HandlerVerify";
+}
+
+fn verify(args: VerifyArgs, output: OutputFormat) -> anyhow::Result<()> {
     let keys = args
         .keys
         .iter()
@@ -183,9 +185,20 @@ fn verify(args: VerifyArgs) -> anyhow::Result<()> {
             args.module.display()
         )
     })?;
-    println!("signature verified: {}", args.module.display());
-    println!("key id:           {}", info.key_id);
-    println!("trusted comment:  {}", info.trusted_comment);
+    let report = VerifyReport {
+        module: args.module.display().to_string(),
+        signature: signature_path.display().to_string(),
+        key_id: info.key_id,
+        trusted_comment: info.trusted_comment,
+    };
+    match output {
+        OutputFormat::Json => print!("{}", view::json_of(&report)),
+        OutputFormat::Table => {
+            println!("signature verified: {}", report.module);
+            println!("key id:           {}", report.key_id);
+            println!("trusted comment:  {}", report.trusted_comment);
+        }
+    }
     Ok(())
 }
 
@@ -217,8 +230,9 @@ fn runtime(limits: Limits) -> anyhow::Result<Runtime> {
     })?)
 }
 
+/// Milliseconds, to the microsecond.
 fn millis(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 #[derive(Serialize)]
@@ -234,7 +248,7 @@ impl Kind for CheckReport<'_> {
     const KIND: &'static str = "HandlerCheck";
 }
 
-fn check(args: CheckArgs) -> anyhow::Result<()> {
+fn check(args: CheckArgs, output: OutputFormat) -> anyhow::Result<()> {
     let runtime = runtime(Limits::default())?;
     let handler = runtime.load(module_source(&args.module)?, BTreeMap::new(), None)?;
     let report = CheckReport {
@@ -244,9 +258,9 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
         sha256: handler.sha256(),
         compile_ms: millis(handler.compile_time()),
     };
-    match args.output {
+    match output {
         OutputFormat::Json => print!("{}", view::json_of(&report)),
-        OutputFormat::Text => {
+        OutputFormat::Table => {
             println!("module:    {}", report.module);
             println!("contract:  pluglet:handler@{}", report.contract_version);
             println!("families:  {}", report.families.join(", "));
@@ -400,7 +414,7 @@ impl From<HookArg> for Hook {
     }
 }
 
-fn test(args: TestArgs) -> anyhow::Result<()> {
+fn test(args: TestArgs, output: OutputFormat) -> anyhow::Result<()> {
     let mut limits = Limits::default();
     if let Some(ms) = args.deadline_ms {
         limits.deadline = Duration::from_millis(ms);
@@ -434,7 +448,7 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
             failed,
             cases,
         };
-        print_vectors(&report, args.output)?;
+        print_vectors(&report, output)?;
         if failed > 0 {
             bail!(
                 "{failed} of {} cases of {} failed",
@@ -465,9 +479,9 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
         fuel_used: call.fuel_used,
         logs: call.logs,
     };
-    match args.output {
+    match output {
         OutputFormat::Json => print!("{}", view::json_of(&report)),
-        OutputFormat::Text => {
+        OutputFormat::Table => {
             println!(
                 "module:    {} (pluglet:handler@{})",
                 report.module, report.contract_version
@@ -562,6 +576,7 @@ mod tests {
             handler: "builtin:csi".into(),
             registered_at: "2026-11-29T16:00:00.000Z".into(),
             socket_path: "/reg.sock".into(),
+            door: "registry".into(),
             node_id: Some("node-1".into()),
             max_volumes_per_node: Some(3),
             topology: Some([("zone".to_string(), "a".to_string())].into()),

@@ -1,10 +1,11 @@
 //! The `pluglet` binary: parse the command line, dispatch, map errors to exit codes
-//! (64 = bad usage, as EX_USAGE; 1 = any other failure). Nothing else lives here.
+//! (64 = bad usage, as EX_USAGE; 1 = any other failure). Nothing else lives here. Under
+//! `-o json` an error is one JSON object on stderr (kind `Error`), as the text would say it.
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory as _, FromArgMatches as _};
-use pluglet::cli::{Cli, Command, LogFormat, UsageError};
+use pluglet::cli::{Cli, Command, LogFormat, OutputFormat, UsageError};
 use pluglet::config::{Config, ConfigError, LogConfig, hostname, log_level, to_toml};
 
 /// mimalloc: a ListAndWatch update of 10,000 devices is tens of thousands of small allocations,
@@ -24,10 +25,21 @@ fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(e) => {
             let e = e.format(&mut Cli::command());
+            if e.use_stderr() && asks_for_json(std::env::args().skip(1)) {
+                let text = e.to_string();
+                let message = text.trim().strip_prefix("error: ").unwrap_or(text.trim());
+                print_json_error(message, EXIT_USAGE);
+                return ExitCode::from(EXIT_USAGE);
+            }
             let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
             let _ = e.print();
             return ExitCode::from(code);
         }
+    };
+    let json = match &cli.command {
+        Command::Ctl(args) => args.output == OutputFormat::Json,
+        Command::Handler(args) => args.output == OutputFormat::Json,
+        Command::Run(_) | Command::CompileHandler => false,
     };
     let rust_log = std::env::var("RUST_LOG").ok();
     match cli.command {
@@ -46,15 +58,21 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             init_tracing(&config.log);
-            finish(tokio_runtime().and_then(|rt| rt.block_on(pluglet::daemon::run(config))))
+            finish(
+                tokio_runtime().and_then(|rt| rt.block_on(pluglet::daemon::run(config))),
+                false,
+            )
         }
         Command::Ctl(args) => {
             init_tracing(&default_log(rust_log.as_deref()));
-            finish(tokio_runtime().and_then(|rt| rt.block_on(pluglet::admin::ctl::run(args))))
+            finish(
+                tokio_runtime().and_then(|rt| rt.block_on(pluglet::admin::ctl::run(args))),
+                json,
+            )
         }
         Command::Handler(args) => {
             init_tracing(&default_log(rust_log.as_deref()));
-            finish(pluglet::handler_cmd::run(args))
+            finish(pluglet::handler_cmd::run(args), json)
         }
         Command::CompileHandler => {
             init_tracing(&default_log(rust_log.as_deref()));
@@ -76,18 +94,45 @@ fn usage_error(e: &ConfigError) -> ExitCode {
     ExitCode::from(EXIT_USAGE)
 }
 
-fn finish(result: anyhow::Result<()>) -> ExitCode {
+fn finish(result: anyhow::Result<()>, json: bool) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            if e.is::<UsageError>() {
-                ExitCode::from(EXIT_USAGE)
+            let code = if e.is::<UsageError>() { EXIT_USAGE } else { 1 };
+            if json {
+                print_json_error(&format!("{e:#}"), code);
             } else {
-                ExitCode::FAILURE
+                eprintln!("error: {e:#}");
             }
+            ExitCode::from(code)
         }
     }
+}
+
+/// An error as one JSON object on stderr: `{"api_version", "kind": "Error", "error",
+/// "exit_code"}`, `error` being what the text form prints after `error: `.
+fn print_json_error(message: &str, exit_code: u8) {
+    let value = serde_json::json!({
+        "api_version": pluglet::admin::view::API_VERSION,
+        "kind": "Error",
+        "error": message,
+        "exit_code": exit_code,
+    });
+    eprintln!("{value}");
+}
+
+/// Whether raw arguments ask for JSON output (`-o json`, `-ojson`, `--output json`,
+/// `--output=json`), for an error found while parsing them.
+fn asks_for_json(args: impl Iterator<Item = String>) -> bool {
+    let args: Vec<String> = args.collect();
+    args.iter().enumerate().any(|(i, a)| {
+        let next_is_json = || args.get(i + 1).is_some_and(|n| n == "json");
+        match a.as_str() {
+            "-o" | "--output" => next_is_json(),
+            "-ojson" | "--output=json" => true,
+            _ => false,
+        }
+    })
 }
 
 /// Threads of tokio's blocking pool, which also takes over a worker's queue while a handler hook

@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 use crate::handler_swap::{
-    gpu_row, guest, handlers, handlers_toml, rename_into_place, sha256, wait_gpu_row, wait_gpu_sha,
+    guest, handlers, handlers_toml, rename_into_place, sha256, wait_gpu_row, wait_gpu_sha,
     wait_until,
 };
 use crate::support::daemon::pluglet;
@@ -41,7 +41,7 @@ fn minisign(args: &[&str]) -> Output {
 
 /// A key pair made by `minisign -G -W` (no password) in `dir`; returns the public key file,
 /// the secret key file and the key id.
-fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf, String) {
+pub(crate) fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf, String) {
     let public = dir.join(format!("{name}.pub"));
     let secret = dir.join(format!("{name}.key"));
     minisign(&[
@@ -64,7 +64,7 @@ fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf, String) {
 }
 
 /// Signs `file` with `secret` and the trusted comment `comment` (writes `file.minisig`).
-fn sign(secret: &Path, file: &Path, comment: &str) {
+pub(crate) fn sign(secret: &Path, file: &Path, comment: &str) {
     minisign(&[
         "-S",
         "-s",
@@ -123,9 +123,12 @@ fn a_pin_decides_which_module_serves() {
             String::new(),
         )
     });
-    let row = gpu_row(&daemon).unwrap();
+    // It shows as pending, with the file's digest.
+    let row = wait_gpu_row(&daemon, "showing the new file as pending", |r| {
+        r["last_change"]["state"] == "pending"
+    });
     assert_eq!(row["sha256"], spread.as_str(), "{row}");
-    assert_ne!(row["last_change"]["state"], "refused", "{row}");
+    assert_eq!(row["last_change"]["sha256"], misbehave.as_str(), "{row}");
 
     // The pin names the new digest: the pair applies.
     rename_into_place(
@@ -325,4 +328,65 @@ fn a_key_file_that_cannot_be_used_fails_the_start() {
         log.contains("--require-signatures needs at least one --trusted-key"),
         "{log}"
     );
+}
+
+#[test]
+fn a_signature_installed_before_its_module_waits_for_it() {
+    let root = TestRoot::new();
+    let keys = root.side("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    let (public, secret, _) = key_pair(&keys, "vendor");
+    let dir = root.handlers();
+    std::fs::create_dir_all(&dir).unwrap();
+    let module = dir.join("policy.wasm");
+    std::fs::copy(guest("spread-policy"), &module).unwrap();
+    sign(&secret, &module, "spread-policy 1.0");
+    handlers_toml(&root, &[], &toml("policy.wasm", None));
+    let daemon = Daemon::start(
+        &root.path(),
+        &[
+            "--require-signatures",
+            "--trusted-key",
+            public.to_str().unwrap(),
+        ],
+    );
+    let spread = sha256(&guest("spread-policy"));
+    wait_gpu_sha(&daemon, &spread);
+
+    // Version 2's signature first, as the guide installs it: the module in force keeps
+    // serving, and the change shows as pending, not refused.
+    let staged = root.side("next.wasm");
+    std::fs::copy(guest("misbehave"), &staged).unwrap();
+    sign(&secret, &staged, "misbehave 2.0");
+    rename_into_place(
+        &root,
+        "policy.wasm.minisig",
+        &std::fs::read(crate::handler_integrity::signature_of(&staged)).unwrap(),
+    );
+    let row = wait_gpu_row(&daemon, "waiting for the module its signature signs", |r| {
+        r["last_change"]["state"] == "pending"
+    });
+    assert_eq!(row["sha256"], spread.as_str(), "{row}");
+    assert!(
+        row["last_change"]["reason"]
+            .as_str()
+            .is_some_and(|why| why.contains("waits for the module it signs")),
+        "{row}"
+    );
+
+    // Then the module: the pair applies, with the new signature.
+    rename_into_place(&root, "policy.wasm", &std::fs::read(&staged).unwrap());
+    let row = wait_gpu_sha(&daemon, &sha256(&staged));
+    assert_eq!(row["last_change"]["state"], "applied", "{row}");
+    assert_eq!(
+        row["signature"]["trusted_comment"], "misbehave 2.0",
+        "{row}"
+    );
+}
+
+/// The detached signature file minisign writes beside `file`.
+pub(crate) fn signature_of(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".minisig");
+    PathBuf::from(name)
 }

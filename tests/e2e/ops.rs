@@ -23,7 +23,7 @@ pub(crate) fn free_addr() -> String {
 }
 
 /// One HTTP/1.1 GET: (status, content type, body); `None` while nothing listens.
-fn get(addr: &str, path: &str, accept: Option<&str>) -> Option<(u16, String, String)> {
+pub(crate) fn get(addr: &str, path: &str, accept: Option<&str>) -> Option<(u16, String, String)> {
     let mut stream = TcpStream::connect(addr).ok()?;
     stream.set_read_timeout(Some(DEADLINE)).unwrap();
     let accept = accept

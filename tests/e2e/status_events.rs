@@ -61,7 +61,7 @@ fn status_reports_ready_with_plugins_resources_and_handlers() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|h| h["slot"] == "CSIPlugin")
+        .find(|h| h["slot"] == "plugin_type/CSIPlugin")
         .unwrap_or_else(|| panic!("no CSIPlugin handler in {status}"));
     assert_eq!(csi_slot["module"], "builtin:csi");
     assert_eq!(csi_slot["sha256"].as_str().unwrap().len(), 64);

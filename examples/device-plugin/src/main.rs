@@ -6,7 +6,10 @@
 //!
 //! - classic: `--kubelet-socket PATH` calls `v1beta1.Registration/Register` on the kubelet's
 //!   socket once its own service is up (the endpoint it sends is the file name of its socket, which
-//!   must therefore sit in the same directory as the kubelet's socket);
+//!   must therefore sit in the same directory as the kubelet's socket). As real plugins do, it
+//!   watches the kubelet's socket: when it is created again (the kubelet restarted, and removed
+//!   the sockets beside it), the plugin serves its own socket again if it was removed and
+//!   registers again;
 //! - plugin watcher: `--reg-socket PATH` serves `pluginregistration.Registration` (type
 //!   `DevicePlugin`, name = the resource, endpoint = the absolute path of its device socket,
 //!   versions `["v1beta1"]`) and appends every `NotifyRegistrationStatus` to `--status-file` as a
@@ -53,6 +56,7 @@ use tonic::{Request, Response, Status};
 /// Command line.
 #[derive(Parser, Debug, Clone)]
 #[command(version, about = "A fake Kubernetes device plugin with test controls")]
+#[command(group(clap::ArgGroup::new("door").required(true).multiple(true).args(["kubelet_socket", "reg_socket"])))]
 struct Args {
     /// Extended resource name the devices are advertised under.
     #[arg(long, default_value = "vendor.com/gpu")]
@@ -97,7 +101,8 @@ struct Args {
     /// API version sent in Register / GetInfo (to test refusals).
     #[arg(long, default_value = "v1beta1")]
     api_version: String,
-    /// Bind and register again when the device socket disappears.
+    /// Bind and register again when the device socket disappears (in the classic flow the
+    /// plugin also registers again whenever the kubelet's socket is created again).
     #[arg(long)]
     reregister: bool,
     /// Answer Allocate with a CDI device name `<resource>=<id>` per device.
@@ -522,23 +527,96 @@ async fn watch_health_file(plugin: Arc<Plugin>, path: PathBuf) {
     }
 }
 
-/// Re-binds and re-registers whenever the device socket disappears (`--reregister`).
+/// Watches the directory of the kubelet's socket (inotify) and sends a unit each time the
+/// socket is created there; the watcher lives as long as the returned value.
+fn watch_kubelet_socket(
+    kubelet: &Path,
+) -> anyhow::Result<(
+    notify::RecommendedWatcher,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+)> {
+    use notify::Watcher as _;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let name = kubelet.file_name().map(ToOwned::to_owned);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if matches!(event.kind, notify::EventKind::Create(_))
+            && event.paths.iter().any(|p| p.file_name() == name.as_deref())
+        {
+            let _ = tx.send(());
+        }
+    })?;
+    let dir = kubelet
+        .parent()
+        .context("the kubelet socket path has no directory")?;
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .with_context(|| format!("cannot watch {}", dir.display()))?;
+    Ok((watcher, rx))
+}
+
+/// Keeps the plugin registered. In the classic flow it watches the kubelet's socket, as real
+/// plugins do: when it is created again (the kubelet restarted, removing the sockets beside
+/// it), the plugin serves its device socket again if it is gone and registers again (retried
+/// every 50 ms, [`REGISTER_TRIES`] times at most). With `--reregister` a device socket that
+/// disappears is served again (and registered again) too.
 async fn keep_registered(plugin: Arc<Plugin>, socket: PathBuf) {
+    /// Register attempts after a restart of the kubelet before the plugin waits for the next.
+    const REGISTER_TRIES: u32 = 40;
+    let kubelet = plugin.args.kubelet_socket.clone();
+    let (_watcher, mut created) = match kubelet.as_deref().map(watch_kubelet_socket) {
+        Some(Ok((watcher, created))) => (Some(watcher), Some(created)),
+        Some(Err(err)) => {
+            tracing::error!("{err:#}; the plugin will not register again by itself");
+            (None, None)
+        }
+        None => (None, None),
+    };
+    let mut must_register = false;
+    let mut tries = 0;
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
-        tick.tick().await;
-        if socket.exists() {
+        let kubelet_created = async {
+            match created.as_mut() {
+                Some(created) => created.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tick.tick() => {}
+            Some(()) = kubelet_created => {
+                tracing::info!("the kubelet's socket was created again: registering again");
+                must_register = true;
+                tries = 0;
+            }
+        }
+        let gone = !socket.exists();
+        if gone && (must_register || plugin.args.reregister) {
+            tracing::info!(socket = %socket.display(), "device socket gone: serving it again");
+            if let Err(err) = serve_device_plugin(&plugin, &socket) {
+                tracing::error!("{err:#}");
+                continue;
+            }
+            must_register = true;
+        }
+        if !must_register {
             continue;
         }
-        tracing::info!(socket = %socket.display(), "device socket gone: serving and registering again");
-        if let Err(err) = serve_device_plugin(&plugin, &socket) {
-            tracing::error!("{err:#}");
-            continue;
-        }
-        if let Some(kubelet) = &plugin.args.kubelet_socket
-            && let Err(err) = register(&plugin.args, kubelet, &socket).await
-        {
-            tracing::error!("{err:#}");
+        match &kubelet {
+            Some(kubelet) => match register(&plugin.args, kubelet, &socket).await {
+                Ok(()) => must_register = false,
+                Err(err) if tries + 1 >= REGISTER_TRIES => {
+                    tracing::error!(
+                        "{err:#}; waiting for the kubelet's socket to be created again"
+                    );
+                    must_register = false;
+                }
+                Err(err) => {
+                    tries += 1;
+                    tracing::warn!("{err:#}; trying again");
+                }
+            },
+            None => must_register = false,
         }
     }
 }
@@ -556,8 +634,20 @@ fn default_socket(args: &Args) -> anyhow::Result<PathBuf> {
     Ok(dir.join(format!("{}.sock", args.resource.replace('/', "_"))))
 }
 
+/// Runs the plugin; an error is printed as one `error:` line with its causes (no backtrace),
+/// exit status 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -567,9 +657,6 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
-    if args.kubelet_socket.is_none() && args.reg_socket.is_none() {
-        bail!("give --kubelet-socket (classic flow) and/or --reg-socket (plugin-watcher flow)");
-    }
     let socket = default_socket(&args)?;
     let socket = std::path::absolute(&socket)
         .with_context(|| format!("cannot make {} absolute", socket.display()))?;
@@ -642,7 +729,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(kubelet) = &args.kubelet_socket {
         register(&args, kubelet, &socket).await?;
     }
-    if args.reregister {
+    if args.reregister || args.kubelet_socket.is_some() {
         tokio::spawn(keep_registered(plugin.clone(), socket.clone()));
     }
     if args.flap_per_second > 0 {

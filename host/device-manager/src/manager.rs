@@ -406,8 +406,19 @@ impl DeviceManager {
         pod_uid: &str,
         container: Option<&str>,
     ) -> Result<usize, ReleaseError> {
+        self.release_entries(pod_uid, container)
+            .await
+            .map(|released| released.len())
+    }
+
+    /// Like [`DeviceManager::release`], returning the entries released.
+    pub async fn release_entries(
+        &self,
+        pod_uid: &str,
+        container: Option<&str>,
+    ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         match self.inner.allocator.release(pod_uid, container).await {
-            Ok(released) => Ok(released.len()),
+            Ok(released) => Ok(released),
             Err(err) => {
                 tracing::error!(error = %error_chain(&err), "release refused: cannot record it on disk");
                 Err(err)

@@ -38,6 +38,11 @@ use crate::persistence::WriteRequests;
 /// The generation of resources restored from the checkpoint, before any plugin connected.
 const RESTORED: Generation = Generation(0);
 
+/// When a grace period of `grace` starting now ends (RFC 3339, UTC, to the second).
+fn grace_end(grace: Duration) -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now() + grace).to_string()
+}
+
 /// One resource.
 #[derive(Debug, Default)]
 struct Resource {
@@ -158,12 +163,19 @@ impl Registry {
         log: EventLog,
     ) -> Registry {
         let names: Vec<ResourceName> = restored.keys().cloned().collect();
+        let why = format!(
+            "restored from the checkpoint; the plugin has not registered since the daemon \
+             started; its devices stay allocated, and capacity is kept until the grace period \
+             ends at {}",
+            grace_end(timings.grace_period)
+        );
         let resources = restored
             .into_iter()
             .map(|(name, devices)| {
                 let resource = Resource {
                     devices,
                     stopped: Some(RESTORED),
+                    last_error: Some(why.clone()),
                     ..Resource::default()
                 };
                 (name, resource)
@@ -352,7 +364,9 @@ impl Registry {
             entry.devices.mark_all_unhealthy();
             entry.stopped = Some(generation);
             entry.last_error = Some(format!(
-                "disconnected: {reason}; its devices are unhealthy until the plugin registers again"
+                "disconnected: {reason}; its devices are unhealthy until the plugin registers \
+                 again, and capacity is kept until the grace period ends at {}",
+                grace_end(self.inner.timings.grace_period)
             ));
         }
         tracing::warn!(

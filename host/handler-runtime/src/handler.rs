@@ -519,10 +519,11 @@ impl Handler {
             Some(Trap::OutOfFuel) => HandlerFault::Fuel { fuel },
             Some(trap) => {
                 let output = state.output_text();
+                // A trap's own text starts with `wasm trap: `.
                 let message = if output.is_empty() {
-                    format!("wasm trap: {trap}")
+                    trap.to_string()
                 } else {
-                    format!("{output} (wasm trap: {trap})")
+                    format!("{output} ({trap})")
                 };
                 HandlerFault::Trapped { message }
             }

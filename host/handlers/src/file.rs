@@ -112,6 +112,21 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// A short digest of the settings (the first 8 hex digits of the sha256 of their
+    /// `key=value` lines, sorted), to tell two versions of one module apart; `None` without
+    /// settings.
+    pub fn settings_hash(&self) -> Option<String> {
+        use sha2::Digest as _;
+        if self.settings.is_empty() {
+            return None;
+        }
+        let mut digest = sha2::Sha256::new();
+        for (key, value) in &self.settings {
+            digest.update(format!("{key}={value}\n"));
+        }
+        Some(hex::encode(digest.finalize())[..8].to_owned())
+    }
+
     /// The entry's limits over `defaults`.
     pub fn limits(&self, defaults: Limits) -> Limits {
         let mut limits = defaults;
@@ -174,11 +189,48 @@ pub enum FileError {
 /// Reads `<dir>/handlers.toml`; a missing file is an empty configuration (built-ins only).
 pub fn read(dir: &Path) -> Result<HandlersFile, FileError> {
     let path = dir.join(HANDLERS_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => parse(dir, &path, &text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HandlersFile::default()),
-        Err(source) => Err(FileError::Read { path, source }),
+    match read_text(&path)? {
+        Some(text) => parse(dir, &path, &text),
+        None => Ok(HandlersFile::default()),
     }
+}
+
+/// Times a file that keeps changing while it is read is read again.
+const READ_TRIES: usize = 5;
+
+/// The text of `path`, read whole (`None`: no such file). A file that changed while it was read
+/// (its inode, size or change time differ after the read) is read again, a few times; the
+/// last text read is returned (a writer still busy is seen by the watcher and read again).
+pub(crate) fn read_text(path: &Path) -> Result<Option<String>, FileError> {
+    use std::os::unix::fs::MetadataExt;
+    let stamp = |m: &std::fs::Metadata| (m.ino(), m.len(), m.ctime(), m.ctime_nsec());
+    let mut text = None;
+    for _ in 0..READ_TRIES {
+        let before = match std::fs::metadata(path) {
+            Ok(m) => stamp(&m),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(FileError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        text = match std::fs::read_to_string(path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(FileError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        if std::fs::metadata(path).is_ok_and(|m| stamp(&m) == before) {
+            break;
+        }
+    }
+    Ok(text)
 }
 
 /// Parses the text of `path`; module paths are relative to `dir`.

@@ -124,7 +124,7 @@ pub struct Trust {
 }
 
 /// A signature that verified.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SignatureInfo {
     /// The id of the key that made it, hex, as minisign prints it.
     pub key_id: String,
@@ -187,8 +187,10 @@ pub fn verify(
 pub(crate) enum Verdict {
     /// The module may be applied; the signature that vouched for it, if any.
     Pass(Option<SignatureInfo>),
-    /// The file changed but the pin still names the version in force: keep serving it.
-    KeepInForce,
+    /// The version in force keeps serving while the change waits (the reason): the module file
+    /// changed but the pin still names the version in force, or the signature file changed
+    /// but the module did not (a signature installed before its module).
+    KeepInForce(String),
 }
 
 /// The pin and signature checks of `entry`, whose module file holds `bytes` (digest `sha256`);
@@ -213,7 +215,10 @@ pub(crate) fn check(
                 "module file changed but handlers.toml still pins sha256 {pin}; keeping the \
                  version in force until the pin names the new digest"
             );
-            return Ok(Verdict::KeepInForce);
+            return Ok(Verdict::KeepInForce(format!(
+                "the module file changed (now sha256 {sha256}) but handlers.toml still pins the \
+                 version in force; it is served once the pin names it"
+            )));
         }
         return Err(format!(
             "module sha256 {sha256} does not match the pin {pin} in handlers.toml; if this module \
@@ -246,9 +251,28 @@ pub(crate) fn check(
             ));
         }
     };
-    verify(&trust.keys, bytes, &text)
-        .map(|info| Verdict::Pass(Some(info)))
-        .map_err(|e| format!("{}: {e}", path.display()))
+    // The version in force is this very entry and these very bytes: it was checked when it was
+    // applied, so a signature that does not vouch for it is one installed ahead of its module.
+    let is_in_force = in_force.is_some_and(|served| {
+        matches!(served.origin(), Origin::Configured { entry: e, sha256: digest } if e == entry && digest == sha256)
+    });
+    match verify(&trust.keys, bytes, &text) {
+        Ok(info) => Ok(Verdict::Pass(Some(info))),
+        Err(e) if is_in_force => {
+            tracing::info!(
+                module = %entry.module.display(),
+                signature = %path.display(),
+                "the signature file does not vouch for the module in force ({e}); keeping the \
+                 version in force until its module arrives"
+            );
+            Ok(Verdict::KeepInForce(format!(
+                "{} does not vouch for the module in force ({e}); it waits for the module it \
+                 signs",
+                path.display()
+            )))
+        }
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
 }
 
 #[cfg(test)]

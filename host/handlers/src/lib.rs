@@ -50,10 +50,10 @@ pub use live::{
 pub use served::{MIN_SLOT_WAIT, Origin, PROBATION_CLEAN_CALLS, Served};
 pub use set::{HandlerSet, SlotState};
 pub use slot::SlotKey;
-pub use state::{Decision, StateStore, Version};
+pub use state::{Applied, Decision, StateStore, Version};
 pub use stats::{CallStats, FailureCounts, FailureKind, LastFailure, StatsSnapshot};
 pub use vectors::{
     Case, CaseResult, VECTORS_NODE_NAME, VECTORS_SUFFIX, Vectors, VectorsError, check_module,
     run_all, run_case, vectors_path,
 };
-pub use watch::{SETTLE, WRITING_QUIET, WatchError};
+pub use watch::{HANDLERS_OPEN_QUIET, SETTLE, WRITING_QUIET, WatchError};

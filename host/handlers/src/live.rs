@@ -31,7 +31,7 @@ use crate::integrity::{self, SignatureInfo, Trust, Verdict};
 use crate::served::{Origin, Served};
 use crate::set::{HandlerSet, SlotState};
 use crate::slot::SlotKey;
-use crate::state::{Decision, StateStore, Version};
+use crate::state::{Applied, Decision, StateStore, Version};
 
 /// The built-in modules, loaded once.
 #[derive(Clone, Debug)]
@@ -113,6 +113,9 @@ pub enum ChangeState {
     Refused,
     /// Rolled back to the previous version.
     RolledBack,
+    /// Waiting, the version in force serving: a module file that changed while the pin still
+    /// names the version in force, or a signature installed before the module it signs.
+    Pending,
 }
 
 impl std::fmt::Display for ChangeState {
@@ -121,6 +124,7 @@ impl std::fmt::Display for ChangeState {
             ChangeState::Applied => "applied",
             ChangeState::Refused => "refused",
             ChangeState::RolledBack => "rolled_back",
+            ChangeState::Pending => "pending",
         })
     }
 }
@@ -197,6 +201,9 @@ pub enum ReloadOutcome {
     Unchanged,
     /// Refused (the reasons, one per line); the set in force keeps serving.
     Refused(String),
+    /// `handlers.toml` looks half-written (empty, when it was not a moment ago): nothing was
+    /// decided; read it again once its writer is done ([`Handlers::reload_written`]).
+    Waiting(String),
 }
 
 /// One entry that cannot be applied.
@@ -262,11 +269,16 @@ pub enum RollbackError {
     /// Nothing to go back to.
     #[error("{0} has no previous version and no built-in to go back to")]
     NothingToRollBackTo(SlotKey),
+    /// The slot is on its built-in already.
+    #[error("{0} is already served by its built-in; there is nothing to roll back")]
+    AlreadyBuiltin(SlotKey),
 }
 
-/// What the writer owns besides the set: the decisions and where they are kept.
+/// What the writer owns besides the set: the decisions, and the versions last recorded as
+/// applied.
 struct Writer {
     decisions: Vec<Decision>,
+    applied: Option<Vec<Applied>>,
 }
 
 /// Changes of the slots and the file, for `ctl handlers`.
@@ -289,6 +301,10 @@ pub(crate) struct Shared {
     events: broadcast::Sender<HandlersEvent>,
     /// The daemon's event log, once given.
     log: std::sync::OnceLock<EventLog>,
+    /// Events recorded before the log was given (a refusal at start), handed to it then.
+    early_events: Mutex<Vec<(EventKind, String, String)>>,
+    /// Whether `handlers.toml` had any text when it was last read.
+    had_text: std::sync::atomic::AtomicBool,
     me: Weak<Shared>,
     /// Per slot: the calls running, whichever version of the slot runs them.
     gates: Mutex<BTreeMap<SlotKey, Arc<CallGate>>>,
@@ -313,6 +329,8 @@ impl std::fmt::Debug for Handlers {
 enum Plan {
     /// As it is.
     Keep,
+    /// As it is, with a change waiting (recorded as pending).
+    Pending(ChangeRecord),
     /// By a newly loaded (or reused) handler.
     Apply {
         handler: Arc<Handler>,
@@ -324,6 +342,7 @@ enum Plan {
     Restore {
         handler: Arc<Handler>,
         origin: Origin,
+        signature: Option<SignatureInfo>,
         reason: String,
     },
     /// By the built-in (the entry was removed).
@@ -344,10 +363,14 @@ impl Handlers {
         )
     }
 
-    /// Loads the set from `dir` at start: the built-ins, then `handlers.toml` if present. Any
-    /// entry that cannot be applied fails the start (naming the file, entry and reason).
-    /// `state_dir` keeps rollback decisions across restarts (`None`: not kept). `trust`: the
-    /// keys that sign modules and whether a signature is required.
+    /// Loads the set from `dir` at start: the built-ins, then the versions last applied (kept in
+    /// `state_dir`), then `handlers.toml` if present, applied to them as a live change is. A
+    /// change that is refused leaves every slot on the version last applied to it and is
+    /// reported as a live refusal is; only an entry refused for a slot that never had a version
+    /// applied fails the start (naming the file, entry and reason), as does a `handlers.toml`
+    /// that cannot be read when none was ever applied. `state_dir` keeps rollback decisions and
+    /// the versions applied across restarts (`None`: not kept). `trust`: the keys that sign
+    /// modules and whether a signature is required.
     pub fn load(
         runtime: Runtime,
         dir: &Path,
@@ -367,6 +390,7 @@ impl Handlers {
             .as_ref()
             .map(StateStore::decisions)
             .unwrap_or_default();
+        let applied = store.as_ref().and_then(StateStore::applied);
         let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
             let builtin = |slot: SlotKey, handler: &Arc<Handler>| SlotState {
                 current: Arc::new(Served::new(
@@ -395,20 +419,55 @@ impl Handlers {
                 builtins,
                 trust,
                 set: ArcSwap::from_pointee(set),
-                writer: Mutex::new(Writer { decisions }),
+                writer: Mutex::new(Writer {
+                    decisions,
+                    applied: applied.clone(),
+                }),
                 changes: Mutex::new(ChangeLog::default()),
                 store,
                 events: broadcast::channel(256).0,
                 log: std::sync::OnceLock::new(),
+                early_events: Mutex::new(Vec::new()),
+                had_text: std::sync::atomic::AtomicBool::new(false),
                 me: me.clone(),
                 gates: Mutex::new(BTreeMap::new()),
             }
         });
         let handlers = Handlers { shared };
-        let file = file::read(dir)?;
+        if let Some(applied) = &applied {
+            handlers.shared.restore_applied(applied);
+        }
+        let file = match handlers.shared.read_file() {
+            Ok(file) => file,
+            // Applied before: the file is refused as a live change of it would be.
+            Err(err) if applied.is_some() => {
+                handlers.shared.file_refused(&err);
+                return Ok(handlers);
+            }
+            Err(err) => return Err(err.into()),
+        };
         match handlers.shared.transaction(file, true) {
-            Ok(_) => Ok(handlers),
-            Err(TransactionError::Entries(refusals)) => Err(StartError::Entries(refusals)),
+            Ok(_) => {
+                handlers.shared.rollbacks_in_force();
+                Ok(handlers)
+            }
+            Err(TransactionError::Entries(refusals)) => {
+                // Refused as a live change: every slot stays on the version last applied to
+                // it. A slot that never had one has nothing to serve the entry's intent.
+                let base = handlers.current();
+                let never_applied: Vec<EntryRefusal> = refusals
+                    .into_iter()
+                    .filter(|r| {
+                        base.slot(&r.slot)
+                            .is_none_or(|s| s.current.entry().is_none())
+                    })
+                    .collect();
+                if never_applied.is_empty() {
+                    Ok(handlers)
+                } else {
+                    Err(StartError::Entries(never_applied))
+                }
+            }
         }
     }
 
@@ -440,6 +499,16 @@ impl Handlers {
     /// Records every change applied, refused or rolled back in `log` from now on (the first log
     /// given is kept).
     pub fn with_events(self, log: EventLog) -> Handlers {
+        let early = std::mem::take(
+            &mut *self
+                .shared
+                .early_events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for (kind, subject, message) in early {
+            log.record(kind, subject, message);
+        }
         if self.shared.log.set(log).is_err() {
             tracing::warn!("the handler set records in the event log it was given first");
         }
@@ -447,31 +516,44 @@ impl Handlers {
     }
 
     /// Reads the handlers directory again and applies what changed, as one transaction (see
-    /// the module doc). Compiles: call it off the async reactor.
+    /// the module doc). An empty `handlers.toml` that had text when it was last read is taken
+    /// as caught between its truncation and its write: nothing is decided
+    /// ([`ReloadOutcome::Waiting`]). Compiles: call it off the async reactor.
     pub fn reload(&self) -> ReloadOutcome {
+        self.reload_file(false)
+    }
+
+    /// Like [`Handlers::reload`], the caller knowing that `handlers.toml` is written whole (its
+    /// writer is done): an empty file is a file without entries.
+    pub fn reload_written(&self) -> ReloadOutcome {
+        self.reload_file(true)
+    }
+
+    fn reload_file(&self, written: bool) -> ReloadOutcome {
+        use std::sync::atomic::Ordering;
         let path = self.shared.dir.join(HANDLERS_FILE);
-        let file = match file::read(&self.shared.dir) {
+        let text = match file::read_text(&path) {
+            Ok(text) => text,
+            Err(err) => return ReloadOutcome::Refused(self.shared.file_refused(&err)),
+        };
+        let blank = text.as_deref().is_some_and(|t| t.trim().is_empty());
+        if blank && !written && self.shared.had_text.load(Ordering::Relaxed) {
+            let why = format!(
+                "{} is empty but had entries a moment ago: taken as half-written, nothing                  applied; waiting for its writer to finish",
+                path.display()
+            );
+            tracing::info!(file = %path.display(), "{why}");
+            return ReloadOutcome::Waiting(why);
+        }
+        self.shared.had_text.store(
+            text.as_deref().is_some_and(|t| !t.trim().is_empty()),
+            Ordering::Relaxed,
+        );
+        let file = match text.map_or(Ok(HandlersFile::default()), |t| {
+            file::parse(&self.shared.dir, &path, &t)
+        }) {
             Ok(file) => file,
-            Err(err) => {
-                let reason = pluglet_core::error_chain(&err);
-                tracing::warn!(file = %path.display(), error = %reason, "handlers change refused; the handlers in force keep serving");
-                self.shared.lock_changes().file = Some(ChangeRecord {
-                    state: ChangeState::Refused,
-                    at: SystemTime::now(),
-                    reason: reason.clone(),
-                    module: None,
-                    sha256: None,
-                });
-                self.shared.record(
-                    EventKind::HandlerRefused,
-                    || HANDLERS_FILE.to_owned(),
-                    || reason.clone(),
-                );
-                let _ = self.shared.events.send(HandlersEvent::Refused {
-                    reason: reason.clone(),
-                });
-                return ReloadOutcome::Refused(reason);
-            }
+            Err(err) => return ReloadOutcome::Refused(self.shared.file_refused(&err)),
         };
         match self.shared.transaction(file, false) {
             Ok(slots) if slots.is_empty() => ReloadOutcome::Unchanged,
@@ -547,9 +629,176 @@ impl Shared {
         subject: impl FnOnce() -> String,
         message: impl FnOnce() -> String,
     ) {
-        if let Some(log) = self.log.get() {
-            log.record(kind, subject(), message());
+        match self.log.get() {
+            Some(log) => log.record(kind, subject(), message()),
+            None => self
+                .early_events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((kind, subject(), message())),
         }
+    }
+
+    /// Reads `handlers.toml` at start, noting whether it has text.
+    fn read_file(&self) -> Result<HandlersFile, FileError> {
+        let path = self.dir.join(HANDLERS_FILE);
+        let text = file::read_text(&path)?;
+        self.had_text.store(
+            text.as_deref().is_some_and(|t| !t.trim().is_empty()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        match text {
+            Some(text) => file::parse(&self.dir, &path, &text),
+            None => Ok(HandlersFile::default()),
+        }
+    }
+
+    /// At start, once `handlers.toml` is applied: every slot a rollback decision still holds on
+    /// the version it restored says so, as when the rollback happened (`ctl handlers`, the
+    /// log, an event).
+    fn rollbacks_in_force(&self) {
+        let set = self.set.load_full();
+        let decisions = self.lock_writer().decisions.clone();
+        for decision in decisions.iter().filter(|d| next_names(&set, d)) {
+            let Some(state) = set.slot(&decision.slot) else {
+                continue;
+            };
+            // Restored by this start's own change: said already.
+            if self.lock_changes().slots.contains_key(&decision.slot) {
+                continue;
+            }
+            let reason = format!(
+                "module sha256 {} was rolled back at {} to {}: {}",
+                decision.rejected.sha256,
+                decision.at,
+                decision.restored.as_ref().map_or_else(
+                    || "the built-in".to_owned(),
+                    |r| format!("sha256 {}", r.sha256)
+                ),
+                decision.reason
+            );
+            let record = ChangeRecord {
+                state: ChangeState::RolledBack,
+                at: SystemTime::now(),
+                reason,
+                module: Some(state.current.module().to_owned()),
+                sha256: Some(state.current.sha256().to_owned()),
+            };
+            tracing::warn!(
+                slot = %decision.slot,
+                module = state.current.module(),
+                reason = %record.reason,
+                "serving the version a rollback restored"
+            );
+            self.record(
+                EventKind::HandlerRolledBack,
+                || decision.slot.id(),
+                || change_message(&record),
+            );
+            self.lock_changes()
+                .slots
+                .entry(decision.slot.clone())
+                .or_insert(record);
+        }
+    }
+
+    /// `handlers.toml` as a whole was refused (it cannot be read or parsed): recorded for
+    /// `ctl handlers`, the log and the events; returns the reason.
+    fn file_refused(&self, err: &FileError) -> String {
+        let path = self.dir.join(HANDLERS_FILE);
+        let reason = pluglet_core::error_chain(err);
+        tracing::warn!(file = %path.display(), error = %reason, "handlers change refused; the handlers in force keep serving");
+        self.lock_changes().file = Some(ChangeRecord {
+            state: ChangeState::Refused,
+            at: SystemTime::now(),
+            reason: reason.clone(),
+            module: None,
+            sha256: None,
+        });
+        self.record(
+            EventKind::HandlerRefused,
+            || HANDLERS_FILE.to_owned(),
+            || reason.clone(),
+        );
+        let _ = self.events.send(HandlersEvent::Refused {
+            reason: reason.clone(),
+        });
+        reason
+    }
+
+    /// At start, before `handlers.toml` is read: puts each slot back on the configured version
+    /// last applied to it, from the bytes kept by digest. A version that cannot be loaded, or
+    /// whose signature the daemon no longer trusts, is left out (the slot starts on its
+    /// built-in, and `handlers.toml` decides it as on a first start).
+    fn restore_applied(&self, applied: &[Applied]) {
+        let Some(store) = &self.store else { return };
+        let mut set = (*self.set.load_full()).clone();
+        for kept in applied {
+            let slot = &kept.slot;
+            let module = kept.version.entry.module.display().to_string();
+            let skip = |why: String| {
+                tracing::warn!(%slot, module, sha256 = %kept.version.sha256, reason = why, "the version last applied cannot be restored; the slot starts from its built-in");
+            };
+            if self.trust.require
+                && !kept
+                    .signature
+                    .as_ref()
+                    .is_some_and(|s| self.trust.keys.iter().any(|k| k.id() == s.key_id))
+            {
+                skip("its signature is not by a key trusted now (--require-signatures)".into());
+                continue;
+            }
+            let bytes = match store.module(&kept.version.sha256) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    skip(format!("kept module: {e}"));
+                    continue;
+                }
+            };
+            let limits = kept
+                .version
+                .entry
+                .limits(self.runtime.config().default_limits);
+            let handler = match self.runtime.load(
+                ModuleSource::Bytes {
+                    id: module.clone(),
+                    bytes: bytes.into(),
+                },
+                kept.version.entry.settings.clone(),
+                Some(limits),
+            ) {
+                Ok(handler) => handler,
+                Err(e) => {
+                    skip(pluglet_core::error_chain(&e));
+                    continue;
+                }
+            };
+            if !handler.implements(slot.family()) {
+                skip(format!("it does not export the {} family", slot.family()));
+                continue;
+            }
+            let served = Served::new(
+                slot.clone(),
+                handler,
+                Origin::Configured {
+                    entry: kept.version.entry.clone(),
+                    sha256: kept.version.sha256.clone(),
+                },
+                self.builtins.for_slot(slot),
+                false,
+                self.me.clone(),
+            )
+            .with_signature(kept.signature.clone());
+            set = set.with_slot(
+                slot,
+                Some(SlotState {
+                    current: Arc::new(served),
+                    previous: None,
+                }),
+            );
+        }
+        set.generation = 0;
+        self.set.store(Arc::new(set));
     }
 
     fn lock_changes(&self) -> std::sync::MutexGuard<'_, ChangeLog> {
@@ -575,8 +824,13 @@ impl Shared {
             let decisions = self.lock_writer().decisions.clone();
             let mut plans: BTreeMap<SlotKey, Plan> = BTreeMap::new();
             let mut refusals = Vec::new();
+            let mut pending = Vec::new();
             for (slot, entry) in &file.entries {
                 match self.plan(&path, &base, &decisions, slot, entry, &mut compiled) {
+                    Ok(Plan::Pending(record)) => {
+                        pending.push((slot.clone(), record));
+                        plans.insert(slot.clone(), Plan::Keep);
+                    }
                     Ok(plan) => {
                         plans.insert(slot.clone(), plan);
                     }
@@ -609,11 +863,22 @@ impl Shared {
                     .is_some_and(|e| *e == d.rejected.entry && next_names(&next, d))
             });
             let decisions_changed = writer.decisions.len() != decided;
-            self.persist(&writer.decisions, decisions_changed, &next);
+            self.persist(&mut writer, decisions_changed, &next);
             self.set.store(Arc::new(next));
             let generation = self.set.load().generation;
             drop(writer);
             self.applied(&changed, generation, at_start);
+            if !pending.is_empty() {
+                let mut changes = self.lock_changes();
+                for (slot, record) in pending {
+                    let same = changes.slots.get(&slot).is_some_and(|r| {
+                        r.state == ChangeState::Pending && r.sha256 == record.sha256
+                    });
+                    if !same {
+                        changes.slots.insert(slot, record);
+                    }
+                }
+            }
             return Ok(changed.into_iter().map(|(slot, _)| slot).collect());
         }
     }
@@ -655,7 +920,15 @@ impl Shared {
         let in_force = base.slot(slot).map(|s| &*s.current);
         let signature = match integrity::check(&self.trust, entry, &bytes, &sha256, in_force) {
             Ok(Verdict::Pass(signature)) => signature,
-            Ok(Verdict::KeepInForce) => return Ok(Plan::Keep),
+            Ok(Verdict::KeepInForce(reason)) => {
+                return Ok(Plan::Pending(ChangeRecord {
+                    state: ChangeState::Pending,
+                    at: SystemTime::now(),
+                    reason,
+                    module: Some(entry.module.display().to_string()),
+                    sha256: Some(sha256),
+                }));
+            }
             Err(reason) => return Err(refuse(Some(sha256), reason)),
         };
         let version = Version {
@@ -758,14 +1031,21 @@ impl Shared {
         decision: &Decision,
     ) -> Result<Plan, Box<EntryRefusal>> {
         let reason = format!(
-            "module sha256 {} was rolled back at {}: {}",
-            decision.rejected.sha256, decision.at, decision.reason
+            "module sha256 {} was rolled back at {} to {}: {}",
+            decision.rejected.sha256,
+            decision.at,
+            decision.restored.as_ref().map_or_else(
+                || "the built-in".to_owned(),
+                |r| format!("sha256 {}", r.sha256)
+            ),
+            decision.reason
         );
         let Some(restored) = &decision.restored else {
             return match self.builtins.for_slot(slot) {
                 Some(builtin) => Ok(Plan::Restore {
                     handler: builtin.clone(),
                     origin: Origin::Builtin,
+                    signature: None,
                     reason,
                 }),
                 None => Err(Box::new(EntryRefusal {
@@ -804,12 +1084,21 @@ impl Shared {
                 Some(limits),
             )
             .map_err(|e| refuse(pluglet_core::error_chain(&e)))?;
+        // Its signature, as recorded when it was last put in force.
+        let signature = self
+            .lock_writer()
+            .applied
+            .iter()
+            .flatten()
+            .find(|a| a.slot == *slot && a.version == *restored)
+            .and_then(|a| a.signature.clone());
         Ok(Plan::Restore {
             handler,
             origin: Origin::Configured {
                 entry: restored.entry.clone(),
                 sha256: restored.sha256.clone(),
             },
+            signature,
             reason,
         })
     }
@@ -828,7 +1117,7 @@ impl Shared {
             let old = base.slot(&slot).cloned();
             let builtin = self.builtins.for_slot(&slot);
             let (state, record) = match plan {
-                Plan::Keep => continue,
+                Plan::Keep | Plan::Pending(_) => continue,
                 Plan::Apply {
                     handler,
                     version,
@@ -842,10 +1131,16 @@ impl Shared {
                     }
                     let previous = old.map(|o| o.current);
                     let has_target = previous.is_some() || builtin.is_some();
-                    let reason = match &previous {
+                    let mut reason = match &previous {
                         Some(p) => format!("replaces {} (sha256 {})", p.module(), p.sha256()),
                         None => "new entry".to_owned(),
                     };
+                    if let Some(signature) = &signature {
+                        reason.push_str(&format!("; signed \"{}\"", signature.trusted_comment));
+                    }
+                    if let Some(hash) = version.entry.settings_hash() {
+                        reason.push_str(&format!("; settings {hash}"));
+                    }
                     let record = ChangeRecord {
                         state: ChangeState::Applied,
                         at: SystemTime::now(),
@@ -876,6 +1171,7 @@ impl Shared {
                 Plan::Restore {
                     handler,
                     origin,
+                    signature,
                     reason,
                 } => {
                     let served = Served::new(
@@ -885,7 +1181,8 @@ impl Shared {
                         builtin,
                         false,
                         self.me.clone(),
-                    );
+                    )
+                    .with_signature(signature);
                     let record = ChangeRecord {
                         state: ChangeState::RolledBack,
                         at: SystemTime::now(),
@@ -938,11 +1235,34 @@ impl Shared {
         (next, changed)
     }
 
-    /// Saves the decisions (when they changed) and drops kept modules nothing refers to any more.
-    fn persist(&self, decisions: &[Decision], decisions_changed: bool, set: &HandlerSet) {
+    /// Saves the decisions (when they changed) and the versions `set` puts the slots on (when
+    /// they changed), and drops kept modules nothing refers to any more.
+    fn persist(&self, writer: &mut Writer, decisions_changed: bool, set: &HandlerSet) {
         let Some(store) = &self.store else { return };
-        if decisions_changed && let Err(e) = store.save_decisions(decisions) {
+        if decisions_changed && let Err(e) = store.save_decisions(&writer.decisions) {
             tracing::warn!(error = %e, "cannot save handler rollback decisions; a rollback will not survive a restart");
+        }
+        let applied: Vec<Applied> = set
+            .slots()
+            .filter_map(|(slot, state)| match state.current.origin() {
+                Origin::Configured { entry, sha256 } => Some(Applied {
+                    slot,
+                    version: Version {
+                        sha256: sha256.clone(),
+                        entry: entry.clone(),
+                    },
+                    signature: state.current.signature().cloned(),
+                }),
+                Origin::Builtin => None,
+            })
+            .collect();
+        if writer.applied.as_ref() != Some(&applied) {
+            match store.save_applied(&applied) {
+                Ok(()) => writer.applied = Some(applied),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot save the handler versions applied; a restart may start from older ones");
+                }
+            }
         }
         let mut keep: HashSet<String> = HashSet::new();
         for (_, state) in set.slots() {
@@ -952,7 +1272,7 @@ impl Shared {
                 }
             }
         }
-        for d in decisions {
+        for d in &writer.decisions {
             if let Some(r) = &d.restored {
                 keep.insert(r.sha256.clone());
             }
@@ -974,7 +1294,7 @@ impl Shared {
             );
             self.record(
                 EventKind::HandlerRefused,
-                || refusal.slot.to_string(),
+                || refusal.slot.id(),
                 || format!("{}: {}", refusal.module.display(), refusal.reason),
             );
             changes.slots.insert(
@@ -1000,11 +1320,11 @@ impl Shared {
 
     fn applied(&self, changed: &[(SlotKey, ChangeRecord)], generation: u64, at_start: bool) {
         let mut changes = self.lock_changes();
-        // A successful change ends every refusal before it.
+        // A successful change ends every refusal and wait before it.
         changes.file = None;
-        changes
-            .slots
-            .retain(|_, record| record.state != ChangeState::Refused);
+        changes.slots.retain(|_, record| {
+            record.state != ChangeState::Refused && record.state != ChangeState::Pending
+        });
         for (slot, record) in changed {
             match record.state {
                 ChangeState::RolledBack => tracing::warn!(
@@ -1028,7 +1348,7 @@ impl Shared {
                 ChangeState::RolledBack => EventKind::HandlerRolledBack,
                 _ => EventKind::HandlerApplied,
             };
-            self.record(kind, || slot.to_string(), || change_message(record));
+            self.record(kind, || slot.id(), || change_message(record));
             changes.slots.insert(slot.clone(), record.clone());
         }
         drop(changes);
@@ -1080,6 +1400,7 @@ impl Shared {
             ),
             None => match (builtin, state.current.origin()) {
                 (Some(b), Origin::Configured { .. }) => (b.clone(), Origin::Builtin, None),
+                (_, Origin::Builtin) => return Err(RollbackError::AlreadyBuiltin(slot.clone())),
                 _ => return Err(RollbackError::NothingToRollBackTo(slot.clone())),
             },
         };
@@ -1120,7 +1441,7 @@ impl Shared {
                 at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             });
         }
-        self.persist(&writer.decisions, true, &next);
+        self.persist(&mut writer, true, &next);
         self.set.store(Arc::new(next));
         drop(writer);
         tracing::warn!(
@@ -1138,9 +1459,11 @@ impl Shared {
                 state: ChangeState::RolledBack,
                 at: SystemTime::now(),
                 reason: format!(
-                    "{} (sha256 {}) rolled back: {reason}",
+                    "{} (sha256 {}) rolled back to {} (sha256 {}): {reason}",
                     state.current.module(),
-                    state.current.sha256()
+                    state.current.sha256(),
+                    restored.module(),
+                    restored.sha256()
                 ),
                 module: Some(restored.module().to_owned()),
                 sha256: Some(restored.sha256().to_owned()),
@@ -1148,13 +1471,14 @@ impl Shared {
         );
         self.record(
             EventKind::HandlerRolledBack,
-            || slot.to_string(),
+            || slot.id(),
             || {
                 format!(
-                    "{} (sha256 {}) rolled back to {}: {reason}",
+                    "{} (sha256 {}) rolled back to {} (sha256 {}): {reason}",
                     state.current.module(),
                     short(state.current.sha256()),
-                    restored.module()
+                    restored.module(),
+                    short(restored.sha256())
                 )
             },
         );

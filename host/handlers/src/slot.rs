@@ -36,6 +36,16 @@ impl SlotKey {
         }
     }
 
+    /// The slot's one name in every output, metric label and event: `plugin_type/<type>`,
+    /// `resource/<name>` or `default_policy`.
+    pub fn id(&self) -> String {
+        match self {
+            SlotKey::PluginType(t) => format!("plugin_type/{t}"),
+            SlotKey::Resource(r) => format!("resource/{r}"),
+            SlotKey::DefaultPolicy => "default_policy".to_owned(),
+        }
+    }
+
     /// The plugin type, for a plugin type's slot.
     pub fn plugin_type(&self) -> Option<&str> {
         match self {

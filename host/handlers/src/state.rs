@@ -1,7 +1,9 @@
 //! What the handler set keeps in the state directory so that a rollback survives a restart:
-//! `handlers/rollbacks.json` (the decisions) and `handlers/modules/<sha256>.wasm` (the bytes of
-//! every configured module applied, so that the version a rollback restores can be loaded again
-//! whatever has happened to its file since).
+//! `handlers/rollbacks.json` (the decisions), `handlers/applied.json` (the configured version
+//! each slot was last put on, with its entry and signature, so that a restart starts from the
+//! set in force as a live change would) and `handlers/modules/<sha256>.wasm` (the bytes of
+//! every configured module applied, so that the version a rollback restores, or the version
+//! last applied, can be loaded again whatever has happened to its file since).
 //!
 //! Files are written whole (temporary file, `fsync`, rename, directory `fsync`). A decisions file
 //! that cannot be parsed is renamed to `rollbacks.json.corrupt-<time>` and reported, never
@@ -14,6 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::file::Entry;
+use crate::integrity::SignatureInfo;
 use crate::slot::SlotKey;
 
 /// One configured version: the module's digest and the entry it ran under.
@@ -46,6 +49,23 @@ struct DecisionsFile {
     rollbacks: Vec<Decision>,
 }
 
+/// The configured version a slot was last put on (applied, or restored by a rollback).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The slot.
+    pub slot: SlotKey,
+    /// The version.
+    pub version: Version,
+    /// The signature that vouched for it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<SignatureInfo>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct AppliedFile {
+    slots: Vec<Applied>,
+}
+
 /// `<state>/handlers`.
 #[derive(Debug)]
 pub struct StateStore {
@@ -62,6 +82,10 @@ impl StateStore {
 
     fn decisions_path(&self) -> PathBuf {
         self.dir.join("rollbacks.json")
+    }
+
+    fn applied_path(&self) -> PathBuf {
+        self.dir.join("applied.json")
     }
 
     fn module_path(&self, sha256: &str) -> PathBuf {
@@ -105,6 +129,46 @@ impl StateStore {
         };
         let bytes = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
         write_whole(&self.decisions_path(), &bytes)
+    }
+
+    /// The versions last applied; `None` when none was ever recorded (a first start). A file
+    /// that cannot be read or parsed is reported and set aside, as if none was recorded.
+    pub fn applied(&self) -> Option<Vec<Applied>> {
+        let path = self.applied_path();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read the handler versions last applied; starting from the built-ins");
+                return None;
+            }
+        };
+        match serde_json::from_str::<AppliedFile>(&text) {
+            Ok(file) => Some(file.slots),
+            Err(e) => {
+                let aside = path.with_extension(format!(
+                    "json.corrupt-{}",
+                    chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+                ));
+                let _ = std::fs::rename(&path, &aside);
+                tracing::warn!(
+                    file = %path.display(),
+                    set_aside = %aside.display(),
+                    error = %e,
+                    "the handler versions last applied are corrupt; set aside, starting from the built-ins"
+                );
+                None
+            }
+        }
+    }
+
+    /// Writes the versions last applied whole.
+    pub fn save_applied(&self, applied: &[Applied]) -> std::io::Result<()> {
+        let file = AppliedFile {
+            slots: applied.to_vec(),
+        };
+        let bytes = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
+        write_whole(&self.applied_path(), &bytes)
     }
 
     /// Keeps a module's bytes under its digest (once).
@@ -194,6 +258,20 @@ mod tests {
         store.retain_modules(&HashSet::from(["aa".to_owned()]));
         assert_eq!(store.module("aa").unwrap(), b"one");
         assert!(store.module("bb").is_err());
+
+        assert_eq!(store.applied(), None);
+        let applied = Applied {
+            slot: SlotKey::Resource("vendor.com/gpu".into()),
+            version: version("aa"),
+            signature: Some(SignatureInfo {
+                key_id: "AB12".into(),
+                trusted_comment: "spread-policy 1.0".into(),
+            }),
+        };
+        store.save_applied(std::slice::from_ref(&applied)).unwrap();
+        assert_eq!(store.applied(), Some(vec![applied]));
+        store.save_applied(&[]).unwrap();
+        assert_eq!(store.applied(), Some(Vec::new()));
 
         std::fs::write(dir.path().join("handlers/rollbacks.json"), "{").unwrap();
         assert!(store.decisions().is_empty());

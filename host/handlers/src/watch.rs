@@ -4,7 +4,12 @@
 //! An event that says a file is finished (closed after writing, renamed into place, removed)
 //! settles after [`SETTLE`]; while a file has been created or written but not closed, or while
 //! `handlers.toml` is gone (an editor saving by rename), the wait is [`WRITING_QUIET`] of
-//! silence, so a `cp` or an editor's save is seen once, finished. A file
+//! silence, so a `cp` or an editor's save is seen once, finished. `handlers.toml` itself is
+//! applied only once its writer closed it (`IN_CLOSE_WRITE`) or it was renamed into place:
+//! while it is open for writing the wait is [`HANDLERS_OPEN_QUIET`] of silence. A reload that
+//! finds it empty, when it was not at the read before, decides nothing
+//! ([`ReloadOutcome::Waiting`]): the writer's next events bring the next read, and a file that
+//! stays empty for [`WRITING_QUIET`] is taken as written empty on purpose. A module file
 //! caught half-written anyway is refused by the transaction and retried when it changes again.
 //! Reads (our own included) are not changes and are ignored.
 
@@ -25,6 +30,9 @@ use crate::live::{Handlers, ReloadOutcome};
 pub const SETTLE: Duration = Duration::from_millis(3);
 /// Quiet time while a file is open for writing.
 pub const WRITING_QUIET: Duration = Duration::from_millis(250);
+/// Quiet time while `handlers.toml` is open for writing and not yet closed: a writer that
+/// holds it open this long without a sign is taken as done.
+pub const HANDLERS_OPEN_QUIET: Duration = Duration::from_secs(5);
 
 /// Why the directory cannot be watched.
 #[derive(Debug, thiserror::Error)]
@@ -102,24 +110,36 @@ async fn run(
 ) {
     let mut extra: Vec<PathBuf> = Vec::new();
     watch_module_dirs(&handlers, &mut watcher, &mut extra);
+    // Set while handlers.toml was found half-written: if no change comes before it, the file
+    // is read again as written whole.
+    let mut recheck: Option<tokio::time::Instant> = None;
+    let toml = handlers.dir().join(HANDLERS_FILE);
     loop {
         // Wait for a change (reads, ours included, are not changes).
-        let mut writing: HashSet<PathBuf> = HashSet::new();
+        let mut writing = Writing::default();
+        let mut written = false;
         loop {
             let event = tokio::select! {
                 _ = cancel.cancelled() => return,
                 event = rx.recv() => event,
+                _ = sleep_until_some(recheck) => {
+                    written = true;
+                    break;
+                }
             };
             let Some(event) = event else { return };
             if note(event, &mut writing) {
                 break;
             }
         }
+        recheck = None;
         // Then for the files to settle.
-        let quiet = |writing: &HashSet<PathBuf>| {
+        let quiet = |writing: &Writing| {
             tokio::time::Instant::now()
-                + if writing.is_empty() {
+                + if writing.files.is_empty() {
                     SETTLE
+                } else if writing.open.contains(&toml) {
+                    HANDLERS_OPEN_QUIET
                 } else {
                     WRITING_QUIET
                 }
@@ -138,7 +158,14 @@ async fn run(
             }
         }
         let reload = handlers.clone();
-        let outcome = tokio::task::spawn_blocking(move || reload.reload()).await;
+        let outcome = tokio::task::spawn_blocking(move || {
+            if written {
+                reload.reload_written()
+            } else {
+                reload.reload()
+            }
+        })
+        .await;
         match outcome {
             Ok(ReloadOutcome::Applied(slots)) => {
                 tracing::debug!(?slots, "handlers directory change applied");
@@ -148,31 +175,55 @@ async fn run(
                 tracing::debug!("handlers directory changed; nothing that serves calls did")
             }
             Ok(ReloadOutcome::Refused(_)) => {}
+            Ok(ReloadOutcome::Waiting(_)) => {
+                recheck = Some(tokio::time::Instant::now() + WRITING_QUIET);
+            }
             Err(e) => tracing::error!(error = %e, "handler reload panicked"),
         }
     }
 }
 
+/// Sleeps until `at`; forever when `None`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The files not finished yet.
+#[derive(Default)]
+struct Writing {
+    /// Being written, or (`handlers.toml`) gone and maybe coming back.
+    files: HashSet<PathBuf>,
+    /// Open for writing (written, not closed yet).
+    open: HashSet<PathBuf>,
+}
+
 /// Records an event; whether it is a change worth a reload.
-fn note(event: notify::Event, writing: &mut HashSet<PathBuf>) -> bool {
+fn note(event: notify::Event, writing: &mut Writing) -> bool {
     let mut any = false;
     for change in classify(event) {
         any = true;
         match change {
             Change::Writing(path) => {
-                writing.insert(path);
+                writing.open.insert(path.clone());
+                writing.files.insert(path);
             }
             Change::Done(path) => {
-                writing.remove(&path);
+                writing.open.remove(&path);
+                writing.files.remove(&path);
             }
             // An editor that saves by renaming the old file away and writing a new one leaves
             // no handlers.toml for a moment: wait for the new one as for a file being written
             // (if none comes, the file was removed on purpose and the built-ins serve).
             Change::Gone(path) if path.file_name() == Some(HANDLERS_FILE.as_ref()) => {
-                writing.insert(path);
+                writing.open.remove(&path);
+                writing.files.insert(path);
             }
             Change::Gone(path) => {
-                writing.remove(&path);
+                writing.open.remove(&path);
+                writing.files.remove(&path);
             }
         }
     }

@@ -263,8 +263,13 @@ fn a_new_version_keeps_the_old_one_warm_and_removing_the_entry_returns_the_built
         ["dev-0", "dev-1"]
     );
 
+    // Caught empty right after it had text, the file is taken as half-written; once its
+    // writer is done, empty is no entries.
     write_toml(dir.path(), "");
-    handlers.reload();
+    let spread = slot_state(&handlers).current.sha256().to_owned();
+    assert!(matches!(handlers.reload(), ReloadOutcome::Waiting(_)));
+    assert_eq!(slot_state(&handlers).current.sha256(), spread);
+    handlers.reload_written();
     let state = slot_state(&handlers);
     assert_eq!(state.current.module(), "builtin:device-plugin");
     assert_eq!(state.last_change.unwrap().state, ChangeState::Applied);
@@ -332,6 +337,43 @@ fn a_failing_new_module_is_rolled_back_and_not_applied_again_and_the_decision_su
 }
 
 #[test]
+fn a_refused_entry_at_start_keeps_the_version_a_rollback_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    let good = handlers.for_resource(GPU).sha256().to_owned();
+    install(dir.path(), "misbehave", "bad.wasm");
+    write_toml(
+        dir.path(),
+        &policy_entry("allocate = \"panic\"", "rollback_after = 1")
+            .replace("policy.wasm", "bad.wasm"),
+    );
+    assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
+    assert!(allocate(&handlers).is_err());
+    assert_eq!(handlers.for_resource(GPU).sha256(), good);
+    drop(handlers);
+
+    // While the daemon is down the entry is edited to a pin no module has: refused at start,
+    // as it would be live, and the version the rollback restored keeps serving.
+    write_toml(
+        dir.path(),
+        &policy_entry("", &format!("sha256 = \"{}\"", "0".repeat(64))),
+    );
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    assert_eq!(handlers.for_resource(GPU).sha256(), good);
+    let change = slot_state(&handlers).last_change.unwrap();
+    assert_eq!(change.state, ChangeState::Refused);
+    assert!(
+        change.reason.contains("does not match the pin"),
+        "{}",
+        change.reason
+    );
+    assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
+}
+
+#[test]
 fn with_on_failure_builtin_a_failed_call_is_decided_by_the_builtin_and_counted() {
     let dir = tempfile::tempdir().unwrap();
     install(dir.path(), "misbehave", "policy.wasm");
@@ -378,7 +420,8 @@ fn rollback_by_hand_puts_the_previous_version_back() {
         handlers.roll_back(&slot).unwrap().module(),
         "builtin:device-plugin"
     );
-    assert!(handlers.roll_back(&slot).is_err());
+    let err = handlers.roll_back(&slot).unwrap_err().to_string();
+    assert!(err.contains("already served by its built-in"), "{err}");
     assert!(
         handlers
             .roll_back(&SlotKey::Resource("x.com/none".into()))
@@ -391,7 +434,7 @@ fn rollback_by_hand_puts_the_previous_version_back() {
         .into_iter()
         .map(|e| (e.kind, e.subject))
         .collect();
-    let subject = format!("resource {GPU}");
+    let subject = format!("resource/{GPU}");
     assert_eq!(
         events,
         [
@@ -402,7 +445,8 @@ fn rollback_by_hand_puts_the_previous_version_back() {
     );
     let messages: Vec<String> = log.recent().into_iter().map(|e| e.message).collect();
     assert!(
-        messages[2].ends_with("rolled back to builtin:device-plugin: rolled back by hand (pluglet ctl handlers rollback)"),
+        messages[2].contains("rolled back to builtin:device-plugin (sha256 ")
+            && messages[2].ends_with(": rolled back by hand (pluglet ctl handlers rollback)"),
         "{messages:?}"
     );
 }

@@ -14,7 +14,7 @@
 //! - a type and name is held only while a registration of it is in force or a call is using its
 //!   lock: names that come and go do not accumulate.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -363,6 +363,8 @@ struct Inner {
     metrics: crate::metrics::Metrics,
     /// The daemon's event log, once given.
     log: std::sync::OnceLock<EventLog>,
+    /// Every registration in force, through either door, by id.
+    in_force: Mutex<BTreeMap<u64, Arc<Registration>>>,
 }
 
 /// The registration pipeline: cheap to clone; every clone is the same pipeline.
@@ -392,6 +394,7 @@ impl Pipeline {
                 events: broadcast::channel(1024).0,
                 metrics: crate::metrics::Metrics::default(),
                 log: std::sync::OnceLock::new(),
+                in_force: Mutex::new(BTreeMap::new()),
             }),
         }
     }
@@ -438,6 +441,18 @@ impl Pipeline {
     /// The registration in force for `key`, if any (waits while one of that name is running).
     pub async fn current(&self, key: &PluginKey) -> Option<Arc<Registration>> {
         self.lock_slot(key).await.clone()
+    }
+
+    /// Every registration in force, through either door, oldest first.
+    pub fn registrations(&self) -> Vec<Arc<Registration>> {
+        self.lock_in_force().values().cloned().collect()
+    }
+
+    fn lock_in_force(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Registration>>> {
+        self.inner
+            .in_force
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs the steps for `candidate` (see the module doc). On success the registration is
@@ -537,6 +552,8 @@ impl Pipeline {
                 source,
             });
         }
+        self.lock_in_force()
+            .insert(registration.id, registration.clone());
         let replaced = current.replace(registration.clone());
         if let Some(old) = replaced.filter(|old| old.id != registration.id) {
             self.end(kind.as_ref(), &old, EndReason::Replaced).await;
@@ -596,6 +613,7 @@ impl Pipeline {
         if registration.ended.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.lock_in_force().remove(&registration.id);
         kind.deactivate(registration).await;
         self.run_deregister_hook(registration, reason);
     }

@@ -172,11 +172,12 @@ pub async fn release(
     }
     let container = (!request.container.is_empty()).then_some(request.container.as_str());
     let released = devices
-        .release(&request.pod_uid, container)
+        .release_entries(&request.pod_uid, container)
         .await
         .map_err(|e| release_status(&e))?;
     Ok(pb::ReleaseResponse {
-        released: released as u32,
+        released: released.len() as u32,
+        freed: released.iter().map(allocation_to_wire).collect(),
     })
 }
 

@@ -67,6 +67,7 @@ pub struct AdminService {
     handlers: Handlers,
     devices: Option<pluglet_device_manager::DeviceManager>,
     publisher: Option<pluglet_fleet::Publisher>,
+    pipeline: Option<pluglet_registration::Pipeline>,
     health: Health,
     events: EventLog,
     /// Fires when the server stops: event followers end then, so they never hold the stop up.
@@ -85,6 +86,7 @@ impl AdminService {
             handlers,
             devices: None,
             publisher: None,
+            pipeline: None,
             health: Health::new(),
             events: EventLog::default(),
             stopping: CancellationToken::new(),
@@ -106,6 +108,13 @@ impl AdminService {
     /// Reports publishing to a Kubernetes API server from `publisher`.
     pub fn with_publisher(mut self, publisher: Option<pluglet_fleet::Publisher>) -> AdminService {
         self.publisher = publisher;
+        self
+    }
+
+    /// Lists the plugins registered through `kubelet.sock` from `pipeline` (the one both doors
+    /// register through).
+    pub fn with_pipeline(mut self, pipeline: pluglet_registration::Pipeline) -> AdminService {
+        self.pipeline = Some(pipeline);
         self
     }
 
@@ -184,11 +193,33 @@ pub fn plugin_to_wire(p: &PluginRecord) -> pb::Plugin {
         handler: p.handler_module().unwrap_or_default().to_owned(),
         registered_at: p.registered_at.to_rfc3339_opts(SecondsFormat::Millis, true),
         socket_path: p.socket.to_string(),
+        door: DOOR_REGISTRY.to_owned(),
         csi: p.facts::<CsiNodeInfo>().map(|c| pb::CsiNodeInfo {
             node_id: c.node_id.clone(),
             max_volumes_per_node: c.max_volumes_per_node,
             topology: c.topology.clone().into_iter().collect(),
         }),
+    }
+}
+
+/// The door of a plugin found in the plugin registry, as `ctl plugins` names it.
+pub const DOOR_REGISTRY: &str = "registry";
+/// The door of a device plugin that called `Register` on `kubelet.sock`.
+pub const DOOR_KUBELET_SOCK: &str = "kubelet.sock";
+
+/// Wire form of a device plugin registered through `kubelet.sock`.
+pub fn kubelet_sock_plugin_to_wire(r: &pluglet_registration::Registration) -> pb::Plugin {
+    pb::Plugin {
+        name: r.info.name.clone(),
+        r#type: r.info.plugin_type.clone(),
+        endpoint: r.info.endpoint.clone(),
+        versions: r.info.supported_versions.clone(),
+        version: r.version.clone().unwrap_or_default(),
+        handler: r.handler.module().to_owned(),
+        registered_at: rfc3339(r.registered_at),
+        socket_path: String::new(),
+        csi: None,
+        door: DOOR_KUBELET_SOCK.to_owned(),
     }
 }
 
@@ -290,6 +321,7 @@ pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
         }),
         running_calls: s.current.concurrency().map_or(0, |(running, _)| running),
         max_concurrent_calls: s.current.concurrency().map_or(0, |(_, limit)| limit),
+        settings_sha256: entry.and_then(|e| e.settings_hash()).unwrap_or_default(),
     }
 }
 
@@ -403,11 +435,7 @@ impl Admin for AdminService {
             .slots
             .iter()
             .map(|s| pb::HandlerSummary {
-                slot: match &s.slot {
-                    SlotKey::PluginType(t) => t.clone(),
-                    SlotKey::Resource(r) => format!("resource {r}"),
-                    SlotKey::DefaultPolicy => "default policy".to_owned(),
-                },
+                slot: s.slot.id(),
                 module: s.current.module().to_owned(),
                 sha256: s.current.sha256().to_owned(),
             })
@@ -453,6 +481,7 @@ impl Admin for AdminService {
                         .copied()
                         .unwrap_or_default(),
                     connected: r.connected,
+                    last_error: r.last_error.clone().unwrap_or_default(),
                 })
                 .collect(),
             handlers,
@@ -514,6 +543,15 @@ impl Admin for AdminService {
             .iter()
             .map(plugin_to_wire)
             .collect();
+        if let Some(pipeline) = &self.pipeline {
+            plugins.extend(
+                pipeline
+                    .registrations()
+                    .iter()
+                    .filter(|r| r.door == pluglet_registration::Door::KubeletSock)
+                    .map(|r| kubelet_sock_plugin_to_wire(r)),
+            );
+        }
         plugins.sort_by(|a, b| {
             (&a.r#type, &a.name, &a.socket_path).cmp(&(&b.r#type, &b.name, &b.socket_path))
         });

@@ -131,9 +131,14 @@ pub struct PluginView {
     /// RFC 3339, UTC (empty in an event file).
     #[serde(default)]
     pub registered_at: String,
-    /// Registration socket the plugin was found at (empty in an event file).
+    /// Registration socket the plugin was found at (empty in an event file, and for a device
+    /// plugin registered through `kubelet.sock`).
     #[serde(default)]
     pub socket_path: String,
+    /// How it registered: `registry` (a socket in the plugin registry) or `kubelet.sock` (a
+    /// device plugin's `Register`); empty in an event file.
+    #[serde(default)]
+    pub door: String,
     /// CSI: NodeGetInfo's node id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
@@ -156,6 +161,7 @@ impl From<&pb::Plugin> for PluginView {
             handler: p.handler.clone(),
             registered_at: p.registered_at.clone(),
             socket_path: p.socket_path.clone(),
+            door: p.door.clone(),
             node_id: p.csi.as_ref().map(|c| c.node_id.clone()),
             max_volumes_per_node: p.csi.as_ref().map(|c| c.max_volumes_per_node),
             topology: p.csi.as_ref().map(|c| sorted(&c.topology)),
@@ -200,6 +206,10 @@ impl From<&pb::SocketStatus> for SocketView {
 /// A handler slot and the module in force (`ctl handlers`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HandlerView {
+    /// The slot's name, as in `ctl status`, metric labels and events: `plugin_type/<type>`,
+    /// `resource/<name>` or `default_policy`.
+    #[serde(default)]
+    pub slot: String,
     /// Plugin type it serves; `None` for an allocation policy.
     pub plugin_type: Option<String>,
     /// Resource it governs as an allocation policy; `None` for the default policy and for
@@ -240,10 +250,16 @@ pub struct HandlerView {
     /// The minisign signature that vouched for the module when it was applied (`None`: none
     /// was checked).
     pub signature: Option<SignatureView>,
-    /// Calls of the slot running now (`None` for a built-in: not counted).
+    /// Calls of the slot running now (absent for a built-in: not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running_calls: Option<u32>,
-    /// How many calls of the slot may run at once (`None` for a built-in: not limited).
+    /// How many calls of the slot may run at once (absent for a built-in: not limited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_calls: Option<u32>,
+    /// A short digest of the entry's settings, to tell versions of one module apart (absent
+    /// without settings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings_sha256: Option<String>,
 }
 
 /// A minisign signature that verified.
@@ -321,6 +337,11 @@ impl From<&pb::HandlerInfo> for HandlerView {
     fn from(h: &pb::HandlerInfo) -> HandlerView {
         let failures = h.failures.unwrap_or_default();
         HandlerView {
+            slot: match (h.plugin_type.as_str(), h.resource.as_str()) {
+                ("", "") => "default_policy".to_owned(),
+                ("", r) => format!("resource/{r}"),
+                (t, _) => format!("plugin_type/{t}"),
+            },
             plugin_type: non_empty(&h.plugin_type),
             resource: non_empty(&h.resource),
             module: h.module.clone(),
@@ -358,6 +379,7 @@ impl From<&pb::HandlerInfo> for HandlerView {
             }),
             running_calls: (h.max_concurrent_calls > 0).then_some(h.running_calls),
             max_concurrent_calls: (h.max_concurrent_calls > 0).then_some(h.max_concurrent_calls),
+            settings_sha256: non_empty(&h.settings_sha256),
         }
     }
 }
@@ -424,11 +446,7 @@ impl HandlersView {
 
 impl HandlerView {
     fn key(&self) -> String {
-        match (self.plugin_type.as_deref(), self.resource.as_deref()) {
-            (Some(t), _) => t.to_owned(),
-            (None, Some(r)) => format!("resource {r}"),
-            (None, None) => "(default policy)".to_owned(),
-        }
+        self.slot.clone()
     }
 }
 
@@ -649,12 +667,16 @@ impl AllocateResultView {
 pub struct ReleaseResultView {
     /// Number of (container, resource) entries released.
     pub released: u32,
+    /// The entries released, in the shape of `ctl allocations` items.
+    #[serde(default)]
+    pub freed: Vec<AllocationView>,
 }
 
 impl From<&pb::ReleaseResponse> for ReleaseResultView {
     fn from(r: &pb::ReleaseResponse) -> ReleaseResultView {
         ReleaseResultView {
             released: r.released,
+            freed: r.freed.iter().map(AllocationView::from).collect(),
         }
     }
 }
@@ -671,7 +693,20 @@ impl ReleaseResultView {
                 None => format!("nothing released: pod {pod_uid} holds no devices\n"),
             }
         } else {
-            format!("released {} entries of pod {pod_uid}\n", self.released)
+            let entries = if self.released == 1 {
+                "entry"
+            } else {
+                "entries"
+            };
+            let listed = if self.freed.is_empty() {
+                String::new()
+            } else {
+                table(&self.freed)
+            };
+            format!(
+                "{listed}released {} {entries} of pod {pod_uid}\n",
+                self.released
+            )
         }
     }
 }
@@ -809,12 +844,17 @@ pub struct ResourceSummaryView {
     pub allocated: i64,
     /// Whether a plugin's ListAndWatch stream is live.
     pub connected: bool,
+    /// Why it is not connected, or what was wrong with the plugin's last device list (absent
+    /// while all is well).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// A handler slot's module in force (`ctl status`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HandlerSummaryView {
-    /// `CSIPlugin`, `resource vendor.com/gpu` or `default policy`.
+    /// The slot's name: `plugin_type/CSIPlugin`, `resource/vendor.com/gpu` or
+    /// `default_policy`.
     pub slot: String,
     /// `builtin:<name>` or the module's path.
     pub module: String,
@@ -943,6 +983,7 @@ impl From<&pb::GetStatusResponse> for StatusView {
                         allocatable: x.allocatable,
                         allocated: x.allocated,
                         connected: x.connected,
+                        last_error: non_empty(&x.last_error),
                     })
                     .collect()
             }),
@@ -1030,6 +1071,11 @@ impl StatusView {
                     })
                     .collect(),
             )),
+        }
+        for r in self.resources.iter().flatten() {
+            if let Some(why) = &r.last_error {
+                let _ = writeln!(out, "{}: {why}", r.resource);
+            }
         }
 
         out.push_str("\nHANDLERS\n");
@@ -1143,6 +1189,7 @@ impl Table for PluginView {
     const HEADER: &'static [&'static str] = &[
         "NAME",
         "TYPE",
+        "DOOR",
         "VERSION",
         "NODE ID",
         "ENDPOINT",
@@ -1153,6 +1200,7 @@ impl Table for PluginView {
         vec![
             self.name.clone(),
             self.plugin_type.clone(),
+            dash(&self.door),
             dash(self.version.as_deref().unwrap_or_default()),
             dash(self.node_id.as_deref().unwrap_or_default()),
             self.endpoint.clone(),
@@ -1179,7 +1227,7 @@ impl Table for SocketView {
 
 impl Table for HandlerView {
     const HEADER: &'static [&'static str] = &[
-        "FOR", "MODULE", "SHA256", "CALLS", "RUNNING", "FAILED", "P99", "PREVIOUS", "CHANGE",
+        "SLOT", "MODULE", "SHA256", "CALLS", "RUNNING", "FAILED", "P99", "PREVIOUS", "CHANGE",
     ];
     fn row(&self) -> Vec<String> {
         let failed = self.failures.trap
@@ -1190,13 +1238,18 @@ impl Table for HandlerView {
         vec![
             self.key(),
             self.module.clone(),
-            match &self.signature {
-                Some(sig) => format!(
-                    "{} signed:{}",
-                    self.sha256.chars().take(12).collect::<String>(),
-                    sig.key_id
-                ),
-                None => self.sha256.chars().take(12).collect(),
+            {
+                let mut version: String = self.sha256.chars().take(12).collect();
+                if let Some(sig) = &self.signature {
+                    version.push_str(&format!(
+                        " signed:{} \"{}\"",
+                        sig.key_id, sig.trusted_comment
+                    ));
+                }
+                if let Some(hash) = &self.settings_sha256 {
+                    version.push_str(&format!(" settings:{hash}"));
+                }
+                version
             },
             self.calls.to_string(),
             match (self.running_calls, self.max_concurrent_calls) {
@@ -1322,6 +1375,7 @@ mod tests {
             handler: "builtin:csi".into(),
             registered_at: "2026-11-29T16:00:00.000Z".into(),
             socket_path: "/r/plugins_registry/reg.sock".into(),
+            door: "registry".into(),
             csi: Some(pb::CsiNodeInfo {
                 node_id: "node-1".into(),
                 max_volumes_per_node: 16,
@@ -1569,10 +1623,16 @@ mod tests {
              cdi         vendor.com/gpu=pluglet-p_c\n"
         );
 
-        let released = ReleaseResultView { released: 2 };
+        let released = ReleaseResultView {
+            released: 2,
+            freed: Vec::new(),
+        };
         assert_eq!(round_trip(&released), released);
         assert_eq!(released.text("p", None), "released 2 entries of pod p\n");
-        let nothing = ReleaseResultView { released: 0 };
+        let nothing = ReleaseResultView {
+            released: 0,
+            freed: Vec::new(),
+        };
         assert_eq!(
             nothing.text("p", None),
             "nothing released: pod p holds no devices\n"
@@ -1671,6 +1731,7 @@ mod tests {
         assert_eq!(
             keys(&plugins()[0]),
             [
+                "door",
                 "endpoint",
                 "handler",
                 "max_volumes_per_node",
@@ -1710,7 +1771,6 @@ mod tests {
                 "families",
                 "last_change",
                 "last_failure",
-                "max_concurrent_calls",
                 "mean_us",
                 "module",
                 "on_failure",
@@ -1721,9 +1781,9 @@ mod tests {
                 "refusals",
                 "resource",
                 "rollback_after",
-                "running_calls",
                 "sha256",
-                "signature"
+                "signature",
+                "slot"
             ]
         );
         assert_eq!(
@@ -1771,7 +1831,13 @@ mod tests {
                 "resource"
             ]
         );
-        assert_eq!(keys(&ReleaseResultView { released: 1 }), ["released"]);
+        assert_eq!(
+            keys(&ReleaseResultView {
+                released: 1,
+                freed: Vec::new()
+            }),
+            ["freed", "released"]
+        );
     }
 
     #[test]
@@ -1790,7 +1856,11 @@ mod tests {
             .collect();
         assert_eq!(
             first,
-            ["CSIPlugin", "resource vendor.com/gpu", "(default policy)"]
+            [
+                "plugin_type/CSIPlugin",
+                "resource/vendor.com/gpu",
+                "default_policy"
+            ]
         );
     }
 
@@ -1852,11 +1922,14 @@ mod tests {
             ["SocketList", "ResourceList", "AllocationList", "EventList"]
         );
 
-        let released: Value =
-            serde_json::from_str(&json_of(&ReleaseResultView { released: 2 })).unwrap();
+        let released: Value = serde_json::from_str(&json_of(&ReleaseResultView {
+            released: 2,
+            freed: Vec::new(),
+        }))
+        .unwrap();
         assert_eq!(
             released,
-            json!({"api_version": "pluglet/v1", "kind": "ReleaseResult", "released": 2})
+            json!({"api_version": "pluglet/v1", "kind": "ReleaseResult", "released": 2, "freed": []})
         );
         let handlers = HandlersView {
             items: handlers(),
@@ -1945,6 +2018,7 @@ mod tests {
                 allocatable: 3,
                 allocated: 2,
                 connected: true,
+                last_error: String::new(),
             }],
             handlers: vec![pb::HandlerSummary {
                 slot: "CSIPlugin".into(),

@@ -91,8 +91,10 @@ pub struct ConfigFile {
     device_grace_period: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
     shutdown_grace: Option<Duration>,
+    #[serde(default, deserialize_with = "one_or_many")]
     trusted_key: Option<Vec<PathBuf>>,
     require_signatures: Option<bool>,
+    #[serde(default, deserialize_with = "socket_addr")]
     metrics_addr: Option<SocketAddr>,
     log_format: Option<LogFormat>,
     log_level: Option<String>,
@@ -111,6 +113,31 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Erro
             "{text:?} is not a duration ({e}); write one such as \"500ms\", \"2m2s\" or \"10s\""
         ))
     })
+}
+
+/// One path, or a list of them.
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<PathBuf>>, D::Error> {
+    struct Paths;
+    impl<'de> serde::de::Visitor<'de> for Paths {
+        type Value = Vec<PathBuf>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a path or a list of paths")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Vec<PathBuf>, E> {
+            Ok(vec![PathBuf::from(v)])
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Vec<PathBuf>, A::Error> {
+            Vec::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+        }
+    }
+    d.deserialize_any(Paths).map(Some)
+}
+
+fn socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    crate::cli::parse_socket_addr(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 impl ConfigFile {
@@ -423,7 +450,7 @@ mod tests {
             backoff_initial = "1s"
             backoff_max = "4s"
             admin_socket_mode = "0660"
-            trusted_key = ["/file/k.pub"]
+            trusted_key = "/file/k.pub"
             metrics_addr = "127.0.0.1:9810"
             log_format = "json"
             log_level = "debug"

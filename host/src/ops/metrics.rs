@@ -34,13 +34,10 @@ const HANDLER_BUCKETS: [f64; 11] = [
 /// serves `/healthz` and `/readyz` from the start of the daemon, `/metrics` from then on).
 pub type LateRegistry = Arc<std::sync::OnceLock<Registry>>;
 
-/// A handler slot as a label value: `plugin_type/<type>`, `resource/<name>` or `default_policy`.
+/// A handler slot as a label value: its one name ([`SlotKey::id`]), `plugin_type/<type>`,
+/// `resource/<name>` or `default_policy`.
 pub fn slot_label(slot: &SlotKey) -> String {
-    match slot {
-        SlotKey::PluginType(t) => format!("plugin_type/{t}"),
-        SlotKey::Resource(r) => format!("resource/{r}"),
-        SlotKey::DefaultPolicy => "default_policy".to_owned(),
-    }
+    slot.id()
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
