@@ -667,16 +667,7 @@ impl Shared {
             if self.lock_changes().slots.contains_key(&decision.slot) {
                 continue;
             }
-            let reason = format!(
-                "module sha256 {} was rolled back at {} to {}: {}",
-                decision.rejected.sha256,
-                decision.at,
-                decision.restored.as_ref().map_or_else(
-                    || "the built-in".to_owned(),
-                    |r| format!("sha256 {}", r.sha256)
-                ),
-                decision.reason
-            );
+            let reason = decision.describe();
             let record = ChangeRecord {
                 state: ChangeState::RolledBack,
                 at: SystemTime::now(),
@@ -1030,16 +1021,7 @@ impl Shared {
         slot: &SlotKey,
         decision: &Decision,
     ) -> Result<Plan, Box<EntryRefusal>> {
-        let reason = format!(
-            "module sha256 {} was rolled back at {} to {}: {}",
-            decision.rejected.sha256,
-            decision.at,
-            decision.restored.as_ref().map_or_else(
-                || "the built-in".to_owned(),
-                |r| format!("sha256 {}", r.sha256)
-            ),
-            decision.reason
-        );
+        let reason = decision.describe();
         let Some(restored) = &decision.restored else {
             return match self.builtins.for_slot(slot) {
                 Some(builtin) => Ok(Plan::Restore {

@@ -44,6 +44,22 @@ pub struct Decision {
     pub at: String,
 }
 
+impl Decision {
+    /// What was rolled back to what, when and why, as a change's reason says it.
+    pub fn describe(&self) -> String {
+        format!(
+            "module sha256 {} was rolled back at {} to {}: {}",
+            self.rejected.sha256,
+            self.at,
+            self.restored.as_ref().map_or_else(
+                || "the built-in".to_owned(),
+                |r| format!("sha256 {}", r.sha256)
+            ),
+            self.reason
+        )
+    }
+}
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct DecisionsFile {
     rollbacks: Vec<Decision>,
@@ -94,32 +110,13 @@ impl StateStore {
 
     /// The decisions on disk; none when there is no file; a corrupt file is set aside.
     pub fn decisions(&self) -> Vec<Decision> {
-        let path = self.decisions_path();
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "cannot read handler rollback decisions; starting without them");
-                return Vec::new();
-            }
-        };
-        match serde_json::from_str::<DecisionsFile>(&text) {
-            Ok(file) => file.rollbacks,
-            Err(e) => {
-                let aside = path.with_extension(format!(
-                    "json.corrupt-{}",
-                    chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
-                ));
-                let _ = std::fs::rename(&path, &aside);
-                tracing::warn!(
-                    file = %path.display(),
-                    set_aside = %aside.display(),
-                    error = %e,
-                    "handler rollback decisions are corrupt; set aside, starting without them"
-                );
-                Vec::new()
-            }
-        }
+        read_or_set_aside::<DecisionsFile>(
+            &self.decisions_path(),
+            "handler rollback decisions",
+            "starting without them",
+        )
+        .map(|file| file.rollbacks)
+        .unwrap_or_default()
     }
 
     /// Writes the decisions whole.
@@ -134,32 +131,12 @@ impl StateStore {
     /// The versions last applied; `None` when none was ever recorded (a first start). A file
     /// that cannot be read or parsed is reported and set aside, as if none was recorded.
     pub fn applied(&self) -> Option<Vec<Applied>> {
-        let path = self.applied_path();
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "cannot read the handler versions last applied; starting from the built-ins");
-                return None;
-            }
-        };
-        match serde_json::from_str::<AppliedFile>(&text) {
-            Ok(file) => Some(file.slots),
-            Err(e) => {
-                let aside = path.with_extension(format!(
-                    "json.corrupt-{}",
-                    chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
-                ));
-                let _ = std::fs::rename(&path, &aside);
-                tracing::warn!(
-                    file = %path.display(),
-                    set_aside = %aside.display(),
-                    error = %e,
-                    "the handler versions last applied are corrupt; set aside, starting from the built-ins"
-                );
-                None
-            }
-        }
+        read_or_set_aside::<AppliedFile>(
+            &self.applied_path(),
+            "the handler versions last applied",
+            "starting from the built-ins",
+        )
+        .map(|file| file.slots)
     }
 
     /// Writes the versions last applied whole.
@@ -212,6 +189,41 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         std::fs::File::open(parent)?.sync_all()?;
     }
     Ok(())
+}
+
+/// The JSON file at `path`: `None` when there is none, or when it cannot be read (reported) or
+/// parsed (reported, and renamed to `<name>.corrupt-<time>` so the next write starts afresh).
+/// `what` names the file's content in the report, `then` what the daemon does instead.
+fn read_or_set_aside<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &str,
+    then: &str,
+) -> Option<T> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "cannot read {what}; {then}");
+            return None;
+        }
+    };
+    match serde_json::from_str::<T>(&text) {
+        Ok(value) => Some(value),
+        Err(e) => {
+            let aside = path.with_extension(format!(
+                "json.corrupt-{}",
+                chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+            ));
+            let _ = std::fs::rename(path, &aside);
+            tracing::warn!(
+                file = %path.display(),
+                set_aside = %aside.display(),
+                error = %e,
+                "{what} are corrupt; set aside, {then}"
+            );
+            None
+        }
+    }
 }
 
 #[cfg(test)]
