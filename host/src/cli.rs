@@ -176,6 +176,11 @@ pub struct RunArgs {
     /// Time allowed for stages to stop on SIGINT/SIGTERM.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// Handler calls that may run at once; more wait for a slot. Each slot reserves address
+    /// space (not memory) for one call's sandbox: a smaller pool fits under tools that cannot
+    /// map much, such as valgrind.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub handler_pool_size: u32,
     /// A minisign public key file (as `minisign -G` writes it) whose signatures of handler
     /// modules (`<module>.minisig`) are trusted; repeat for more keys. A present signature must
     /// verify by one of them.

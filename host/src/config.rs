@@ -251,6 +251,8 @@ pub struct Config {
     pub publish: Option<Publish>,
     /// How long a resource gone past its grace period stays published at 0.
     pub removed_resource_linger: Duration,
+    /// Handler calls that may run at once (the WASM pool's slots).
+    pub handler_pool_size: u32,
 }
 
 /// `--kubeconfig` / `--in-cluster` and what goes with them.
@@ -476,6 +478,13 @@ impl Config {
             pod_resources: pod_resources(args)?,
             publish: publish(args)?,
             removed_resource_linger: args.removed_resource_linger,
+            handler_pool_size: if args.handler_pool_size == 0 {
+                return Err(ConfigError::ZeroCount(
+                    "--handler-pool-size (handler_pool_size)",
+                ));
+            } else {
+                args.handler_pool_size
+            },
         })
     }
 }

@@ -151,12 +151,14 @@ pub async fn load_handlers(
     dir: &Path,
     state_dir: Option<&Path>,
     trust: Trust,
+    pool_size: u32,
 ) -> anyhow::Result<Handlers> {
     let dir = dir.to_owned();
     let state_dir = state_dir.map(Path::to_path_buf);
     tokio::task::spawn_blocking(move || -> anyhow::Result<Handlers> {
         let started = Instant::now();
-        let runtime = runtime(state_dir.as_deref()).context("cannot start the WASM runtime")?;
+        let runtime =
+            runtime(state_dir.as_deref(), pool_size).context("cannot start the WASM runtime")?;
         let builtins = Builtins::embedded(&runtime).context("built-in handler failed to load")?;
         let handlers = Handlers::load(runtime.clone(), &dir, state_dir.as_deref(), builtins, trust)
             .with_context(|| format!("cannot load handlers from {}", dir.display()))?;
@@ -181,7 +183,7 @@ pub async fn load_handlers(
 /// cannot be used (another owner, a symlink, an I/O error) is logged and left out.
 /// Modules the cache lacks are compiled in a child process (`compile_child`), so the daemon
 /// never keeps the compiler's memory (BENCHMARKS.md, "Memory").
-fn runtime(state_dir: Option<&Path>) -> Result<Runtime, LoadError> {
+fn runtime(state_dir: Option<&Path>, pool_size: u32) -> Result<Runtime, LoadError> {
     let compiler = Compiler::ThisExecutable {
         args: crate::compile_child::ARGS.iter().map(Into::into).collect(),
     };
@@ -195,7 +197,11 @@ fn runtime(state_dir: Option<&Path>) -> Result<Runtime, LoadError> {
             None
         }
     });
-    Runtime::with_options(runtime_config(), cache, compiler)
+    let config = RuntimeConfig {
+        pool_size,
+        ..runtime_config()
+    };
+    Runtime::with_options(config, cache, compiler)
 }
 
 /// The WASM runtime's configuration: the daemon's, and its compiler child's (whose artifacts
@@ -252,9 +258,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let events = EventLog::default();
     let trust = trust(&config.signatures)?;
-    let handlers = load_handlers(&paths.handlers_dir, Some(&paths.state_dir), trust)
-        .await?
-        .with_events(events.clone());
+    let handlers = load_handlers(
+        &paths.handlers_dir,
+        Some(&paths.state_dir),
+        trust,
+        config.handler_pool_size,
+    )
+    .await?
+    .with_events(events.clone());
     for slot in handlers.status().slots {
         info!(
             slot = %slot.slot,

@@ -41,6 +41,7 @@ pub const KEYS: &[&str] = &[
     "resync_period",
     "device_grace_period",
     "shutdown_grace",
+    "handler_pool_size",
     "trusted_key",
     "require_signatures",
     "metrics_addr",
@@ -91,6 +92,7 @@ pub struct ConfigFile {
     device_grace_period: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
     shutdown_grace: Option<Duration>,
+    handler_pool_size: Option<u32>,
     #[serde(default, deserialize_with = "one_or_many")]
     trusted_key: Option<Vec<PathBuf>>,
     require_signatures: Option<bool>,
@@ -205,6 +207,7 @@ impl ConfigFile {
             resync_period,
             device_grace_period,
             shutdown_grace,
+            handler_pool_size,
             trusted_key,
             require_signatures,
             metrics_addr as Some,
@@ -332,6 +335,11 @@ pub fn to_toml(config: &Config) -> String {
         "",
     );
     line("shutdown_grace", Some(duration(t.shutdown_grace)), "");
+    line(
+        "handler_pool_size",
+        Some(config.handler_pool_size.to_string()),
+        "",
+    );
     let keys: Vec<String> = config
         .signatures
         .trusted_keys
