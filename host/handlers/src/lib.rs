@@ -36,12 +36,12 @@ pub use event::{
     ALLOCATE_EVENT_SHAPE, Event, Outcome, PLUGIN_EVENT_SHAPE, PluginEvent, PluginRecord, run_hook,
 };
 pub use file::{
-    DEFAULT_ROLLBACK_AFTER, Entry, FileError, HANDLERS_FILE, HandlersFile, OnFailure,
+    DEFAULT_ROLLBACK_AFTER, FileError, HANDLERS_FILE, HandlersFile, OnFailure, SlotEntry,
     default_max_concurrent_calls, parse, read,
 };
 pub use integrity::{
-    KeyError, SIGNATURE_SUFFIX, SignatureError, SignatureInfo, Trust, TrustedKey, parse_pin,
-    signature_path, verify,
+    KeyDecodeError, KeyError, PinError, SIGNATURE_SUFFIX, SignatureError, SignatureInfo, Trust,
+    TrustedKey, parse_pin, signature_path, verify,
 };
 pub use live::{
     Builtins, ChangeRecord, ChangeState, EntryRefusal, Handlers, HandlersEvent, ReloadOutcome,
@@ -53,7 +53,7 @@ pub use slot::SlotKey;
 pub use state::{Applied, Decision, StateStore, Version};
 pub use stats::{CallStats, FailureCounts, FailureKind, LastFailure, StatsSnapshot};
 pub use vectors::{
-    Case, CaseResult, VECTORS_NODE_NAME, VECTORS_SUFFIX, Vectors, VectorsError, check_module,
-    run_all, run_case, vectors_path,
+    Case, CaseResult, ModuleVectorsError, VECTORS_NODE_NAME, VECTORS_SUFFIX, Vectors, VectorsError,
+    check_module, run_all, run_case, vectors_path,
 };
 pub use watch::{HANDLERS_OPEN_QUIET, SETTLE, WRITING_QUIET, WatchError};
