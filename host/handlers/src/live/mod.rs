@@ -14,6 +14,12 @@
 //! A module applied with a vectors file beside it must pass every case first (see
 //! [`crate::Vectors`]); the vectors are checked when the module is applied, so a change of the
 //! vectors file alone does not re-check a module already in force.
+//!
+//! By concept: [`Handlers`] here (start, reload, status), the shared state and what every
+//! writer uses (`shared`), the transaction (`transaction`, with the pin and signature check),
+//! rollbacks (`rollback`), what the set reports about itself (`status`) and the built-ins
+//! (`builtins`). A failing new module reaches `rollback` through the callback this set gives
+//! each [`Served`] it makes, not through a pointer of its own.
 
 mod builtins;
 mod rollback;
