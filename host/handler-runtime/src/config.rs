@@ -15,7 +15,7 @@ const CORE_INSTANCES_PER_COMPONENT: u32 = 20;
 const MEMORIES_PER_COMPONENT: u32 = 2;
 const TABLES_PER_COMPONENT: u32 = 8;
 
-/// Instances made ahead of their call (see [`crate::spare`]) that a runtime keeps at most, over
+/// Instances made ahead of their call (see [`crate::DeferredRelease`]) that a runtime keeps at most, over
 /// every handler; the pool has this many slots beyond [`RuntimeConfig::pool_size`] for them, so
 /// they never take a slot from a call.
 pub const MAX_SPARES: u32 = 4;

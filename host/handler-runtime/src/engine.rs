@@ -1,6 +1,6 @@
 //! The runtime ([`Runtime`]), created once per daemon: it wires the leaf modules together (the
-//! engine configuration of [`crate::config`], the call gates of [`crate::call_gate`], the store
-//! making of [`crate::store`], the compile cache and the compiler), links the host imports,
+//! engine configuration of `config`, the call gates of `call_gate`, the store
+//! making of `store`, the compile cache and the compiler), links the host imports,
 //! runs the epoch ticker, and loads modules (compile + admission) into [`Handler`]s.
 
 use std::collections::BTreeMap;
@@ -179,7 +179,7 @@ impl Runtime {
         })
     }
 
-    /// How many instances are kept made ahead of their calls now (at most [`MAX_SPARES`]; see
+    /// How many instances are kept made ahead of their calls now (at most [`crate::MAX_SPARES`]; see
     /// [`crate::DeferredRelease`]).
     pub fn spares(&self) -> u32 {
         self.inner

@@ -60,7 +60,7 @@ impl Default for Limits {
     }
 }
 
-/// CPU time after which a call counts as long (see [`RuntimeConfig::long_calls`]). Hook calls
+/// CPU time after which a call counts as long (see [`RuntimeConfig::long_calls`](crate::RuntimeConfig::long_calls)). Hook calls
 /// take microseconds; a call past this is a runaway or an unusually large request.
 pub const LONG_CALL_CPU: Duration = Duration::from_millis(2);
 

@@ -97,7 +97,7 @@ pub enum HandlersEvent {
     },
 }
 
-/// What [`Handlers::reload`] did.
+/// What [`Handlers::reload`](crate::Handlers::reload) did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReloadOutcome {
     /// A new set is in force; these slots changed.
@@ -107,7 +107,7 @@ pub enum ReloadOutcome {
     /// Refused (the reasons, one per line); the set in force keeps serving.
     Refused(String),
     /// `handlers.toml` looks half-written (empty, when it was not a moment ago): nothing was
-    /// decided; read it again once its writer is done ([`Handlers::reload_written`]).
+    /// decided; read it again once its writer is done ([`Handlers::reload_written`](crate::Handlers::reload_written)).
     Waiting(String),
 }
 
