@@ -286,7 +286,7 @@ fn bench_policy(handlers: &Handlers, n: usize, count: u32, iterations: usize) ->
     let request = pluglet_handler_runtime::AllocationRequest {
         resource: "bench.example.com/gpu".into(),
         available: (0..n)
-            .map(|i| pluglet_handler_runtime::Device {
+            .map(|i| pluglet_handler_runtime::CandidateDevice {
                 id: format!("d{i}"),
                 numa_nodes: vec![i as i64 % 2],
             })

@@ -352,7 +352,7 @@ impl Allocator {
         };
         // The call's instance is freed during the plugin's Allocate below, not before it.
         let (call, spent) = pluglet_handler_runtime::run_in_place(|| {
-            pluglet_handler_runtime::keeping_spent(|| policy.allocate(&cx, &request))
+            pluglet_handler_runtime::defer_release(|| policy.allocate(&cx, &request))
         });
         let call = call.map_err(|source| AllocateError::PolicyFailed {
             resource: resource.clone(),

@@ -13,6 +13,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::bindings::pluglet::handler::{host, types as wit_types};
+use crate::call_gate::OwnedGatePermit;
 use crate::types::{GuestLog, LogLevel};
 
 /// At most this many log lines are kept per call; more are counted and dropped, so a chatty or
@@ -45,7 +46,7 @@ pub(crate) struct CallState {
     pub(crate) wall_end: Option<Instant>,
     /// Held once the call is long (see [`crate::RuntimeConfig::long_calls`]); dropped with
     /// the store when the call ends.
-    pub(crate) long_permit: Option<crate::engine::OwnedGatePermit>,
+    pub(crate) long_permit: Option<OwnedGatePermit>,
 }
 
 /// The guest's `wasi:clocks/monotonic-clock`: nanoseconds since the call's store was made.

@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use crate::engine::{RuntimeConfig, engine_config};
+use crate::config::{RuntimeConfig, engine_config};
 use crate::error::LoadError;
 
 /// Exit status of the child when the module does not compile (sysexits' `EX_DATAERR`).

@@ -1,51 +1,29 @@
-//! The engine, linker, epoch ticker and call gate, created once per daemon ([`Runtime`]), and
-//! loading (compile + admission) of modules into [`Handler`]s.
+//! The runtime ([`Runtime`]), created once per daemon: it wires the leaf modules together (the
+//! engine configuration of `config`, the call gates of `call_gate`, the store
+//! making of `store`, the compile cache and the compiler), links the host imports,
+//! runs the epoch ticker, and loads modules (compile + admission) into [`Handler`]s.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::admission::{self, ExportProblem};
 use crate::bindings::{self, CONTRACT_MAJOR, CONTRACT_VERSION};
 use crate::cache::{ActiveCache, CacheStats, CompileCache};
+use crate::call_gate::CallGate;
 use crate::call_state::CallState;
 use crate::compiler::{ChildOutcome, Compiler, compile_in_child};
+use crate::config::{IDLE_EPOCH_TICK, RuntimeConfig, engine_config};
 use crate::error::LoadError;
-use crate::handler::{ExportIndices, Handler};
-
-/// The largest memory cap a handler may ask for; also the pool's per-memory maximum.
-pub const MAX_MEMORY_MIB: u32 = 256;
-
-/// The native stack one call's WebAssembly may use (wasmtime's `max_wasm_stack`, here its
-/// default made explicit so that the stack overflow error can name it).
-pub const WASM_STACK_BYTES: usize = 512 << 10;
-
-/// Core instances, memories and tables one component may hold in the pool. A Rust
-/// `wasm32-wasip2` component has one memory, one main core instance and a few shim instances.
-const CORE_INSTANCES_PER_COMPONENT: u32 = 20;
-const MEMORIES_PER_COMPONENT: u32 = 2;
-const TABLES_PER_COMPONENT: u32 = 8;
-
-/// Instances made ahead of their call (see [`crate::spent`]) that a runtime keeps at most, over
-/// every handler; the pool has this many slots beyond [`RuntimeConfig::pool_size`] for them, so
-/// they never take a slot from a call.
-pub const MAX_SPARES: u32 = 4;
-
-/// Bytes of each linear memory (and table) slot reset with `memset` instead of `madvise` when a
-/// call's instance is freed, so its pages stay resident across calls: no page faults on the next
-/// call and no `madvise` on this one. Measured on the 2-core dev machine with the hook_call
-/// bench: 60 µs per call with neither, 25 µs with memory only, 14 µs with both. Where the kernel
-/// has `PAGEMAP_SCAN` (Linux 6.7+) only the pages a call dirtied are reset, so the memory figure
-/// can cover an allocation policy's 1,024-device request (about 1 MiB of guest heap) without
-/// slowing small calls; elsewhere the low `MEMORY_KEEP_RESIDENT` bytes are reset every time.
-const MEMORY_KEEP_RESIDENT: usize = 2 << 20;
-const TABLE_KEEP_RESIDENT: usize = 64 << 10;
+use crate::handler::{ExportIndices, Handler, HandlerParts};
+use crate::limits::{Limits, check_limits};
+use crate::store::StoreFactory;
 
 /// The WASI clock interface whose timers [`cap_guest_sleeps`] replaces (the version
 /// `wasmtime-wasi` provides; guests built for older 0.2 versions are linked to it).
@@ -72,97 +50,6 @@ fn cap_guest_sleeps(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     )?;
     linker.allow_shadowing(false);
     Ok(())
-}
-
-/// Per-call budgets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Wall-clock CPU deadline of one call (epoch interruption; resolution: the epoch tick).
-    pub deadline: Duration,
-    /// Linear memory cap of one call, in MiB (at most [`MAX_MEMORY_MIB`]).
-    pub memory_mib: u32,
-    /// Fuel (instruction budget) of one call; `None`: unlimited.
-    pub fuel: Option<u64>,
-}
-
-/// Fuel an `allocate` call gets per device offered, on top of [`Limits::fuel`]. Reading the
-/// request already costs the guest a few hundred instructions per device, so a fixed budget
-/// would cap how many devices any policy can be offered; the plain example policy uses about
-/// 1,400 per device.
-pub const FUEL_PER_DEVICE: u64 = 2_000;
-
-/// A call may take at most this many times its deadline in wall time, however little CPU it got.
-pub const WALL_CAP_FACTOR: u32 = 20;
-/// … and at least this long.
-pub const MIN_WALL_CAP: Duration = Duration::from_secs(1);
-
-impl Limits {
-    /// The fuel budget of a call offered `devices` devices (0 for the registration hooks):
-    /// [`Limits::fuel`] plus [`FUEL_PER_DEVICE`] per device; `None` when unlimited.
-    pub fn fuel_for(&self, devices: usize) -> Option<u64> {
-        let extra = FUEL_PER_DEVICE.saturating_mul(u64::try_from(devices).unwrap_or(u64::MAX));
-        self.fuel.map(|fuel| fuel.saturating_add(extra))
-    }
-
-    /// The most wall time one call may take: [`WALL_CAP_FACTOR`] times the deadline, at least
-    /// [`MIN_WALL_CAP`] (the deadline itself counts CPU time).
-    pub fn wall_cap(&self) -> Duration {
-        (self.deadline * WALL_CAP_FACTOR).max(MIN_WALL_CAP)
-    }
-}
-
-impl Default for Limits {
-    /// 50 ms, 16 MiB, 50 million fuel: generous for registration hooks, which run in microseconds.
-    fn default() -> Limits {
-        Limits {
-            deadline: Duration::from_millis(50),
-            memory_mib: 16,
-            fuel: Some(50_000_000),
-        }
-    }
-}
-
-/// Configuration of a [`Runtime`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RuntimeConfig {
-    /// How many calls may run at once (pooling allocator slots); more calls wait for a slot.
-    pub pool_size: u32,
-    /// Period of the epoch ticker while calls run: the resolution of deadlines and of
-    /// [`LONG_CALL_CPU`]. With no call running it ticks every [`IDLE_EPOCH_TICK`], so an idle
-    /// daemon wakes up rarely.
-    pub epoch_tick: Duration,
-    /// Limits of handlers loaded without their own.
-    pub default_limits: Limits,
-    /// How many *long* calls (calls that have used [`LONG_CALL_CPU`] of CPU time) may run at
-    /// once, across every handler; a long call past them pauses, its CPU time not counted,
-    /// until one ends. The default, one less than the cores (at least one), keeps a core for
-    /// the short calls whatever runaway modules do.
-    pub long_calls: u32,
-}
-
-/// Period of the epoch ticker while no call runs (a call starting then gets its first tick
-/// within this, and every [`RuntimeConfig::epoch_tick`] after).
-pub const IDLE_EPOCH_TICK: Duration = Duration::from_millis(10);
-
-/// CPU time after which a call counts as long (see [`RuntimeConfig::long_calls`]). Hook calls
-/// take microseconds; a call past this is a runaway or an unusually large request.
-pub const LONG_CALL_CPU: Duration = Duration::from_millis(2);
-
-/// One less than the cores, at least one.
-pub fn default_long_calls() -> u32 {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    u32::try_from(cores.saturating_sub(1).max(1)).unwrap_or(u32::MAX)
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> RuntimeConfig {
-        RuntimeConfig {
-            pool_size: 64,
-            epoch_tick: Duration::from_millis(2),
-            default_limits: Limits::default(),
-            long_calls: default_long_calls(),
-        }
-    }
 }
 
 /// Where a module comes from. Its id is `builtin:<name>` or the file path.
@@ -198,107 +85,11 @@ impl ModuleSource {
     }
 }
 
-/// A counting gate: at most a given number of calls hold a permit at once; the others wait.
-///
-/// The runtime keeps one in front of its instance pool (a burst of calls waits for a slot rather
-/// than failing instantiation); the host keeps one per slot, so that one runaway module cannot
-/// take every permit and every core ([`CallGate::enter`] with the slot's limit). The limit is
-/// given at each entry, so versions of a slot with different limits can share one count.
-#[derive(Debug, Default)]
-pub struct CallGate {
-    running: Mutex<u32>,
-    freed: Condvar,
-}
-
-impl CallGate {
-    /// A gate with no call running.
-    pub fn new() -> CallGate {
-        CallGate::default()
-    }
-
-    /// Waits until fewer than `limit` calls hold a permit, then holds one until the permit
-    /// drops. `wait`: how long to wait at most (`None`: as long as it takes); `Err` is the time
-    /// waited, when it gave up.
-    pub fn enter(&self, limit: u32, wait: Option<Duration>) -> Result<GatePermit<'_>, Duration> {
-        let started = Instant::now();
-        let limit = limit.max(1);
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        while *running >= limit {
-            running = match wait {
-                None => self.freed.wait(running).unwrap_or_else(|e| e.into_inner()),
-                Some(wait) => {
-                    let Some(left) = wait.checked_sub(started.elapsed()).filter(|l| !l.is_zero())
-                    else {
-                        return Err(started.elapsed());
-                    };
-                    self.freed
-                        .wait_timeout(running, left)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-            };
-        }
-        *running += 1;
-        Ok(GatePermit { gate: self })
-    }
-
-    /// How many calls hold a permit now.
-    pub fn running(&self) -> u32 {
-        *self.running.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// One held permit of a [`CallGate`]; dropping it lets the next call in.
-#[derive(Debug)]
-pub struct GatePermit<'a> {
-    gate: &'a CallGate,
-}
-
-impl GatePermit<'_> {
-    /// The same permit, holding its gate by `Arc` so it can be kept where a borrow cannot.
-    pub(crate) fn owned(self, gate: &Arc<CallGate>) -> OwnedGatePermit {
-        debug_assert!(std::ptr::eq(self.gate, Arc::as_ptr(gate)));
-        std::mem::forget(self);
-        OwnedGatePermit { gate: gate.clone() }
-    }
-}
-
-impl Drop for GatePermit<'_> {
-    fn drop(&mut self) {
-        self.gate.leave();
-    }
-}
-
-/// A [`GatePermit`] that owns its gate.
-#[derive(Debug)]
-pub(crate) struct OwnedGatePermit {
-    gate: Arc<CallGate>,
-}
-
-impl Drop for OwnedGatePermit {
-    fn drop(&mut self) {
-        self.gate.leave();
-    }
-}
-
-impl CallGate {
-    fn leave(&self) {
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        *running -= 1;
-        self.freed.notify_all();
-    }
-}
-
-/// What every handler of a runtime shares.
-pub(crate) struct RuntimeInner {
-    pub(crate) engine: Engine,
-    pub(crate) linker: Linker<CallState>,
-    pub(crate) gate: Arc<CallGate>,
-    /// Admits long calls ([`RuntimeConfig::long_calls`]).
-    pub(crate) long_calls: Arc<CallGate>,
-    pub(crate) config: RuntimeConfig,
-    /// Instances made ahead of their call, kept now (at most [`MAX_SPARES`]).
-    pub(crate) spares: AtomicU32,
+/// What the clones of a runtime share: what its handlers make their stores from, and what
+/// only loading needs.
+struct RuntimeInner {
+    stores: Arc<StoreFactory>,
+    linker: Linker<CallState>,
     cache: Option<ActiveCache>,
     compiler: Compiler,
 }
@@ -307,13 +98,13 @@ pub(crate) struct RuntimeInner {
 /// thread stops once the last clone (and every handler) is gone.
 #[derive(Clone)]
 pub struct Runtime {
-    pub(crate) inner: Arc<RuntimeInner>,
+    inner: Arc<RuntimeInner>,
 }
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("config", &self.inner.config)
+            .field("config", &self.inner.stores.config)
             .finish_non_exhaustive()
     }
 }
@@ -374,32 +165,43 @@ impl Runtime {
         let cache = cache.map(|cache| ActiveCache::new(cache, &engine));
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
-                engine,
+                stores: Arc::new(StoreFactory {
+                    engine,
+                    pool_gate: gate,
+                    long_calls: Arc::new(CallGate::new()),
+                    config,
+                    spares_kept: AtomicU32::new(0),
+                }),
                 linker,
-                gate,
-                long_calls: Arc::new(CallGate::new()),
-                config,
-                spares: AtomicU32::new(0),
                 cache,
                 compiler,
             }),
         })
     }
 
-    /// How many instances are kept made ahead of their calls now (at most [`MAX_SPARES`]; see
-    /// [`crate::Spent`]).
+    /// How many instances are kept made ahead of their calls now (at most [`crate::MAX_SPARES`]; see
+    /// [`crate::DeferredRelease`]).
     pub fn spares(&self) -> u32 {
-        self.inner.spares.load(std::sync::atomic::Ordering::SeqCst)
+        self.inner
+            .stores
+            .spares_kept
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The wasmtime engine (for tests that build artifacts of their own).
+    #[cfg(test)]
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.inner.stores.engine
     }
 
     /// The configuration this runtime was created with.
     pub fn config(&self) -> &RuntimeConfig {
-        &self.inner.config
+        &self.inner.stores.config
     }
 
     /// How many long calls hold a permit now (see [`RuntimeConfig::long_calls`]).
     pub fn long_calls_running(&self) -> u32 {
-        self.inner.long_calls.running()
+        self.inner.stores.long_calls.running()
     }
 
     /// The compile cache's directory, if this runtime has one.
@@ -423,7 +225,7 @@ impl Runtime {
         limits: Option<Limits>,
     ) -> Result<Arc<Handler>, LoadError> {
         let module = source.id();
-        let limits = limits.unwrap_or(self.inner.config.default_limits);
+        let limits = limits.unwrap_or(self.inner.stores.config.default_limits);
         check_limits(&module, &limits)?;
         let owned;
         let bytes: &[u8] = match &source {
@@ -446,7 +248,7 @@ impl Runtime {
         let started = Instant::now();
         let compile = || self.compile(&module, bytes);
         let (component, from_cache) = match &self.inner.cache {
-            Some(cache) => cache.component(&self.inner.engine, &module, &digest, compile)?,
+            Some(cache) => cache.component(&self.inner.stores.engine, &module, &digest, compile)?,
             None => (compile()?, false),
         };
         let compile_time = started.elapsed();
@@ -465,7 +267,7 @@ impl Runtime {
         }
 
         let ty = component.component_type();
-        let engine = &self.inner.engine;
+        let engine = &self.inner.stores.engine;
         let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
         let forbidden = admission::forbidden_imports(imports.iter().map(String::as_str));
         if !forbidden.is_empty() {
@@ -505,8 +307,8 @@ impl Runtime {
                 found: message,
             }
         })?;
-        let handler = Handler::new(crate::handler::HandlerParts {
-            runtime: self.inner.clone(),
+        let handler = Handler::new(HandlerParts {
+            stores: self.inner.stores.clone(),
             module,
             sha256,
             contract_version: contract.version,
@@ -526,7 +328,7 @@ impl Runtime {
     /// Compiles `bytes` where the runtime's [`Compiler`] says.
     fn compile(&self, module: &str, bytes: &[u8]) -> Result<Component, LoadError> {
         let in_process = || {
-            Component::new(&self.inner.engine, bytes).map_err(|e| LoadError::Compile {
+            Component::new(&self.inner.stores.engine, bytes).map_err(|e| LoadError::Compile {
                 module: module.to_owned(),
                 source: e.into(),
             })
@@ -535,7 +337,7 @@ impl Runtime {
             return in_process();
         };
         let started = Instant::now();
-        match compile_in_child(&self.inner.engine, args, bytes) {
+        match compile_in_child(&self.inner.stores.engine, args, bytes) {
             ChildOutcome::Compiled(component) => {
                 tracing::info!(
                     module,
@@ -558,61 +360,6 @@ impl Runtime {
             }
         }
     }
-}
-
-/// The engine configuration of a runtime of `config`: the daemon's engine and a compiler child
-/// ([`crate::compiler::precompile`]) build theirs here, so the child's artifacts fit.
-pub(crate) fn engine_config(config: &RuntimeConfig) -> Result<Config, LoadError> {
-    if config.pool_size == 0 {
-        return Err(LoadError::Engine {
-            reason: "pool_size must be at least 1".into(),
-            source: None,
-        });
-    }
-    let mut pool = PoolingAllocationConfig::default();
-    let slots = config.pool_size.saturating_add(MAX_SPARES);
-    pool.total_component_instances(slots)
-        .total_core_instances(slots * CORE_INSTANCES_PER_COMPONENT)
-        .total_memories(slots * MEMORIES_PER_COMPONENT)
-        .total_tables(slots * TABLES_PER_COMPONENT)
-        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
-        .max_memories_per_component(MEMORIES_PER_COMPONENT)
-        .max_tables_per_component(TABLES_PER_COMPONENT)
-        .max_memory_size((MAX_MEMORY_MIB as usize) << 20)
-        .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT)
-        .table_keep_resident(TABLE_KEEP_RESIDENT)
-        .pagemap_scan(wasmtime::Enabled::Auto);
-
-    let mut cfg = Config::new();
-    cfg.epoch_interruption(true)
-        .max_wasm_stack(WASM_STACK_BYTES)
-        .consume_fuel(true)
-        .concurrency_support(false)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Ok(cfg)
-}
-
-/// Refuses limits the pool cannot honour.
-pub(crate) fn check_limits(module: &str, limits: &Limits) -> Result<(), LoadError> {
-    let invalid = |message: String| LoadError::InvalidLimits {
-        module: module.to_string(),
-        message,
-    };
-    if limits.memory_mib == 0 || limits.memory_mib > MAX_MEMORY_MIB {
-        return Err(invalid(format!(
-            "memory_mib must be between 1 and {MAX_MEMORY_MIB}, not {}",
-            limits.memory_mib
-        )));
-    }
-    if limits.deadline.is_zero() {
-        return Err(invalid("deadline must be longer than zero".into()));
-    }
-    if limits.fuel == Some(0) {
-        return Err(invalid(
-            "fuel must be at least 1 (leave it out for no fuel limit)".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// Starts the epoch ticker: a dedicated thread holding only a weak reference to the engine, so it

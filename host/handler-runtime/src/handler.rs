@@ -6,28 +6,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, ComponentExportIndex, Instance, InstancePre};
-use wasmtime::{Store, Trap, UpdateDeadline};
+use wasmtime::{Store, Trap};
 
 use crate::answer;
 use crate::bindings::pluglet::handler::types as wit_types;
-use crate::call_state::CallState;
-use crate::engine::{LONG_CALL_CPU, Limits, RuntimeInner};
-use crate::error::{HandlerError, HandlerFault};
-use crate::spent::{Maker, Ready};
+use crate::call_state::{CallState, MAX_LOG_LINES};
+use crate::deferred_release::release_or_defer;
+use crate::error::{HandlerError, HandlerFault, LoadError};
+use crate::limits::{Limits, WASM_STACK_BYTES, check_limits};
+use crate::spare::{Spare, SpareBuilder, take_spare};
+use crate::store::StoreFactory;
 use crate::types::{
     Accepted, AllocationRequest, Call, CallContext, Family, GuestLog, Hook, ListedRequest,
     LogLevel, PackedRequest, PluginInfo, Refusal, RegisteredPlugin, RegistrationFacts,
 };
-
-/// CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`); `None` if the clock
-/// is unavailable (the deadline then counts wall time).
-fn thread_cpu_time() -> Option<Duration> {
-    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).ok()?;
-    Some(Duration::new(
-        u64::try_from(ts.tv_sec()).ok()?,
-        u32::try_from(ts.tv_nsec()).ok()?,
-    ))
-}
 
 /// What wasmtime adds to a memory trap: the address the guest touched.
 const MEMORY_FAULT: &str = "memory fault at wasm address 0x";
@@ -103,9 +95,9 @@ impl ExportIndices {
     }
 }
 
-/// Everything [`Handler::new`] needs (built by [`crate::Runtime::load`]).
+/// Everything [`Handler::new`] needs (built by [`Runtime::load`](crate::Runtime::load)).
 pub(crate) struct HandlerParts {
-    pub runtime: Arc<RuntimeInner>,
+    pub stores: Arc<StoreFactory>,
     pub module: String,
     pub sha256: String,
     pub contract_version: String,
@@ -121,7 +113,7 @@ pub(crate) struct HandlerParts {
 /// One loaded handler module. Calls are synchronous and CPU-bound, bounded by the deadline:
 /// async callers wrap them in [`run_in_place`].
 pub struct Handler {
-    runtime: Arc<RuntimeInner>,
+    stores: Arc<StoreFactory>,
     module: String,
     module_arc: Arc<str>,
     sha256: String,
@@ -133,8 +125,8 @@ pub struct Handler {
     indices: ExportIndices,
     settings: Arc<BTreeMap<String, String>>,
     limits: Limits,
-    /// An instance made ahead of the next call, if any (see [`crate::spent`]).
-    spare: Arc<Mutex<Option<Ready>>>,
+    /// An instance made ahead of the next call, if any (see [`crate::spare`]).
+    spare: Arc<Mutex<Option<Spare>>>,
 }
 
 impl std::fmt::Debug for Handler {
@@ -166,7 +158,7 @@ pub fn run_in_place<T>(call: impl FnOnce() -> T) -> T {
 impl Handler {
     pub(crate) fn new(parts: HandlerParts) -> Handler {
         Handler {
-            runtime: parts.runtime,
+            stores: parts.stores,
             module_arc: Arc::from(parts.module.as_str()),
             module: parts.module,
             sha256: parts.sha256,
@@ -190,11 +182,11 @@ impl Handler {
         module: String,
         settings: BTreeMap<String, String>,
         limits: Option<Limits>,
-    ) -> Result<Arc<Handler>, crate::LoadError> {
-        let limits = limits.unwrap_or(self.runtime.config.default_limits);
-        crate::engine::check_limits(&module, &limits)?;
+    ) -> Result<Arc<Handler>, LoadError> {
+        let limits = limits.unwrap_or(self.stores.config.default_limits);
+        check_limits(&module, &limits)?;
         Ok(Arc::new(Handler {
-            runtime: self.runtime.clone(),
+            stores: self.stores.clone(),
             module_arc: Arc::from(module.as_str()),
             module,
             sha256: self.sha256.clone(),
@@ -387,9 +379,9 @@ impl Handler {
     }
 
     /// What makes this handler's spare for calls on `node_name`.
-    fn maker(&self, node_name: &str) -> Maker {
-        Maker {
-            runtime: self.runtime.clone(),
+    fn spare_builder(&self, node_name: &str) -> SpareBuilder {
+        SpareBuilder {
+            stores: self.stores.clone(),
             pre: self.pre.clone(),
             module: self.module_arc.clone(),
             node_name: node_name.to_owned(),
@@ -425,19 +417,13 @@ impl Handler {
                 family: hook.family(),
             }));
         };
-        // Without a bound on the wait, entering never gives up.
-        let permit = self
-            .runtime
-            .gate
-            .enter(self.runtime.config.pool_size, None)
-            .ok();
+        let permit = self.stores.enter_pool();
         let started = Instant::now();
-        let spare = crate::spent::take_spare(&self.spare, &cx.node_name);
+        let spare = take_spare(&self.spare, &cx.node_name);
         let (mut store, instance) = match spare {
             Some((store, instance)) => (store, Some(instance)),
             None => {
-                let store = new_store(
-                    &self.runtime,
+                let store = self.stores.new_store(
                     self.module_arc.clone(),
                     cx.node_name.clone(),
                     self.settings.clone(),
@@ -450,7 +436,7 @@ impl Handler {
         store
             .set_fuel(fuel)
             .map_err(|e| fail(HandlerFault::Instantiate { source: e.into() }))?;
-        arm_deadline(&self.runtime, &self.limits, &mut store);
+        self.stores.arm_deadline(&self.limits, &mut store);
 
         let outcome = match instance {
             Some(instance) => Ok(instance),
@@ -468,8 +454,7 @@ impl Handler {
                         level: LogLevel::Warn,
                         message: format!(
                             "{} more log lines dropped (at most {} per call)",
-                            state.dropped_logs,
-                            crate::call_state::MAX_LOG_LINES
+                            state.dropped_logs, MAX_LOG_LINES
                         ),
                     });
                 }
@@ -485,8 +470,8 @@ impl Handler {
         // A call that failed leaves no spare behind: a module whose instantiation fails or runs
         // into its deadline is not instantiated again until its next call.
         let succeeded = result.is_ok();
-        crate::spent::finish(store, permit.map(|p| p.owned(&self.runtime.gate)), || {
-            succeeded.then(|| self.maker(&cx.node_name))
+        release_or_defer(store, permit, || {
+            succeeded.then(|| self.spare_builder(&cx.node_name))
         });
         result
     }
@@ -503,10 +488,7 @@ impl Handler {
         }
         match error.downcast_ref::<Trap>().copied() {
             Some(Trap::StackOverflow) => HandlerFault::StackOverflow {
-                stack: format!(
-                    "the call stack of {} KiB",
-                    crate::engine::WASM_STACK_BYTES >> 10
-                ),
+                stack: format!("the call stack of {} KiB", WASM_STACK_BYTES >> 10),
             },
             Some(Trap::MemoryOutOfBounds) if below_address_zero(&error) => {
                 HandlerFault::StackOverflow {
@@ -533,76 +515,4 @@ impl Handler {
             },
         }
     }
-}
-
-/// A fresh store for one call of `module` on `node_name`: WASI, the memory cap, the transfer
-/// bound; fuel and the deadline are armed by the caller.
-pub(crate) fn new_store(
-    runtime: &RuntimeInner,
-    module: Arc<str>,
-    node_name: String,
-    settings: Arc<BTreeMap<String, String>>,
-    limits: &Limits,
-) -> Store<CallState> {
-    let state = CallState::new(
-        module,
-        node_name,
-        settings,
-        (limits.memory_mib as usize) << 20,
-    );
-    let mut store = Store::new(&runtime.engine, state);
-    store.limiter(|s| &mut s.limiter);
-    store.set_hostcall_fuel(answer::MAX_TRANSFER_BYTES);
-    store
-}
-
-/// Arms the deadline as a CPU-time budget of this thread. The epoch deadline fires after the
-/// deadline in wall time; the callback then looks at the CPU time the calling thread actually
-/// used, and only interrupts if the budget is spent (or the call has taken
-/// [`Limits::wall_cap`] in wall time). A call that was merely descheduled on
-/// a loaded machine gets the rest of its budget instead of failing spuriously.
-///
-/// Once the call has used [`LONG_CALL_CPU`] it is long: it goes on only with a permit of the
-/// runtime's long-call gate ([`crate::RuntimeConfig::long_calls`]), waiting for one (its
-/// CPU time not counted, its wall time still capped) while other long calls hold them all.
-pub(crate) fn arm_deadline(runtime: &RuntimeInner, limits: &Limits, store: &mut Store<CallState>) {
-    let tick = runtime.config.epoch_tick;
-    let budget = limits.deadline;
-    let wall_cap = limits.wall_cap();
-    let long_calls = runtime.long_calls.clone();
-    let long_limit = runtime.config.long_calls;
-    let started = Instant::now();
-    let cpu_start = thread_cpu_time();
-    store.data_mut().wall_end = started.checked_add(wall_cap);
-    store.set_epoch_deadline(ticks(tick, budget.min(LONG_CALL_CPU)));
-    store.epoch_deadline_callback(move |mut cx| {
-        let used = || match (cpu_start, thread_cpu_time()) {
-            (Some(start), Some(now)) => now.saturating_sub(start),
-            _ => started.elapsed(),
-        };
-        let spent = used();
-        if spent >= budget || started.elapsed() >= wall_cap {
-            return Ok(UpdateDeadline::Interrupt);
-        }
-        if spent < LONG_CALL_CPU {
-            return Ok(UpdateDeadline::Continue(ticks(tick, LONG_CALL_CPU - spent)));
-        }
-        if cx.data().long_permit.is_none() {
-            let left = wall_cap.saturating_sub(started.elapsed());
-            match long_calls.enter(long_limit, Some(left)) {
-                Ok(permit) => cx.data_mut().long_permit = Some(permit.owned(&long_calls)),
-                Err(_) => return Ok(UpdateDeadline::Interrupt),
-            }
-        }
-        Ok(UpdateDeadline::Continue(ticks(
-            tick,
-            budget.saturating_sub(used()),
-        )))
-    });
-}
-
-/// Epoch ticks covering `span`: rounded up, at least one.
-fn ticks(tick: Duration, span: Duration) -> u64 {
-    let ticks = span.as_nanos().div_ceil(tick.as_nanos().max(1));
-    u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
 }

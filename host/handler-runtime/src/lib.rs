@@ -17,12 +17,32 @@
 //! [`Runtime::with_options`] can also compile in a child process ([`compiler`]), so that a
 //! long-running daemon never keeps the compiler's memory.
 //!
-//! Lifetimes (after Spin): engine and linker once ([`engine`]); a compiled component per module
+//! Lifetimes (after Spin): engine and linker once ([`Runtime`]); a compiled component per module
 //! ([`Handler`]); call state per invocation (`call_state`), granting only that call's WASI
 //! context, limits, node name and settings. A call's instance is freed before the call returns,
-//! or, inside [`keeping_spent`], when the caller drops the [`Spent`] it gets (during a wait of
-//! its own, off its critical path); that drop also makes the handler's next instance ahead, so
-//! its next call only runs the guest (at most [`MAX_SPARES`] such instances per runtime).
+//! or, inside [`defer_release`], when the caller drops the [`DeferredRelease`] it gets (during a
+//! wait of its own, off its critical path); that drop also makes the handler's next instance
+//! ahead (a spare), so its next call only runs the guest (at most [`MAX_SPARES`] spares per
+//! runtime).
+//!
+//! The modules, each using only those below it (`scripts/check-module-cycles.py` checks that
+//! no two use each other, directly or round a circle):
+//!
+//! ```text
+//! engine            the runtime: wires the rest, links the host imports, runs the epoch
+//!                   ticker, loads modules (compile, cache, admission) into handlers
+//!   compiler        compiles in a child process          cache     the on-disk compile cache
+//!   admission       imports and exports of a component
+//! handler           one loaded module and its hook calls
+//!   deferred_release  an instance freed after the call returns, on the caller's drop
+//!   spare           an instance made ahead of the next call
+//!   store           each call's Store and its deadline (store making)
+//!   call_state      what one call is granted (WASI, memory limiter, host imports)
+//!   answer          checks of a guest's answer
+//! config            RuntimeConfig and the wasmtime configuration made from it
+//! limits            per-call limits             call_gate   the counting gate of calls
+//! error, types, bindings   the leaves every module may use
+//! ```
 //!
 //! ```no_run
 //! use std::collections::BTreeMap;
@@ -48,28 +68,35 @@ mod admission;
 mod answer;
 mod bindings;
 mod cache;
+mod call_gate;
 mod call_state;
 pub mod compiler;
+mod config;
+mod deferred_release;
 pub mod engine;
 mod error;
 mod handler;
-mod spent;
+mod limits;
+mod spare;
+mod store;
 mod types;
 
 pub use answer::{MAX_ANSWER_IDS, MAX_ANSWER_STRING_BYTES, MAX_TRANSFER_BYTES};
 pub use bindings::CONTRACT_VERSION;
 pub use cache::{CACHE_DIR, CacheError, CacheStats, CompileCache, KEY_FILE};
+pub use call_gate::{CallGate, GatePermit};
 pub use compiler::Compiler;
-pub use engine::{
-    CallGate, FUEL_PER_DEVICE, GatePermit, LONG_CALL_CPU, Limits, MAX_MEMORY_MIB, MAX_SPARES,
-    MIN_WALL_CAP, ModuleSource, Runtime, RuntimeConfig, WALL_CAP_FACTOR, WASM_STACK_BYTES,
-    default_long_calls,
-};
+pub use config::{IDLE_EPOCH_TICK, MAX_SPARES, RuntimeConfig, default_long_calls};
+pub use deferred_release::{DeferredRelease, defer_release};
+pub use engine::{ModuleSource, Runtime};
 pub use error::{BoxError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;
 pub use handler::run_in_place;
-pub use spent::{Spent, keeping_spent};
+pub use limits::{
+    FUEL_PER_DEVICE, LONG_CALL_CPU, Limits, MAX_MEMORY_MIB, MIN_WALL_CAP, WALL_CAP_FACTOR,
+    WASM_STACK_BYTES,
+};
 pub use types::{
-    Accepted, AllocationRequest, Call, CallContext, Candidates, Device, Family, GuestLog, Hook,
-    LogLevel, PluginInfo, Refusal, RefusalKind, RegisteredPlugin, RegistrationFacts,
+    Accepted, AllocationRequest, Call, CallContext, CandidateDevice, Candidates, Family, GuestLog,
+    Hook, LogLevel, PluginInfo, Refusal, RefusalKind, RegisteredPlugin, RegistrationFacts,
 };

@@ -130,7 +130,7 @@ pub struct RegistrationFacts {
 /// A device offered to an allocation policy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ComponentType, Lift, Lower)]
 #[component(record)]
-pub struct Device {
+pub struct CandidateDevice {
     /// Device id as the plugin reported it.
     pub id: String,
     /// NUMA nodes the device is attached to; empty when it has no topology.
@@ -144,9 +144,9 @@ pub struct Device {
 /// `allocate-packed` (contract 1.2.0) takes, so a request crosses into the guest as a few
 /// copies of memory, and building one costs no allocation per device.
 ///
-/// Serialized (conformance vectors, `pluglet handler test` events) as a list of [`Device`].
+/// Serialized (conformance vectors, `pluglet handler test` events) as a list of [`CandidateDevice`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "Vec<Device>", into = "Vec<Device>")]
+#[serde(from = "Vec<CandidateDevice>", into = "Vec<CandidateDevice>")]
 pub struct Candidates {
     ids: String,
     id_ends: Vec<u32>,
@@ -208,8 +208,8 @@ fn end(len: usize) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX)
 }
 
-impl FromIterator<Device> for Candidates {
-    fn from_iter<I: IntoIterator<Item = Device>>(devices: I) -> Candidates {
+impl FromIterator<CandidateDevice> for Candidates {
+    fn from_iter<I: IntoIterator<Item = CandidateDevice>>(devices: I) -> Candidates {
         let mut candidates = Candidates::default();
         for device in devices {
             candidates.push(&device.id, &device.numa_nodes);
@@ -218,17 +218,17 @@ impl FromIterator<Device> for Candidates {
     }
 }
 
-impl From<Vec<Device>> for Candidates {
-    fn from(devices: Vec<Device>) -> Candidates {
+impl From<Vec<CandidateDevice>> for Candidates {
+    fn from(devices: Vec<CandidateDevice>) -> Candidates {
         devices.into_iter().collect()
     }
 }
 
-impl From<Candidates> for Vec<Device> {
-    fn from(candidates: Candidates) -> Vec<Device> {
+impl From<Candidates> for Vec<CandidateDevice> {
+    fn from(candidates: Candidates) -> Vec<CandidateDevice> {
         candidates
             .iter()
-            .map(|(id, numa)| Device {
+            .map(|(id, numa)| CandidateDevice {
                 id: id.to_owned(),
                 numa_nodes: numa.to_vec(),
             })
@@ -259,7 +259,7 @@ pub struct AllocationRequest {
 #[component(record)]
 pub(crate) struct ListedRequest {
     resource: String,
-    available: Vec<Device>,
+    available: Vec<CandidateDevice>,
     #[component(name = "must-include")]
     must_include: Vec<String>,
     count: u32,
@@ -450,8 +450,8 @@ pub struct GuestLog {
 mod tests {
     use super::*;
 
-    fn device(id: &str, numa: &[i64]) -> Device {
-        Device {
+    fn device(id: &str, numa: &[i64]) -> CandidateDevice {
+        CandidateDevice {
             id: id.into(),
             numa_nodes: numa.to_vec(),
         }
@@ -474,7 +474,7 @@ mod tests {
             .map(|d| (d.id.as_str(), d.numa_nodes.as_slice()))
             .collect();
         assert_eq!(listed, expected);
-        assert_eq!(Vec::<Device>::from(candidates), devices);
+        assert_eq!(Vec::<CandidateDevice>::from(candidates), devices);
         assert!(Candidates::default().is_empty());
         assert_eq!(Candidates::default().iter().count(), 0);
     }

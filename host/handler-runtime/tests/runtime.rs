@@ -9,9 +9,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, Device, Family, Handler, HandlerFault, Limits, LoadError,
-    LogLevel, ModuleSource, PluginInfo, RefusalKind, RegisteredPlugin, RegistrationFacts, Runtime,
-    RuntimeConfig,
+    AllocationRequest, CallContext, CandidateDevice, Family, Handler, HandlerFault, Limits,
+    LoadError, LogLevel, ModuleSource, PluginInfo, RefusalKind, RegisteredPlugin,
+    RegistrationFacts, Runtime, RuntimeConfig,
 };
 
 /// Deadline for calls that must succeed: generous, because the test machine is shared.
@@ -265,15 +265,15 @@ mod builtin_csi {
     }
 }
 
-fn dev(id: &str, numa: &[i64]) -> Device {
-    Device {
+fn dev(id: &str, numa: &[i64]) -> CandidateDevice {
+    CandidateDevice {
         id: id.into(),
         numa_nodes: numa.to_vec(),
     }
 }
 
 fn request(
-    available: Vec<Device>,
+    available: Vec<CandidateDevice>,
     must: &[&str],
     count: u32,
     preferred: Option<&[&str]>,
@@ -413,7 +413,7 @@ mod builtin_device_plugin {
     #[test]
     fn allocation_among_a_hundred_thousand_devices_fits_the_base_fuel() {
         let base = Limits::default().fuel.unwrap();
-        let available: Vec<Device> = (0..100_000)
+        let available: Vec<CandidateDevice> = (0..100_000)
             .map(|i| dev(&format!("dev-{i}"), &[i % 2]))
             .collect();
         for (count, must, preferred) in [
@@ -745,15 +745,15 @@ mod admission {
         let request = AllocationRequest {
             resource: "vendor.com/gpu".into(),
             available: vec![
-                Device {
+                CandidateDevice {
                     id: "a".into(),
                     numa_nodes: vec![0],
                 },
-                Device {
+                CandidateDevice {
                     id: "b".into(),
                     numa_nodes: vec![],
                 },
-                Device {
+                CandidateDevice {
                     id: "c".into(),
                     numa_nodes: vec![0, 1],
                 },
@@ -778,7 +778,7 @@ mod admission {
                 None,
             )
             .unwrap();
-        let device = |id: &str, numa: &[i64]| Device {
+        let device = |id: &str, numa: &[i64]| CandidateDevice {
             id: id.into(),
             numa_nodes: numa.to_vec(),
         };
@@ -964,7 +964,7 @@ mod gate {
     }
 }
 
-mod spent_instances {
+mod deferred_release {
     use super::*;
 
     /// A runtime of one pool slot (a call whose instance is still kept holds the only slot)
@@ -996,28 +996,28 @@ mod spent_instances {
     }
 
     #[test]
-    fn calls_inside_keeping_spent_leave_their_instances_until_it_is_dropped() {
+    fn calls_inside_defer_release_leave_their_instances_until_it_is_dropped() {
         let (_rt, handler) = one_slot();
         let req = request(vec![dev("a", &[0]), dev("b", &[0])], &[], 1, None);
         let plain = handler.allocate(&cx(), &req).unwrap().value;
 
-        let (kept, spent) =
-            pluglet_handler_runtime::keeping_spent(|| handler.allocate(&cx(), &req));
+        let (kept, deferred) =
+            pluglet_handler_runtime::defer_release(|| handler.allocate(&cx(), &req));
         assert_eq!(kept.unwrap().value, plain, "the same answer");
-        assert_eq!(spent.len(), 1);
+        assert_eq!(deferred.len(), 1);
         // The one slot is free again once the instance is dropped: this call would wait for
         // it forever otherwise.
-        drop(spent);
-        let (again, spent) = pluglet_handler_runtime::keeping_spent(|| {
+        drop(deferred);
+        let (again, deferred) = pluglet_handler_runtime::defer_release(|| {
             (
                 handler.allocate(&cx(), &req).map(|c| c.value),
-                pluglet_handler_runtime::keeping_spent(|| ()).1.len(),
+                pluglet_handler_runtime::defer_release(|| ()).1.len(),
             )
         });
         assert_eq!(again.0.unwrap(), plain);
         assert_eq!(again.1, 0, "a nested keeper keeps only its own calls");
-        assert_eq!(spent.len(), 1);
-        drop(spent);
+        assert_eq!(deferred.len(), 1);
+        drop(deferred);
 
         // Outside a keeper, every call frees its instance before it returns.
         for _ in 0..3 {
@@ -1037,15 +1037,15 @@ mod spent_instances {
         let req = request(vec![dev("a", &[0]), dev("b", &[0])], &[], 1, None);
         let fresh = vec!["call 1 of this instance".to_string()];
 
-        let (first, spent) =
-            pluglet_handler_runtime::keeping_spent(|| handler.allocate(&cx(), &req));
+        let (first, deferred) =
+            pluglet_handler_runtime::defer_release(|| handler.allocate(&cx(), &req));
         assert_eq!(logged(&first.unwrap()), fresh);
         assert_eq!(
             rt.spares(),
             0,
             "nothing is made ahead while the instance is kept"
         );
-        drop(spent);
+        drop(deferred);
         assert_eq!(
             rt.spares(),
             1,
@@ -1053,11 +1053,11 @@ mod spent_instances {
         );
 
         // The next call runs in the instance made ahead: a fresh one, never the one before.
-        let (second, spent) =
-            pluglet_handler_runtime::keeping_spent(|| handler.allocate(&cx(), &req));
+        let (second, deferred) =
+            pluglet_handler_runtime::defer_release(|| handler.allocate(&cx(), &req));
         assert_eq!(logged(&second.unwrap()), fresh);
         assert_eq!(rt.spares(), 0, "the call took it");
-        drop(spent);
+        drop(deferred);
         assert_eq!(rt.spares(), 1);
 
         // A call for another node does not take the spare (it is dropped) and gets a fresh
@@ -1081,11 +1081,11 @@ mod spent_instances {
     fn a_failed_call_leaves_no_instance_made_ahead() {
         let (rt, handler) = one_slot_with(guest("misbehave"), &[("allocate", "panic")]);
         let req = request(vec![dev("a", &[0])], &[], 1, None);
-        let (call, spent) =
-            pluglet_handler_runtime::keeping_spent(|| handler.allocate(&cx(), &req));
+        let (call, deferred) =
+            pluglet_handler_runtime::defer_release(|| handler.allocate(&cx(), &req));
         call.expect_err("the guest panics");
-        assert_eq!(spent.len(), 1, "the failed call's instance is kept too");
-        drop(spent);
+        assert_eq!(deferred.len(), 1, "the failed call's instance is kept too");
+        drop(deferred);
         assert_eq!(rt.spares(), 0);
     }
 
@@ -1101,9 +1101,10 @@ mod spent_instances {
             })
             .collect();
         for h in &handlers {
-            let (call, spent) = pluglet_handler_runtime::keeping_spent(|| h.allocate(&cx(), &req));
+            let (call, deferred) =
+                pluglet_handler_runtime::defer_release(|| h.allocate(&cx(), &req));
             call.unwrap();
-            drop(spent);
+            drop(deferred);
         }
         assert_eq!(rt.spares(), pluglet_handler_runtime::MAX_SPARES);
         // Every handler still answers, with or without a spare, in the one call slot.
@@ -1112,21 +1113,21 @@ mod spent_instances {
         }
         assert_eq!(rt.spares(), 0, "each spare was taken by its handler's call");
         // A handler dropped with its spare gives its count back.
-        let (call, spent) =
-            pluglet_handler_runtime::keeping_spent(|| handlers[0].allocate(&cx(), &req));
+        let (call, deferred) =
+            pluglet_handler_runtime::defer_release(|| handlers[0].allocate(&cx(), &req));
         call.unwrap();
-        drop(spent);
+        drop(deferred);
         assert_eq!(rt.spares(), 1);
         drop(handlers);
         assert_eq!(rt.spares(), 0);
     }
 
     #[test]
-    fn a_panic_inside_keeping_spent_frees_what_was_kept() {
+    fn a_panic_inside_defer_release_frees_what_was_kept() {
         let (_rt, handler) = one_slot();
         let req = request(vec![dev("a", &[0])], &[], 1, None);
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            pluglet_handler_runtime::keeping_spent(|| {
+            pluglet_handler_runtime::defer_release(|| {
                 handler.allocate(&cx(), &req).unwrap();
                 panic!("on purpose");
             })

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, Device, PluginInfo, Runtime, RuntimeConfig,
+    AllocationRequest, CallContext, CandidateDevice, PluginInfo, Runtime, RuntimeConfig,
 };
 use pluglet_handlers::{Builtins, Handlers, Trust};
 
@@ -57,7 +57,7 @@ fn request(resource: &str) -> AllocationRequest {
     AllocationRequest {
         resource: resource.into(),
         available: (0..8)
-            .map(|i| Device {
+            .map(|i| CandidateDevice {
                 id: format!("d{i}"),
                 numa_nodes: vec![i % 2],
             })

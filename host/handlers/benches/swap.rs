@@ -24,7 +24,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pluglet_handler_runtime::{AllocationRequest, CallContext, Device, Runtime, RuntimeConfig};
+use pluglet_handler_runtime::{
+    AllocationRequest, CallContext, CandidateDevice, Runtime, RuntimeConfig,
+};
 use pluglet_handlers::{Builtins, Handlers, HandlersEvent, SlotKey, Trust};
 use sha2::{Digest, Sha256};
 use tokio::sync::broadcast;
@@ -90,7 +92,7 @@ fn request() -> AllocationRequest {
     AllocationRequest {
         resource: RESOURCE.into(),
         available: (0..8)
-            .map(|i| Device {
+            .map(|i| CandidateDevice {
                 id: format!("d{i}"),
                 numa_nodes: vec![i % 2],
             })

@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 
 use pluglet_handler_runtime::{
-    AllocationRequest, Call, CallContext, Device, Handler, HandlerError, Hook, PluginInfo, Refusal,
-    RegisteredPlugin, RegistrationFacts,
+    AllocationRequest, Call, CallContext, CandidateDevice, Handler, HandlerError, Hook, PluginInfo,
+    Refusal, RegisteredPlugin, RegistrationFacts,
 };
 use serde::{Deserialize, Serialize};
 
@@ -132,7 +132,7 @@ impl Event {
                 available: event
                     .available
                     .into_iter()
-                    .map(|d| Device {
+                    .map(|d| CandidateDevice {
                         id: d.id,
                         numa_nodes: d.numa,
                     })

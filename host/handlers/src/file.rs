@@ -26,6 +26,7 @@ use std::time::Duration;
 use pluglet_handler_runtime::Limits;
 use serde::{Deserialize, Serialize};
 
+use crate::integrity::parse_pin;
 use crate::slot::SlotKey;
 
 /// The file name read from the handlers directory.
@@ -88,7 +89,7 @@ pub fn default_max_concurrent_calls() -> u32 {
 
 /// One checked entry: the module a slot is configured to run, and how.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Entry {
+pub struct SlotEntry {
     /// The module file (relative names already joined to the handlers directory).
     pub module: PathBuf,
     /// `sha256`, if given: the digest the module must have (64 lowercase hex digits).
@@ -111,7 +112,7 @@ pub struct Entry {
     pub on_failure: OnFailure,
 }
 
-impl Entry {
+impl SlotEntry {
     /// A short digest of the settings (the first 8 hex digits of the sha256 of their
     /// `key=value` lines, sorted), to tell two versions of one module apart; `None` without
     /// settings.
@@ -147,7 +148,7 @@ impl Entry {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HandlersFile {
     /// The entries by slot.
-    pub entries: BTreeMap<SlotKey, Entry>,
+    pub entries: BTreeMap<SlotKey, SlotEntry>,
 }
 
 /// Why `handlers.toml` as a whole cannot be used.
@@ -253,7 +254,12 @@ pub fn parse(dir: &Path, path: &Path, text: &str) -> Result<HandlersFile, FileEr
     Ok(HandlersFile { entries })
 }
 
-fn check(dir: &Path, path: &Path, slot: &SlotKey, entry: EntryConfig) -> Result<Entry, FileError> {
+fn check(
+    dir: &Path,
+    path: &Path,
+    slot: &SlotKey,
+    entry: EntryConfig,
+) -> Result<SlotEntry, FileError> {
     let invalid = |message: String| FileError::InvalidEntry {
         path: path.to_path_buf(),
         entry: slot.entry_name(),
@@ -288,15 +294,15 @@ fn check(dir: &Path, path: &Path, slot: &SlotKey, entry: EntryConfig) -> Result<
     let sha256 = entry
         .sha256
         .as_deref()
-        .map(crate::integrity::parse_pin)
+        .map(parse_pin)
         .transpose()
-        .map_err(invalid)?;
+        .map_err(|e| invalid(e.to_string()))?;
     let module = if entry.module.is_absolute() {
         entry.module
     } else {
         dir.join(entry.module)
     };
-    Ok(Entry {
+    Ok(SlotEntry {
         module,
         sha256,
         deadline_ms: entry.deadline_ms,

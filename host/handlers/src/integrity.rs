@@ -2,9 +2,8 @@
 //! (`sha256 = "<hex>"` in `handlers.toml`) and its detached minisign signature
 //! (`<module>.minisig`, as `minisign -Sm <module>` writes it) against the keys the daemon trusts.
 //!
-//! For a pinned entry `handlers.toml` is the commit point: a module file that changes while the
-//! pin still names the version in force is not a refusal, the version in force keeps serving
-//! until the pin names the new digest.
+//! This module holds the checks themselves; the transaction that applies a change decides, with
+//! them, what an entry's module may do (see `live::transaction`).
 //!
 //! Signatures are verified by `minisign-verify`; this module only reads the key id out of the
 //! key and signature lines to name them.
@@ -13,9 +12,6 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use minisign_verify::{PublicKey, Signature};
-
-use crate::file::Entry;
-use crate::served::{Origin, Served};
 
 /// The file name suffix of a detached signature: `spread.wasm.minisig`.
 pub const SIGNATURE_SUFFIX: &str = ".minisig";
@@ -27,15 +23,25 @@ pub fn signature_path(module: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// A pin that is not a sha256 digest.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "sha256 = \"{text}\" is not a sha256 digest; write the 64 lowercase hex digits that \
+     `sha256sum <module>` prints"
+)]
+pub struct PinError {
+    /// The pin as written.
+    pub text: String,
+}
+
 /// Checks a pin as written in `handlers.toml`: 64 lowercase hex digits.
-pub fn parse_pin(text: &str) -> Result<String, String> {
+pub fn parse_pin(text: &str) -> Result<String, PinError> {
     if text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         Ok(text.to_owned())
     } else {
-        Err(format!(
-            "sha256 = \"{text}\" is not a sha256 digest; write the 64 lowercase hex digits that \
-             `sha256sum <module>` prints"
-        ))
+        Err(PinError {
+            text: text.to_owned(),
+        })
     }
 }
 
@@ -60,15 +66,30 @@ pub enum KeyError {
     },
     /// The file is not a minisign public key.
     #[error(
-        "{path} is not a minisign public key ({message}); give the .pub file `minisign -G` wrote \
+        "{path} is not a minisign public key ({problem}); give the .pub file `minisign -G` wrote \
          (an `untrusted comment:` line, then the base64 key line)"
     )]
     Invalid {
         /// The file.
         path: PathBuf,
         /// What is wrong.
-        message: String,
+        #[source]
+        problem: KeyDecodeError,
     },
+}
+
+/// Why a text is not a minisign public key.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyDecodeError {
+    /// The first line is not minisign's comment line.
+    #[error("the first line is not an `untrusted comment:` line")]
+    NoComment,
+    /// The key line does not decode.
+    #[error("{0}")]
+    Key(#[source] minisign_verify::Error),
+    /// The key line is too short to hold a key id.
+    #[error("the key line is too short")]
+    TooShort,
 }
 
 impl TrustedKey {
@@ -78,22 +99,22 @@ impl TrustedKey {
             path: path.to_path_buf(),
             source,
         })?;
-        TrustedKey::decode(&text).map_err(|message| KeyError::Invalid {
+        TrustedKey::decode(&text).map_err(|problem| KeyError::Invalid {
             path: path.to_path_buf(),
-            message,
+            problem,
         })
     }
 
     /// Parses the text of a minisign public key file.
-    pub fn decode(text: &str) -> Result<TrustedKey, String> {
+    pub fn decode(text: &str) -> Result<TrustedKey, KeyDecodeError> {
         let mut lines = text.lines();
         let comment = lines.next().unwrap_or_default();
         if !comment.starts_with("untrusted comment:") {
-            return Err("the first line is not an `untrusted comment:` line".to_owned());
+            return Err(KeyDecodeError::NoComment);
         }
         let line = lines.next().unwrap_or_default().trim();
-        let key = PublicKey::from_base64(line).map_err(|e| e.to_string())?;
-        let id = key_id(line).ok_or_else(|| "the key line is too short".to_owned())?;
+        let key = PublicKey::from_base64(line).map_err(KeyDecodeError::Key)?;
+        let id = key_id(line).ok_or(KeyDecodeError::TooShort)?;
         Ok(TrustedKey { id, key })
     }
 
@@ -182,99 +203,6 @@ pub fn verify(
     }
 }
 
-/// What the checks decided for one entry.
-#[derive(Debug)]
-pub(crate) enum Verdict {
-    /// The module may be applied; the signature that vouched for it, if any.
-    Pass(Option<SignatureInfo>),
-    /// The version in force keeps serving while the change waits (the reason): the module file
-    /// changed but the pin still names the version in force, or the signature file changed
-    /// but the module did not (a signature installed before its module).
-    KeepInForce(String),
-}
-
-/// The pin and signature checks of `entry`, whose module file holds `bytes` (digest `sha256`);
-/// `in_force` is the version serving the slot. `Err`: the reason to refuse the entry.
-pub(crate) fn check(
-    trust: &Trust,
-    entry: &Entry,
-    bytes: &[u8],
-    sha256: &str,
-    in_force: Option<&Served>,
-) -> Result<Verdict, String> {
-    if let Some(pin) = &entry.sha256
-        && pin != sha256
-    {
-        let pin_in_force = in_force.is_some_and(|served| {
-            matches!(served.origin(), Origin::Configured { entry: e, sha256: digest } if e == entry && digest == pin)
-        });
-        if pin_in_force {
-            tracing::info!(
-                module = %entry.module.display(),
-                file_sha256 = sha256,
-                "module file changed but handlers.toml still pins sha256 {pin}; keeping the \
-                 version in force until the pin names the new digest"
-            );
-            return Ok(Verdict::KeepInForce(format!(
-                "the module file changed (now sha256 {sha256}) but handlers.toml still pins the \
-                 version in force; it is served once the pin names it"
-            )));
-        }
-        return Err(format!(
-            "module sha256 {sha256} does not match the pin {pin} in handlers.toml; if this module \
-             is the one to run, set sha256 = \"{sha256}\" in the entry, else put back the module \
-             the pin names"
-        ));
-    }
-    if trust.keys.is_empty() && !trust.require {
-        return Ok(Verdict::Pass(None));
-    }
-    let path = signature_path(&entry.module);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if trust.require {
-                return Err(format!(
-                    "no signature: {} is missing and signatures are required \
-                     (--require-signatures); sign the module with a trusted key \
-                     (`minisign -S -s <key> -m {}`)",
-                    path.display(),
-                    entry.module.display()
-                ));
-            }
-            return Ok(Verdict::Pass(None));
-        }
-        Err(e) => {
-            return Err(format!(
-                "cannot read the signature file {}: {e}; check its permissions",
-                path.display()
-            ));
-        }
-    };
-    // The version in force is this very entry and these very bytes: it was checked when it was
-    // applied, so a signature that does not vouch for it is one installed ahead of its module.
-    let is_in_force = in_force.is_some_and(|served| {
-        matches!(served.origin(), Origin::Configured { entry: e, sha256: digest } if e == entry && digest == sha256)
-    });
-    match verify(&trust.keys, bytes, &text) {
-        Ok(info) => Ok(Verdict::Pass(Some(info))),
-        Err(e) if is_in_force => {
-            tracing::info!(
-                module = %entry.module.display(),
-                signature = %path.display(),
-                "the signature file does not vouch for the module in force ({e}); keeping the \
-                 version in force until its module arrives"
-            );
-            Ok(Verdict::KeepInForce(format!(
-                "{} does not vouch for the module in force ({e}); it waits for the module it \
-                 signs",
-                path.display()
-            )))
-        }
-        Err(e) => Err(format!("{}: {e}", path.display())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,28 +227,9 @@ mod tests {
             "g".repeat(64),
             String::new(),
         ] {
-            let err = parse_pin(&bad).unwrap_err();
+            let err = parse_pin(&bad).unwrap_err().to_string();
             assert!(err.contains("is not a sha256 digest"), "{err}");
         }
-    }
-
-    #[test]
-    fn a_pin_that_differs_is_refused_with_both_digests() {
-        let entry = entry(Some("b".repeat(64)), Path::new("/nonexistent/m.wasm"));
-        let actual = "c".repeat(64);
-        let err = check(&Trust::default(), &entry, b"x", &actual, None).unwrap_err();
-        assert!(
-            err.starts_with(&format!(
-                "module sha256 {actual} does not match the pin {} in handlers.toml;",
-                "b".repeat(64)
-            )),
-            "{err}"
-        );
-        let same = entry.sha256.clone().unwrap();
-        assert!(matches!(
-            check(&Trust::default(), &entry, b"x", &same, None),
-            Ok(Verdict::Pass(None))
-        ));
     }
 
     #[test]
@@ -328,7 +237,7 @@ mod tests {
         let key = TrustedKey::decode(TRUSTED_PUB).unwrap();
         assert!(TRUSTED_PUB.contains(&format!("minisign public key {}", key.id())));
         let err = TrustedKey::decode("untrusted comment: x\nnot base64\n").unwrap_err();
-        assert!(!err.is_empty());
+        assert!(!err.to_string().is_empty());
         assert!(TrustedKey::decode("RWQ\n").is_err());
     }
 
@@ -360,52 +269,5 @@ mod tests {
             verify(&trusted(), MODULE, "untrusted comment: x\n"),
             Err(SignatureError::Malformed(_))
         ));
-    }
-
-    #[test]
-    fn signatures_are_required_only_when_asked() {
-        let dir = tempfile::tempdir().unwrap();
-        let module = dir.path().join("m.wasm");
-        std::fs::write(&module, MODULE).unwrap();
-        let entry = entry(None, &module);
-        let sha = "0".repeat(64);
-        let keys_only = Trust {
-            keys: trusted(),
-            require: false,
-        };
-        assert!(matches!(
-            check(&keys_only, &entry, MODULE, &sha, None),
-            Ok(Verdict::Pass(None))
-        ));
-        let required = Trust {
-            keys: trusted(),
-            require: true,
-        };
-        let err = check(&required, &entry, MODULE, &sha, None).unwrap_err();
-        assert!(err.starts_with("no signature:"), "{err}");
-        std::fs::write(signature_path(&module), SIGNED_BY_OTHER).unwrap();
-        let err = check(&keys_only, &entry, MODULE, &sha, None).unwrap_err();
-        assert!(err.contains("which is not trusted"), "{err}");
-        std::fs::write(signature_path(&module), SIGNED_BY_TRUSTED).unwrap();
-        match check(&required, &entry, MODULE, &sha, None) {
-            Ok(Verdict::Pass(Some(info))) => {
-                assert_eq!(info.trusted_comment, "spread-policy 1.2.0")
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    fn entry(sha256: Option<String>, module: &Path) -> Entry {
-        Entry {
-            module: module.to_path_buf(),
-            sha256,
-            deadline_ms: None,
-            memory_mib: None,
-            max_concurrent_calls: None,
-            fuel: None,
-            settings: Default::default(),
-            rollback_after: 3,
-            on_failure: Default::default(),
-        }
     }
 }

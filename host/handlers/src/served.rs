@@ -6,8 +6,8 @@
 //! in the set, and a caller holding the old one (a registration between its validate and
 //! register hooks, an allocation in flight) finishes on the version it started with.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use pluglet_handler_runtime::{
@@ -15,9 +15,8 @@ use pluglet_handler_runtime::{
     HandlerFault, Hook, PluginInfo, Refusal, RegisteredPlugin, RegistrationFacts,
 };
 
-use crate::file::{Entry, OnFailure, default_max_concurrent_calls};
+use crate::file::{OnFailure, SlotEntry, default_max_concurrent_calls};
 use crate::integrity::SignatureInfo;
-use crate::live::Shared;
 use crate::slot::SlotKey;
 use crate::stats::{CallStats, FailureKind};
 
@@ -37,10 +36,33 @@ pub enum Origin {
     /// An entry of `handlers.toml`, with the digest of the bytes compiled.
     Configured {
         /// The entry.
-        entry: Entry,
+        entry: SlotEntry,
         /// sha256 of the module, hex.
         sha256: String,
     },
+}
+
+/// Where a served version reports that its probation failed (`rollback_after` failures): given
+/// by the owner of the set it serves in, which rolls the version back if it is still in force.
+/// Called on the thread of the call that failed, so the next call already runs on what the
+/// owner put back.
+#[derive(Clone)]
+pub(crate) struct ProbationFailed(Arc<ReportFn>);
+
+/// The owner's report of a failed probation: the version and the reason.
+type ReportFn = dyn Fn(&Served, String) + Send + Sync;
+
+impl ProbationFailed {
+    /// Reports to `report`, called with the version and the reason.
+    pub(crate) fn new(report: impl Fn(&Served, String) + Send + Sync + 'static) -> ProbationFailed {
+        ProbationFailed(Arc::new(report))
+    }
+}
+
+impl std::fmt::Debug for ProbationFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProbationFailed")
+    }
 }
 
 /// A new module's probation: failures count until `rollback_after`, or until enough clean
@@ -65,7 +87,7 @@ pub struct Served {
     fallback: Option<Arc<Handler>>,
     probation: Option<Probation>,
     stats: CallStats,
-    owner: Weak<Shared>,
+    probation_failed: ProbationFailed,
     /// A configured module's slot gate and the calls it may run at once (built-ins, trusted,
     /// are not limited).
     gate: Option<(Arc<CallGate>, u32)>,
@@ -80,15 +102,18 @@ impl Served {
             .map(|(gate, limit)| (gate.running(), *limit))
     }
 
-    /// A version for `slot`. `fallback`: the built-in that decides failed calls, when the entry
+    /// A version for `slot`. `builtin`: the built-in that decides failed calls, when the entry
     /// asks for it. `on_probation`: a newly applied module with something to roll back to.
+    /// `gate`: the slot's call gate, shared by its versions (a configured module without one
+    /// gets a gate of its own). `probation_failed`: where a failed probation is reported.
     pub(crate) fn new(
         slot: SlotKey,
         handler: Arc<Handler>,
         origin: Origin,
         builtin: Option<&Arc<Handler>>,
         on_probation: bool,
-        owner: Weak<Shared>,
+        gate: Option<Arc<CallGate>>,
+        probation_failed: ProbationFailed,
     ) -> Served {
         let (fallback, probation) = match &origin {
             Origin::Builtin => (None, None),
@@ -108,9 +133,7 @@ impl Served {
         let gate = match &origin {
             Origin::Builtin => None,
             Origin::Configured { entry, .. } => {
-                let gate = owner
-                    .upgrade()
-                    .map_or_else(|| Arc::new(CallGate::new()), |shared| shared.gate(&slot));
+                let gate = gate.unwrap_or_else(|| Arc::new(CallGate::new()));
                 let limit = entry
                     .max_concurrent_calls
                     .unwrap_or_else(default_max_concurrent_calls);
@@ -126,7 +149,7 @@ impl Served {
             fallback,
             probation,
             stats: CallStats::default(),
-            owner,
+            probation_failed,
             gate,
         }
     }
@@ -168,7 +191,7 @@ impl Served {
     }
 
     /// The entry it was configured by, if not a built-in.
-    pub fn entry(&self) -> Option<&Entry> {
+    pub fn entry(&self) -> Option<&SlotEntry> {
         match &self.origin {
             Origin::Configured { entry, .. } => Some(entry),
             Origin::Builtin => None,
@@ -332,8 +355,8 @@ impl Served {
         }
     }
 
-    /// Counts a failure against the probation; at `rollback_after`, rolls back, here and now, so
-    /// that the next call already runs on the previous version.
+    /// Counts a failure against the probation; at `rollback_after`, reports it to the owner,
+    /// here and now, so that the next call already runs on the version the owner puts back.
     fn failed_call(&self, message: &str) {
         let Some(p) = &self.probation else { return };
         if p.over.load(Ordering::Relaxed) {
@@ -344,13 +367,10 @@ impl Served {
         if failures < p.rollback_after || p.triggered.swap(true, Ordering::SeqCst) {
             return;
         }
-        let Some(owner) = self.owner.upgrade() else {
-            return;
-        };
         let reason = format!(
             "{failures} failed calls during probation (rollback_after = {}); last: {message}",
             p.rollback_after
         );
-        owner.roll_back_failing(self, reason);
+        (self.probation_failed.0)(self, reason);
     }
 }

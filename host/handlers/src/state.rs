@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::file::Entry;
+use crate::file::SlotEntry;
 use crate::integrity::SignatureInfo;
 use crate::slot::SlotKey;
 
@@ -25,7 +25,7 @@ pub struct Version {
     /// sha256 of the module, hex.
     pub sha256: String,
     /// The entry.
-    pub entry: Entry,
+    pub entry: SlotEntry,
 }
 
 /// A rollback decision: `rejected` is not applied again to `slot` until its file or entry
@@ -234,7 +234,7 @@ mod tests {
     fn version(sha: &str) -> Version {
         Version {
             sha256: sha.into(),
-            entry: Entry {
+            entry: SlotEntry {
                 module: "/h/p.wasm".into(),
                 sha256: None,
                 deadline_ms: None,

@@ -269,10 +269,27 @@ pub fn run_all(handler: &Handler, cx: &CallContext, vectors: &Vectors) -> Vec<Ca
         .collect()
 }
 
+/// Why a module being applied fails the check of the vectors beside it; its text is the
+/// refusal's reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ModuleVectorsError {
+    /// The vectors file is there but cannot be used.
+    #[error("{}; fix the vectors file or remove it", pluglet_core::error_chain(.0))]
+    Unusable(#[source] VectorsError),
+    /// A case fails: what was expected and what came.
+    #[error("fails its vectors {}: {result}; fix the module or the case", path.display())]
+    CaseFails {
+        /// The vectors file.
+        path: PathBuf,
+        /// The first failing case.
+        result: Box<CaseResult>,
+    },
+}
+
 /// The daemon's check of a module being applied from `module`: if a vectors file lies beside
 /// it, every case must pass. The error is the refusal's reason: the vectors file's error, or
 /// the first failing case with what was expected and what came.
-pub fn check_module(handler: &Handler, module: &Path) -> Result<(), String> {
+pub fn check_module(handler: &Handler, module: &Path) -> Result<(), ModuleVectorsError> {
     let path = vectors_path(module);
     let vectors = match Vectors::read(&path) {
         Ok(vectors) => vectors,
@@ -281,12 +298,7 @@ pub fn check_module(handler: &Handler, module: &Path) -> Result<(), String> {
         {
             return Ok(());
         }
-        Err(e) => {
-            return Err(format!(
-                "{}; fix the vectors file or remove it",
-                pluglet_core::error_chain(&e)
-            ));
-        }
+        Err(e) => return Err(ModuleVectorsError::Unusable(e)),
     };
     let cx = CallContext {
         node_name: VECTORS_NODE_NAME.to_owned(),
@@ -294,10 +306,10 @@ pub fn check_module(handler: &Handler, module: &Path) -> Result<(), String> {
     for case in &vectors.cases {
         let result = run_case(handler, &cx, case);
         if !result.passed {
-            return Err(format!(
-                "fails its vectors {}: {result}; fix the module or the case",
-                path.display()
-            ));
+            return Err(ModuleVectorsError::CaseFails {
+                path,
+                result: Box::new(result),
+            });
         }
     }
     tracing::debug!(module = %module.display(), vectors = %path.display(), cases = vectors.cases.len(), "vectors passed");

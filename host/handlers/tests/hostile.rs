@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, CompileCache, Device, HandlerError, PluginInfo, Runtime,
-    RuntimeConfig,
+    AllocationRequest, CallContext, CandidateDevice, CompileCache, HandlerError, PluginInfo,
+    Runtime, RuntimeConfig,
 };
 use pluglet_handlers::{Builtins, Handlers, ReloadOutcome, SlotKey, Trust};
 
@@ -104,7 +104,7 @@ fn request(resource: &str, mode: &str) -> AllocationRequest {
     AllocationRequest {
         resource: resource.into(),
         available: (0..4)
-            .map(|i| Device {
+            .map(|i| CandidateDevice {
                 id: format!("dev-{i}"),
                 numa_nodes: vec![0],
             })

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pluglet_core::events::{EventKind, EventLog};
 use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, Device, Limits, PluginInfo, Runtime, RuntimeConfig,
+    AllocationRequest, CallContext, CandidateDevice, Limits, PluginInfo, Runtime, RuntimeConfig,
 };
 use pluglet_handlers::{
     Builtins, ChangeState, Handlers, HandlersEvent, Origin, ReloadOutcome, SlotKey, StartError,
@@ -45,7 +45,7 @@ fn request(count: u32) -> AllocationRequest {
     AllocationRequest {
         resource: GPU.into(),
         available: (0..8)
-            .map(|i| Device {
+            .map(|i| CandidateDevice {
                 id: format!("dev-{i}"),
                 numa_nodes: vec![i64::from(i / 4)],
             })

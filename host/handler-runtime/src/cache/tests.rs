@@ -193,7 +193,7 @@ fn a_forged_entry_never_reaches_deserialise_and_is_rewritten() {
     let node_key = node_key_of(state);
     // A genuine wasmtime artifact of this very module for this very engine: what a forger with
     // the same Pluglet build (but not the node's key) could write.
-    let artifact = Component::new(&rt.inner.engine, pluglet_wasm_guests::CSI)
+    let artifact = Component::new(rt.engine(), pluglet_wasm_guests::CSI)
         .unwrap()
         .serialize()
         .unwrap();
