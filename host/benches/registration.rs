@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pluglet_device_manager::stub::{self, Stub};
+use pluglet_test_support::stub::{self, Stub};
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
 use pluglet_proto::csi::v1 as csi;

@@ -23,7 +23,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pluglet_device_manager::stub::{Stub, devices};
+use pluglet_test_support::stub::{Stub, devices};
 use pluglet_device_manager::{Config, DeviceManager, Durability};
 use pluglet_handler_runtime::{Runtime, RuntimeConfig};
 use pluglet_handlers::Handlers;

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pluglet_core::{Generation, PluginKey, PluginType, PodUid, SocketPath};
-use pluglet_device_manager::stub::{Stub, devices, next_event};
+use pluglet_test_support::stub::{Stub, devices, next_event};
 use pluglet_device_manager::{
     AllocateError, AllocationInfo, Config, DeviceManager, Durability, Health, RegistryEvent,
     ResourceInfo, StartError,
