@@ -32,13 +32,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pluglet_test_support::stub::{Stub, devices};
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
 use pluglet_proto::podresources::v1 as pr;
 use pluglet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
+use pluglet_test_support::stub::{Stub, devices};
 use pluglet_uds::Channel;
 
 /// The daemon binary: this build's, or `PLUGLET_BIN` (to compare two builds with one bench).

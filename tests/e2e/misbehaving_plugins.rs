@@ -531,11 +531,8 @@ fn inotify_limits_reached_stop_the_start_with_the_sysctl_named() {
         // The daemon stops just before it creates its inotify instance and watches the registry:
         // the sysctl is lowered only around that step, since it holds for every process of the
         // user (other tests start daemons at the same time).
-        let daemon = Daemon::spawn_with_env(
-            &root.path(),
-            &[],
-            &[(hooks::HOLD_SCAN, fifo.as_os_str())],
-        );
+        let daemon =
+            Daemon::spawn_with_env(&root.path(), &[], &[(hooks::HOLD_SCAN, fifo.as_os_str())]);
         wait_for("the daemon to hold before watching", DEADLINE, || {
             daemon
                 .log_text()

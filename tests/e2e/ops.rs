@@ -363,11 +363,8 @@ fn a_stage_that_stops_takes_the_daemon_down_with_it_named() {
         "handler-watcher",
     ] {
         let root = TestRoot::new();
-        let daemon = Daemon::spawn_with_env(
-            &root.path(),
-            &[],
-            &[(hooks::FAIL_STAGE, OsStr::new(stage))],
-        );
+        let daemon =
+            Daemon::spawn_with_env(&root.path(), &[], &[(hooks::FAIL_STAGE, OsStr::new(stage))]);
         let (status, log) = daemon.wait_exit();
         assert_eq!(status.code(), Some(1), "{stage}: {log}");
         assert!(

@@ -9,9 +9,7 @@ use std::time::Duration;
 use pluglet_proto::csi::v1 as csi;
 use pluglet_proto::csi::v1::node_server::{Node, NodeServer};
 use pluglet_proto::pluginregistration as reg;
-use pluglet_proto::pluginregistration::registration_server::{
-    Registration, RegistrationServer,
-};
+use pluglet_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use tokio::io::AsyncBufReadExt as _;
@@ -51,8 +49,7 @@ impl Devices {
 #[derive(Clone)]
 struct DeviceService(Arc<Devices>);
 
-type ListStream =
-    Pin<Box<dyn Stream<Item = Result<v1beta1::ListAndWatchResponse, Status>> + Send>>;
+type ListStream = Pin<Box<dyn Stream<Item = Result<v1beta1::ListAndWatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl DevicePlugin for DeviceService {

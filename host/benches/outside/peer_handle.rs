@@ -1,29 +1,12 @@
 //! The peer process seen from the bench: started (Rust, or Python with
 //! `PLUGLET_BENCH_PEER=python`) and driven one command per line.
 
-use std::fs::File;
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
-use pluglet_proto::admin::v1 as admin;
-use pluglet_proto::admin::v1::admin_client::AdminClient;
-use pluglet_proto::v1beta1;
-use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
-use pluglet_uds::Channel;
-
-use crate::events::Events;
-use crate::floors::{SyncFloor, bare_watch, ns_between, peer_allocate, peer_rt};
-use crate::kubelet::*;
-use crate::node::{Daemon, Node, cdi_dir, fresh_root, mb, memory};
-use crate::peer_handle::Peer;
-use crate::report::{Row, print_rows};
-use crate::stages::{StageSums, print_stages, stage_sums, take_stages};
-use crate::timed_rows::timed_rows;
-use crate::{CHECKPOINT, PEER_ENV, PYTHON_PEER, SETTLE, TIMEOUT, daemon_args, daemon_binary, env_count, now_ns};
+use crate::{PEER_ENV, PYTHON_PEER, TIMEOUT};
 
 /// The peer process and its stdout lines.
 pub struct Peer {

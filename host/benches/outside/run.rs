@@ -1,29 +1,14 @@
 //! The whole run: memory at start and at rest, the timed rows on one daemon, and the first
 //! registration of 10,000 devices on fresh daemons.
 
-use std::fs::File;
-use std::io::{BufRead as _, BufReader, Write as _};
-use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-use pluglet_proto::admin::v1 as admin;
-use pluglet_proto::admin::v1::admin_client::AdminClient;
-use pluglet_proto::v1beta1;
-use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
-use pluglet_uds::Channel;
-
-use crate::events::Events;
-use crate::floors::{SyncFloor, bare_watch, ns_between, peer_allocate, peer_rt};
-use crate::kubelet::*;
-use crate::node::{Daemon, Node, cdi_dir, fresh_root, mb, memory};
-use crate::peer_handle::Peer;
+use crate::floors::{SyncFloor, ns_between, peer_rt};
+use crate::kubelet::{KUBELET_FIRST_10K, KUBELET_IDLE_RSS_MB};
+use crate::node::{Node, fresh_root, mb, memory};
+use crate::peer_handle::{Peer, python};
 use crate::report::{Row, print_rows};
-use crate::stages::{StageSums, print_stages, stage_sums, take_stages};
+use crate::stages::print_stages;
 use crate::timed_rows::timed_rows;
-use crate::{CHECKPOINT, PEER_ENV, PYTHON_PEER, SETTLE, TIMEOUT, daemon_args, daemon_binary, env_count, now_ns};
+use crate::{CHECKPOINT, SETTLE, env_count};
 
 pub fn run() {
     let iters = env_count("PLUGLET_BENCH_ITERS", 200);
@@ -146,8 +131,7 @@ pub fn run() {
         per_10k.push(after as i64 - before as i64);
         let mut client = node.dial_plugin("first.sock");
         let mut sync = SyncFloor::new(&node.dp_dir, size);
-        let floor =
-            peer_rt(&node.rt, &mut client) + peer_rt(&node.rt, &mut client) + sync.sample();
+        let floor = peer_rt(&node.rt, &mut client) + peer_rt(&node.rt, &mut client) + sync.sample();
         first.floor.push(floor);
         println!(
             "first registration daemon {run}: ready in {:.0} ms, checkpoint with 10,001 devices {size} bytes, RSS before {} after {}",

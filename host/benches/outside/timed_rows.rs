@@ -1,28 +1,21 @@
 //! The rows timed on one daemon, each iteration with a sample of its floor.
 
-use std::fs::File;
-use std::io::{BufRead as _, BufReader, Write as _};
-use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pluglet_proto::admin::v1 as admin;
-use pluglet_proto::admin::v1::admin_client::AdminClient;
-use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
-use pluglet_uds::Channel;
 
-use crate::events::Events;
 use crate::floors::{SyncFloor, bare_watch, ns_between, peer_allocate, peer_rt};
-use crate::kubelet::*;
-use crate::node::{Daemon, Node, cdi_dir, fresh_root, mb, memory};
+use crate::kubelet::{
+    KUBELET_ADMIN_RT, KUBELET_ALLOC_1_OF_8, KUBELET_ALLOC_1_OF_1024, KUBELET_ALLOC_1024_OF_1024,
+    KUBELET_GETINFO_NOTIFY, KUBELET_REGISTER, KUBELET_RELEASE, KUBELET_SOCKET_NOTIFY,
+    KUBELET_UPDATE_10K,
+};
+use crate::node::Node;
 use crate::peer_handle::Peer;
-use crate::report::{Row, print_rows};
-use crate::stages::{StageSums, print_stages, stage_sums, take_stages};
-use crate::timed_rows::timed_rows;
-use crate::{CHECKPOINT, PEER_ENV, PYTHON_PEER, SETTLE, TIMEOUT, daemon_args, daemon_binary, env_count, now_ns};
+use crate::report::Row;
+use crate::stages::{stage_sums, take_stages};
+use crate::{CHECKPOINT, TIMEOUT, now_ns};
 
 /// Every row timed on one daemon.
 pub fn timed_rows(node: &mut Node, peer: &mut Peer, iters: usize) -> Vec<Row> {

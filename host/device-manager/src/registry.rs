@@ -564,8 +564,8 @@ mod tests {
     use pluglet_proto::v1beta1::DevicePluginOptions;
 
     use super::*;
-    use pluglet_test_support::stub::{Stub, devices, next_event};
     use pluglet_test_support::pipeline::registration;
+    use pluglet_test_support::stub::{Stub, devices, next_event};
 
     const GPU: &str = "vendor.com/gpu";
 

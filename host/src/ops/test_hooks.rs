@@ -38,7 +38,7 @@ pub async fn hold_scan() -> anyhow::Result<()> {
 /// `stage`, or, when [`FAIL_STAGE_ENV`] names `name`, `stage` until the daemon is ready and an
 /// error from then on.
 pub fn fail_stage<F>(
-    name: &str,
+    name: &'static str,
     stage: F,
     health: &Health,
 ) -> impl Future<Output = Result<(), String>> + Send + 'static

@@ -27,7 +27,9 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 /// executable (`target/<profile>/deps/<name>-<hash>`).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the path of the running test executable");
-    let dir = exe.parent().expect("the test executable sits in a directory");
+    let dir = exe
+        .parent()
+        .expect("the test executable sits in a directory");
     let dir = if dir.ends_with("deps") {
         dir.parent().expect("deps sits in the profile directory")
     } else {
