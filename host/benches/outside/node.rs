@@ -2,7 +2,6 @@
 //! one running daemon is observed and driven through ([`Node`]).
 
 use std::fs::File;
-use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 
 use crate::floors::{SyncFloor, ns_between, peer_rt};
 use crate::kubelet::{KUBELET_FIRST_10K, KUBELET_IDLE_RSS_MB};
-use crate::node::{Node, fresh_root, mb, memory};
+use crate::node::{Node, fresh_root, mb};
 use crate::peer_handle::{Peer, python};
 use crate::report::{Row, print_rows};
 use crate::stages::print_stages;

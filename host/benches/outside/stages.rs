@@ -1,7 +1,7 @@
 //! Where an allocation's or a release's time went inside the daemon, read from its `/metrics`
 //! (`pluglet_device_stage_duration_seconds`).
 
-use std::io::{BufRead as _, Write as _};
+use std::io::Write as _;
 
 use crate::report::Row;
 

@@ -72,6 +72,12 @@ pub struct TestRoot {
     dir: tempfile::TempDir,
 }
 
+impl Default for TestRoot {
+    fn default() -> TestRoot {
+        TestRoot::new()
+    }
+}
+
 impl TestRoot {
     /// A fresh, empty root (short path: unix socket paths are limited to 107 bytes).
     pub fn new() -> TestRoot {
