@@ -12,8 +12,8 @@
 #
 # The build is a debug one (`cargo build`) of the three binaries the demo runs: `pluglet`
 # (with the built-in handlers, built by its wasm-guests dependency), `example-csi-plugin` and
-# `example-device-plugin`. On a fresh clone that gets there sooner than a release build (the
-# demo measures nothing), and the tests build the same profile.
+# `example-device-plugin`. The demo measures nothing, so it skips release optimisation, and the
+# tests build the same profile.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
