@@ -1,25 +1,66 @@
 #!/usr/bin/env bash
-# Pluglet demo: builds everything, runs the daemon on a temporary root with the example CSI plugin
-# and the example device plugin (both registering through the plugin watcher), shows what
+# Pluglet demo: builds what it runs, runs the daemon on a temporary root with the example CSI
+# plugin and the example device plugin (both registering through the plugin watcher), shows what
 # registered, then stops everything cleanly.
 #
-# Usage: bash examples/demo.sh   (from a fresh clone; needs rustup with the stable toolchain:
-#                                 the script adds the wasm32-wasip2 target itself)
+# Usage: bash examples/demo.sh                 (from a fresh clone; needs rustup with the stable
+#                                               toolchain: the script adds the wasm32-wasip2
+#                                               target itself)
+#        bash examples/demo.sh --bin-dir DIR   (runs the binaries already built in DIR and builds
+#                                               nothing; CI passes target/debug, which the test
+#                                               build made)
+#
+# The build is a debug one (`cargo build`) of the three binaries the demo runs: `pluglet`
+# (with the built-in handlers, built by its wasm-guests dependency), `example-csi-plugin` and
+# `example-device-plugin`. The demo measures nothing, so it skips release optimisation, and the
+# tests build the same profile.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 
-# Toolchain auto-install may be off, so add the guests' target explicitly (idempotent).
-rustup target add wasm32-wasip2 >/dev/null || {
-    echo "error: could not add the wasm32-wasip2 target; run 'rustup target add wasm32-wasip2' and retry" >&2
-    exit 1
-}
+binaries=(pluglet example-csi-plugin example-device-plugin)
+bin=""
+while (($#)); do
+    case "$1" in
+    --bin-dir)
+        bin="${2:?--bin-dir needs a directory}"
+        shift 2
+        ;;
+    --bin-dir=*)
+        bin="${1#--bin-dir=}"
+        shift
+        ;;
+    -h | --help)
+        sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+        exit 0
+        ;;
+    *)
+        echo "error: unknown argument $1 (usage: bash examples/demo.sh [--bin-dir DIR])" >&2
+        exit 2
+        ;;
+    esac
+done
 
-echo "==> cargo build --release --workspace --bins"
-cargo build --release --workspace --bins
+if [ -z "$bin" ]; then
+    # Toolchain auto-install may be off, so add the guests' target explicitly (idempotent).
+    rustup target add wasm32-wasip2 >/dev/null || {
+        echo "error: could not add the wasm32-wasip2 target; run 'rustup target add wasm32-wasip2' and retry" >&2
+        exit 1
+    }
+    echo "==> cargo build -p pluglet --bin pluglet -p example-csi-plugin -p example-device-plugin"
+    cargo build -p pluglet --bin pluglet -p example-csi-plugin -p example-device-plugin
+    bin="${CARGO_TARGET_DIR:-target}/debug"
+fi
+for name in "${binaries[@]}"; do
+    if [ ! -x "$bin/$name" ]; then
+        echo "error: no $name in $bin: build it (cargo build --workspace --bins) or run without --bin-dir" >&2
+        exit 1
+    fi
+done
+bin="$(cd "$bin" && pwd)"
+echo "==> binaries from $bin"
 
-bin="$here/target/release"
 root="$(mktemp -d /tmp/pluglet-demo.XXXXXX)"
 daemon_pid=""
 plugin_pids=()

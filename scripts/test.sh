@@ -47,7 +47,12 @@ kube_setup=$!
 
 rustup target add wasm32-wasip2
 
-cargo build --workspace --bins
+# The test build turns on the daemon's test hooks (`pluglet/test-hooks`: environment variables
+# the end-to-end tests steer it by, never in a shipped binary). The build and the test run use the
+# same features, so the binary the end-to-end tests start, target/debug/pluglet, is the one built
+# here, with the hooks.
+features=(--features pluglet/test-hooks)
+cargo build --workspace --bins "${features[@]}"
 
 if ! wait "$kube_setup"; then
     echo "error: setting up kube-apiserver for the Kubernetes end-to-end tests failed" >&2
@@ -60,4 +65,4 @@ PLUGLET_ETCD=$(command -v etcd)
 export PLUGLET_KUBE_APISERVER PLUGLET_ETCD
 echo "kube-apiserver: $PLUGLET_KUBE_APISERVER; etcd: $PLUGLET_ETCD"
 
-cargo test --workspace
+cargo test --workspace "${features[@]}"

@@ -10,7 +10,7 @@
 //! connects). Rows:
 //! - bare round trip: `ListAllocations` on a node holding nothing;
 //! - allocate k of n: `Allocate` of one container through the built-in policy and the
-//!   in-process stub device plugin (`pluglet_device_manager::stub`), answered once durable;
+//!   in-process stub device plugin (`pluglet_test_support::stub`), answered once durable;
 //!   then `Release` of its pod, timed on its own. *back to back*: the release is sent as soon as
 //!   the allocation is answered (the checkpoint write the allocation asked for still to come);
 //!   *settled*: 30 ms later, once allocations have been quiet long enough for that write to be
@@ -32,13 +32,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pluglet_device_manager::stub::{Stub, devices};
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
 use pluglet_proto::podresources::v1 as pr;
 use pluglet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
+use pluglet_test_support::stub::{Stub, devices};
 use pluglet_uds::Channel;
 
 /// The daemon binary: this build's, or `PLUGLET_BIN` (to compare two builds with one bench).

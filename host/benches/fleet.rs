@@ -1,6 +1,6 @@
 //! Publishing to a Kubernetes API server, measured against a real one: kube-apiserver 1.20 with
-//! etcd on loopback, as the end-to-end tests run them (`tests/e2e/support/kube.rs`, whose harness
-//! this bench shares; `scripts/kube-apiserver.sh` builds the API server), the release `pluglet`
+//! etcd on loopback, as the end-to-end tests run them (`pluglet_test_support::e2e::kube`, whose
+//! harness this bench shares; `scripts/kube-apiserver.sh` builds the API server), the release `pluglet`
 //! binary and the example device plugin.
 //!
 //! ```sh
@@ -22,26 +22,20 @@
 //!   the API server's requests on nodes and csinodes (`apiserver_request_total`) over
 //!   `PLUGLET_BENCH_REST_SECONDS` (30): zero when nothing changes.
 
-#![allow(dead_code, unused_imports, missing_docs)]
-
-#[path = "../../tests/e2e/support/mod.rs"]
-mod support;
-
-#[path = "../../tests/e2e/device_support.rs"]
-mod device_support;
+#![allow(missing_docs)]
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use device_support::{DevicePluginProcess, Flow};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, WatchEvent, WatchParams};
 use nix::sys::signal::Signal;
 use pluglet_proto::admin::v1 as admin;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
+use pluglet_test_support::e2e::devices::{DevicePluginProcess, Flow};
+use pluglet_test_support::e2e::kube::ApiServer;
+use pluglet_test_support::e2e::{Daemon, TestRoot, bin, wait_for};
 use serde_json::Value;
-use support::kube::ApiServer;
-use support::{Daemon, TestRoot, bin, wait_for};
 use tokio_stream::StreamExt as _;
 
 const RESOURCE: &str = "example.com/bench";

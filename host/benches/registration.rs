@@ -22,13 +22,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pluglet_device_manager::stub::{self, Stub};
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_client::AdminClient;
 use pluglet_proto::csi::v1 as csi;
 use pluglet_proto::csi::v1::node_server::{Node, NodeServer};
 use pluglet_proto::pluginregistration as reg;
 use pluglet_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
+use pluglet_test_support::stub::{self, Stub};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 

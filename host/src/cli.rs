@@ -8,10 +8,17 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::handler_cmd::HandlerArgs;
 
+/// `pluglet --version`: the package version, marked when the test hooks are compiled in.
+#[cfg(not(feature = "test-hooks"))]
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// `pluglet --version`: the package version, marked when the test hooks are compiled in.
+#[cfg(feature = "test-hooks")]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " +test-hooks");
+
 /// `pluglet`: the kubelet's plugin manager and device manager as a node daemon, with per-plugin-type
 /// logic in sandboxed WASM handlers.
 #[derive(Debug, Parser)]
-#[command(name = "pluglet", version, about, propagate_version = true)]
+#[command(name = "pluglet", version = VERSION, about, propagate_version = true)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

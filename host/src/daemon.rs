@@ -210,10 +210,6 @@ pub fn runtime_config() -> RuntimeConfig {
     RuntimeConfig::default()
 }
 
-/// For tests only: the path of a FIFO the daemon reads to its end before the registry's
-/// start-up scan, so a test can see the daemon not yet ready.
-pub const HOLD_SCAN_ENV: &str = "PLUGLET_TEST_HOLD_SCAN";
-
 /// Runs the daemon until SIGINT or SIGTERM, or until one of its stages ends (an error naming
 /// the stage: the binary exits non-zero).
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -361,9 +357,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         });
     }
 
-    if let Some(fifo) = std::env::var_os(HOLD_SCAN_ENV) {
-        hold(fifo.into()).await?;
-    }
+    #[cfg(feature = "test-hooks")]
+    crate::ops::test_hooks::hold_scan().await?;
     let pipeline_metrics = pipeline.metrics().clone();
     let manager = PluginManager::start(
         PluginManagerConfig {
@@ -507,19 +502,6 @@ fn raise_open_files_limit() {
         Ok(_) => {}
         Err(e) => warn!(error = %e, "cannot read the open files limit"),
     }
-}
-
-/// Reads the FIFO at `path` to its end (see [`HOLD_SCAN_ENV`]).
-async fn hold(path: PathBuf) -> anyhow::Result<()> {
-    info!(fifo = %path.display(), "holding the start-up scan until the FIFO is closed");
-    tokio::task::spawn_blocking(move || {
-        let mut fifo = File::open(&path)
-            .with_context(|| format!("cannot open {HOLD_SCAN_ENV} {}", path.display()))?;
-        std::io::copy(&mut fifo, &mut std::io::sink())?;
-        anyhow::Ok(())
-    })
-    .await
-    .context("holding the scan panicked")?
 }
 
 #[cfg(test)]

@@ -1,12 +1,15 @@
 //! End-to-end tests: the real `pluglet run` binary on a temporary root, the example plugins as
-//! separate processes, and `pluglet ctl` to observe. One module per user story; shared harness in
-//! `support/`. Run them with `bash scripts/test.sh`: it builds the binaries first and installs
-//! the programs the tests run (`minisign` for the signature tests, `systemd-analyze` for the
+//! separate processes, and `pluglet ctl` to observe. One module per user story; the shared
+//! harness is the `pluglet-test-support` crate's `e2e`, named `support` here. Run them with
+//! `bash scripts/test.sh`: it builds the binaries first (with the daemon's test hooks, the
+//! `pluglet/test-hooks` feature, which the tests are run with too) and installs the programs the
+//! tests run (`minisign` for the signature tests, `systemd-analyze` for the
 //! unit file, `mount` for the state tests, which run as root, podman, runc and
 //! busybox-static for the container runtime test, and etcd with a kube-apiserver built by
 //! `scripts/kube-apiserver.sh` for publishing to a Kubernetes API server).
 
-mod support;
+use pluglet_test_support::e2e as support;
+use pluglet_test_support::e2e::devices as device_support;
 
 mod daemon_lifecycle;
 mod isolation;
@@ -24,7 +27,6 @@ mod crash_consistency;
 mod device_authority;
 mod device_property;
 mod device_restart;
-mod device_support;
 mod devices;
 mod fleet;
 mod guide;

@@ -18,7 +18,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::{Request, Response, Status};
 
-use crate::support::{CsiPlugin, DEADLINE, Daemon, TestRoot, wait_for};
+use crate::support::{CsiPlugin, DEADLINE, Daemon, TestRoot, hooks, wait_for};
 
 /// A runtime for the peers written here; the test body stays blocking, like the harness.
 pub fn peer_runtime() -> tokio::runtime::Runtime {
@@ -516,6 +516,7 @@ impl Drop for SysctlGuard {
 
 #[test]
 fn inotify_limits_reached_stop_the_start_with_the_sysctl_named() {
+    hooks::require();
     assert!(
         nix::unistd::geteuid().is_root(),
         "this test lowers fs.inotify sysctls and must run as root (scripts/test.sh in CI does)"
@@ -530,11 +531,8 @@ fn inotify_limits_reached_stop_the_start_with_the_sysctl_named() {
         // The daemon stops just before it creates its inotify instance and watches the registry:
         // the sysctl is lowered only around that step, since it holds for every process of the
         // user (other tests start daemons at the same time).
-        let daemon = Daemon::spawn_with_env(
-            &root.path(),
-            &[],
-            &[(pluglet::daemon::HOLD_SCAN_ENV, fifo.as_os_str())],
-        );
+        let daemon =
+            Daemon::spawn_with_env(&root.path(), &[], &[(hooks::HOLD_SCAN, fifo.as_os_str())]);
         wait_for("the daemon to hold before watching", DEADLINE, || {
             daemon
                 .log_text()

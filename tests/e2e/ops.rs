@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 use crate::device_support::{DevicePluginProcess, Flow, allocate, release, wait_allocatable};
-use crate::support::{CsiPlugin, DEADLINE, Daemon, TestRoot, wait_for};
+use crate::support::{CsiPlugin, DEADLINE, Daemon, TestRoot, hooks, wait_for};
 
 const GPU: &str = "vendor.com/gpu";
 
@@ -299,6 +299,7 @@ fn metrics_count_registrations_allocations_and_handler_calls() {
 
 #[test]
 fn readyz_waits_for_the_start_up_scan_and_healthz_follows_the_stages() {
+    hooks::require();
     let root = TestRoot::new();
     let addr = free_addr();
     let fifo = root.side("hold-scan.fifo");
@@ -306,7 +307,7 @@ fn readyz_waits_for_the_start_up_scan_and_healthz_follows_the_stages() {
     let mut daemon = Daemon::spawn_with_env(
         &root.path(),
         &["--metrics-addr", &addr],
-        &[("PLUGLET_TEST_HOLD_SCAN", fifo.as_os_str())],
+        &[(hooks::HOLD_SCAN, fifo.as_os_str())],
     );
     let (status, _, body) = wait_for("/readyz answering", DEADLINE, || {
         get(&addr, "/readyz?verbose", None)
@@ -353,6 +354,7 @@ fn readyz_waits_for_the_start_up_scan_and_healthz_follows_the_stages() {
 
 #[test]
 fn a_stage_that_stops_takes_the_daemon_down_with_it_named() {
+    hooks::require();
     for stage in [
         "reconciler",
         "watcher",
@@ -361,11 +363,8 @@ fn a_stage_that_stops_takes_the_daemon_down_with_it_named() {
         "handler-watcher",
     ] {
         let root = TestRoot::new();
-        let daemon = Daemon::spawn_with_env(
-            &root.path(),
-            &[],
-            &[("PLUGLET_TEST_FAIL_STAGE", OsStr::new(stage))],
-        );
+        let daemon =
+            Daemon::spawn_with_env(&root.path(), &[], &[(hooks::FAIL_STAGE, OsStr::new(stage))]);
         let (status, log) = daemon.wait_exit();
         assert_eq!(status.code(), Some(1), "{stage}: {log}");
         assert!(

@@ -23,11 +23,11 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pluglet_device_manager::stub::{Stub, devices};
 use pluglet_device_manager::{Config, DeviceManager, Durability};
 use pluglet_handler_runtime::{Runtime, RuntimeConfig};
 use pluglet_handlers::Handlers;
 use pluglet_proto::v1beta1;
+use pluglet_test_support::stub::{Stub, devices};
 use tokio_util::sync::CancellationToken;
 
 /// The daemon's allocator (see `host/src/main.rs`).

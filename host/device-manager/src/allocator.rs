@@ -937,8 +937,8 @@ mod alone {
     use super::*;
     use crate::persistence::{JOURNAL_FILE_NAME, Paths, SIDE_FILE_NAME};
     use crate::registry::Timings;
-    use crate::stub::{Stub, devices};
-    use crate::test_support::{handlers, registration};
+    use pluglet_test_support::pipeline::{handlers, registration};
+    use pluglet_test_support::stub::{Stub, devices};
 
     const GPU: &str = "vendor.com/gpu";
 

@@ -42,9 +42,6 @@ pub mod pod_devices;
 pub mod pod_resources;
 pub mod registration_server;
 pub mod registry;
-pub mod stub;
-#[cfg(test)]
-mod test_support;
 
 pub use allocator::{Allocation, AllocationInfo, check_answer};
 pub use devices::{Device, Health};

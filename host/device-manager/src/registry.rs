@@ -564,8 +564,8 @@ mod tests {
     use pluglet_proto::v1beta1::DevicePluginOptions;
 
     use super::*;
-    use crate::stub::{Stub, devices, next_event};
-    use crate::test_support::registration;
+    use pluglet_test_support::pipeline::registration;
+    use pluglet_test_support::stub::{Stub, devices, next_event};
 
     const GPU: &str = "vendor.com/gpu";
 

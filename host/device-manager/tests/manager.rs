@@ -8,7 +8,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pluglet_core::{Generation, PluginKey, PluginType, PodUid, SocketPath};
-use pluglet_device_manager::stub::{Stub, devices, next_event};
 use pluglet_device_manager::{
     AllocateError, AllocationInfo, Config, DeviceManager, Durability, Health, RegistryEvent,
     ResourceInfo, StartError,
@@ -17,6 +16,7 @@ use pluglet_handler_runtime::{PluginInfo, Runtime, RuntimeConfig};
 use pluglet_handlers::{Builtins, Handlers, Trust};
 use pluglet_proto::v1beta1;
 use pluglet_registration::{Candidate, Door, EndReason, Pipeline, PipelineEvent};
+use pluglet_test_support::stub::{Stub, devices, next_event};
 use tokio_util::sync::CancellationToken;
 
 const GPU: &str = "vendor.com/gpu";

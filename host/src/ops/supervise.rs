@@ -2,9 +2,6 @@
 //! while the daemon runs (returns, fails or panics) is reported to [`Health`] and ends the
 //! daemon with the stage named, so that systemd (or whatever started it) restarts it. The
 //! daemon never runs half-alive.
-//!
-//! For tests only: `PLUGLET_TEST_FAIL_STAGE=<stage>` makes that stage end with an error as soon
-//! as the daemon is ready (the way a crashed stage looks to the supervisor).
 
 use std::future::Future;
 
@@ -12,9 +9,6 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::health::Health;
-
-/// The environment variable, reserved for tests, that fails a stage once the daemon is ready.
-pub const FAIL_STAGE_ENV: &str = "PLUGLET_TEST_FAIL_STAGE";
 
 /// A stage that ended while the daemon ran.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +25,6 @@ pub struct Supervisor {
     health: Health,
     cancel: CancellationToken,
     stages: JoinSet<(&'static str, Result<(), String>)>,
-    fail_stage: Option<String>,
 }
 
 impl Supervisor {
@@ -42,7 +35,6 @@ impl Supervisor {
             health,
             cancel,
             stages: JoinSet::new(),
-            fail_stage: std::env::var(FAIL_STAGE_ENV).ok(),
         }
     }
 
@@ -52,21 +44,9 @@ impl Supervisor {
         F: Future<Output = Result<(), String>> + Send + 'static,
     {
         self.health.stage_started(name);
-        let injected = (self.fail_stage.as_deref() == Some(name)).then(|| self.health.clone());
-        let task = tokio::spawn(async move {
-            match injected {
-                None => stage.await,
-                Some(health) => {
-                    let mut ready = health.subscribe_ready();
-                    tokio::select! {
-                        result = stage => result,
-                        _ = ready.wait_for(|r| *r) => {
-                            Err(format!("failed on purpose ({FAIL_STAGE_ENV})"))
-                        }
-                    }
-                }
-            }
-        });
+        #[cfg(feature = "test-hooks")]
+        let stage = super::test_hooks::fail_stage(name, stage, &self.health);
+        let task = tokio::spawn(stage);
         self.stages.spawn(async move {
             let result = match task.await {
                 Ok(result) => result,

@@ -1,18 +1,16 @@
 //! Harness for the device manager stories: `example-device-plugin` in either registration flow,
 //! and the device subcommands of `pluglet ctl`.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::daemon::{check_envelope, unique};
-use crate::support::plugins::STOP_GRACE;
-use crate::support::process::ChildGuard;
-use crate::support::{DEADLINE, Daemon, TestRoot, bin, wait_for};
+use super::daemon::{check_envelope, unique};
+use super::plugins::STOP_GRACE;
+use super::process::ChildGuard;
+use super::{DEADLINE, Daemon, TestRoot, bin, wait_for};
 
 /// How a device plugin registers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,11 +1,15 @@
 //! Shared harness for the end-to-end stories: a temporary root, the real `pluglet` daemon, the
 //! example plugins as separate processes (each under a [`process::ChildGuard`]), `pluglet ctl`,
 //! and condition waits with deadlines.
-
-#![allow(dead_code)]
+//!
+//! The binaries are the ones cargo built beside the test or bench executable
+//! (`target/<profile>`): `scripts/test.sh` builds them with `--features pluglet/test-hooks`, the
+//! features `cargo test` uses too, so `target/debug/pluglet` has the daemon's [`hooks`].
 
 pub mod daemon;
+pub mod devices;
 pub mod grpcio;
+pub mod hooks;
 pub mod kube;
 pub mod plugins;
 pub mod process;
@@ -19,15 +23,29 @@ pub use plugins::{CsiPlugin, DevicePlugin};
 /// How long a condition may take before a test fails. Generous: the machine is shared.
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
-/// Path of a binary built next to `pluglet` (the example plugins). Fails with a clear message
-/// when it was not built.
+/// The directory cargo built the running test's binaries in: the one above the test or bench
+/// executable (`target/<profile>/deps/<name>-<hash>`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the path of the running test executable");
+    let dir = exe
+        .parent()
+        .expect("the test executable sits in a directory");
+    let dir = if dir.ends_with("deps") {
+        dir.parent().expect("deps sits in the profile directory")
+    } else {
+        dir
+    };
+    dir.to_owned()
+}
+
+/// Path of a binary built beside the test (`pluglet`, the example plugins). Fails with a clear
+/// message when it was not built.
 pub fn bin(name: &str) -> PathBuf {
-    let pluglet = PathBuf::from(env!("CARGO_BIN_EXE_pluglet"));
-    let path = pluglet.with_file_name(name);
+    let path = bin_dir().join(name);
     assert!(
         path.exists(),
-        "example binary {name} not found at {}: build it first with `cargo build --workspace --bins` \
-         (the README's test command does)",
+        "binary {name} not found at {}: build it first with `cargo build --workspace --bins \
+         --features pluglet/test-hooks` (the README's test command, scripts/test.sh, does)",
         path.display()
     );
     path
@@ -52,6 +70,12 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Opt
 /// A temporary root directory for one daemon.
 pub struct TestRoot {
     dir: tempfile::TempDir,
+}
+
+impl Default for TestRoot {
+    fn default() -> TestRoot {
+        TestRoot::new()
+    }
 }
 
 impl TestRoot {

@@ -37,7 +37,7 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// The `pluglet` binary.
 pub fn pluglet() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_pluglet"))
+    super::bin("pluglet")
 }
 
 impl Daemon {
