@@ -13,7 +13,7 @@ use pluglet_registration::Registration;
 /// registration in the pipeline (version, handler, what its plugin type learned). Kept in the
 /// actual state both when it registered and when the register step refused it.
 #[derive(Clone, Debug)]
-pub struct PluginRecord {
+pub struct SocketPlugin {
     /// Registration socket it was found at.
     pub socket: SocketPath,
     /// Incarnation of that socket.
@@ -28,7 +28,7 @@ pub struct PluginRecord {
     pub registration: Option<Arc<Registration>>,
 }
 
-impl PluginRecord {
+impl SocketPlugin {
     /// The version its validate hook chose.
     pub fn version(&self) -> Option<&str> {
         self.registration.as_ref()?.version.as_deref()
@@ -40,7 +40,7 @@ impl PluginRecord {
     }
 
     /// What its plugin type learned at registration, when that is a `T` (for CSI drivers,
-    /// [`crate::plugin_types::csi::CsiNodeInfo`]).
+    /// `pluglet_csi::CsiNodeInfo`).
     pub fn facts<T: std::any::Any>(&self) -> Option<&T> {
         self.registration.as_ref()?.facts.detail()
     }
