@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use super::plugin::{Generation, SocketPlugin, SocketPath};
+use super::plugin::{Generation, SocketPath, SocketPlugin};
 
 /// Where a plugin in the actual state stands.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use pluglet_handler_runtime::PluginInfo;
 use pluglet_registration::{Candidate, Door, EndReason, Pipeline, Stage};
 use tracing::{Instrument as _, debug, warn};
 
-use super::plugin::{Generation, SocketPlugin, PluginType, SocketPath};
+use super::plugin::{Generation, PluginType, SocketPath, SocketPlugin};
 use super::registration::RegistrationClient;
 use crate::PluginManagerTimings;
 

@@ -17,7 +17,7 @@ use super::actual_state::{ActualState, RegistrationState};
 use super::desired_state::{ChangedPaths, DesiredMap, DesiredStateReader};
 use super::executor::{self, BackoffPolicy, Executor, Finished, TryStart};
 use super::operation::{self, Operation, OperationContext, RegisterOutcome};
-use super::plugin::{Generation, SocketPlugin, SocketPath};
+use super::plugin::{Generation, SocketPath, SocketPlugin};
 
 /// The generations recorded per socket; what [`plan`] needs to know of the actual state.
 pub trait Generations {
