@@ -280,9 +280,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     health.met(Condition::HandlersLoaded);
 
     // The handlers directory is watched from here on: a change applies as one transaction.
-    let handler_watch = handlers
-        .watch(cancel.child_token())
-        .context("cannot watch the handlers directory")?;
+    let handler_watch = handlers.watch(cancel.child_token())?;
     stages.spawn("handler-watcher", async move {
         handler_watch.await;
         Ok(())
