@@ -1,4 +1,5 @@
-//! The record the plugin manager keeps for a plugin once it got as far as the register step.
+//! The record the plugin manager keeps for the plugin behind a registration socket once it got
+//! as far as the register step ([`SocketPlugin`]).
 //! Its identity types ([`SocketPath`], [`Generation`], [`PluginType`]) are the daemon-wide
 //! typed names of `pluglet-core`; wire strings are parsed into them once, at the edge.
 
@@ -9,9 +10,10 @@ pub use pluglet_core::{Generation, PluginType, SocketPath};
 use pluglet_handler_runtime::PluginInfo;
 use pluglet_registration::Registration;
 
-/// A plugin that got as far as the register step: what it said and, when it registered, its
-/// registration in the pipeline (version, handler, what its plugin type learned). Kept in the
-/// actual state both when it registered and when the register step refused it.
+/// The plugin behind a registration socket, once it got as far as the register step: what it
+/// said and, when it registered, its registration in the pipeline (version, handler, what its
+/// plugin type learned). Kept in the actual state both when it registered and when the register
+/// step refused it.
 #[derive(Clone, Debug)]
 pub struct SocketPlugin {
     /// Registration socket it was found at.
