@@ -45,19 +45,45 @@ fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(s)
 }
 
+/// What to write instead of an address that does not parse.
+const SOCKET_ADDR_HINT: &str =
+    "write an address and a port, such as 127.0.0.1:9810, [::1]:9810 or localhost:9810";
+
+/// `ADDR:PORT` that is not an address and a port.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketAddrError {
+    /// A host name and port that resolve to nothing.
+    #[error("{text:?} resolves to no address; {SOCKET_ADDR_HINT}")]
+    NoAddress {
+        /// What was given.
+        text: String,
+    },
+    /// Neither an address nor a host name with a port.
+    #[error("{text:?} is not an address and port ({source}); {SOCKET_ADDR_HINT}")]
+    NotAnAddress {
+        /// What was given.
+        text: String,
+        /// Why resolving it failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Parses `ADDR:PORT`: an IP address and a port, or a host name and a port (resolved now, the
 /// first address taken), e.g. `127.0.0.1:9810`, `[::1]:9810`, `localhost:9810`.
-pub fn parse_socket_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+pub fn parse_socket_addr(s: &str) -> Result<std::net::SocketAddr, SocketAddrError> {
     use std::net::ToSocketAddrs as _;
     if let Ok(addr) = s.parse() {
         return Ok(addr);
     }
-    let hint = "write an address and a port, such as 127.0.0.1:9810, [::1]:9810 or localhost:9810";
     match s.to_socket_addrs() {
         Ok(mut addrs) => addrs
             .next()
-            .ok_or_else(|| format!("{s:?} resolves to no address; {hint}")),
-        Err(e) => Err(format!("{s:?} is not an address and port ({e}); {hint}")),
+            .ok_or_else(|| SocketAddrError::NoAddress { text: s.to_owned() }),
+        Err(source) => Err(SocketAddrError::NotAnAddress {
+            text: s.to_owned(),
+            source,
+        }),
     }
 }
 
@@ -362,9 +388,46 @@ pub enum CtlCommand {
 
 /// The command line asks for something that cannot be done as given (found after parsing);
 /// the binary exits 64 (EX_USAGE), like for a parse error.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UsageError {
+    /// A `--keep` that is not one pod UID.
+    #[error("--keep {uid:?} is not a pod UID; give one UID per --keep")]
+    KeepUid {
+        /// What was given.
+        uid: String,
+    },
+    /// A line of the keep file that is not one pod UID.
+    #[error(
+        "keep file {} line {line}: {text:?} is not one pod UID; put one UID per line (lines \
+         starting with # are comments)",
+        path.display()
+    )]
+    KeepFileLine {
+        /// The keep file.
+        path: PathBuf,
+        /// The line's number, from 1.
+        line: usize,
+        /// The line.
+        text: String,
+    },
+    /// `sync-pods` names no pod to keep, without `--all`.
+    #[error(
+        "{}: sync-pods would free the devices of every pod; pass --all to do that, or name the \
+         pods still active with --keep UID or --keep-file FILE",
+        nothing_named(file.as_deref())
+    )]
+    NothingKept {
+        /// The keep file, when one was given.
+        file: Option<PathBuf>,
+    },
+}
+
+fn nothing_named(file: Option<&std::path::Path>) -> String {
+    match file {
+        Some(path) => format!("the keep file {} names no pod", path.display()),
+        None => "no pod to keep was named".to_owned(),
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -437,7 +500,11 @@ mod tests {
                 .is_loopback()
         );
         let err = parse_socket_addr("9812").unwrap_err();
-        assert!(err.contains("such as 127.0.0.1:9810"), "{err}");
+        assert!(
+            matches!(&err, SocketAddrError::NotAnAddress { text, .. } if text == "9812"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("such as 127.0.0.1:9810"), "{err}");
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use clap::ArgMatches;
 use clap::parser::ValueSource;
+use pluglet_plugin_manager::PluginManagerTimings;
 
 pub use self::file::{ConfigFile, KEYS, to_toml};
 use crate::cli::{LogFormat, RunArgs};
@@ -219,6 +220,19 @@ impl Default for Timings {
             resync_period: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(5),
             device_grace_period: pluglet_device_manager::DEFAULT_GRACE_PERIOD,
+        }
+    }
+}
+
+impl From<&Timings> for PluginManagerTimings {
+    fn from(t: &Timings) -> PluginManagerTimings {
+        PluginManagerTimings {
+            backoff_initial: t.backoff_initial,
+            backoff_max: t.backoff_max,
+            dial_timeout: t.dial_timeout,
+            get_info_timeout: t.get_info_timeout,
+            notify_timeout: t.notify_timeout,
+            resync_period: t.resync_period,
         }
     }
 }

@@ -24,8 +24,10 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use pluglet_core::PluginType;
 use pluglet_core::events::EventLog;
+use pluglet_csi::CsiKind;
 use pluglet_handler_runtime::{CompileCache, Compiler, LoadError, Runtime, RuntimeConfig};
 use pluglet_handlers::{Builtins, Handlers, Trust, TrustedKey};
+use pluglet_plugin_manager::{PluginManager, PluginManagerConfig};
 use pluglet_registration::Pipeline;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -37,8 +39,6 @@ use crate::ops::health::{Condition, Health};
 use crate::ops::metrics::{self, HandlerChanges, LateRegistry};
 use crate::ops::supervise::Supervisor;
 use crate::ops::{http, notify};
-use crate::plugin_manager::{PluginManager, PluginManagerConfig};
-use crate::plugin_types::csi::CsiKind;
 use pluglet_device_manager::pod_resources::{self, PodResourcesMetrics, PodResourcesService};
 
 /// Another daemon holds the state directory.
@@ -276,9 +276,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     health.met(Condition::HandlersLoaded);
 
     // The handlers directory is watched from here on: a change applies as one transaction.
-    let handler_watch = handlers
-        .watch(cancel.child_token())
-        .context("cannot watch the handlers directory")?;
+    let handler_watch = handlers.watch(cancel.child_token())?;
     stages.spawn("handler-watcher", async move {
         handler_watch.await;
         Ok(())
@@ -363,7 +361,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let manager = PluginManager::start(
         PluginManagerConfig {
             registry_dir: paths.registry_dir.clone(),
-            timings: timings.clone(),
+            timings: (&timings).into(),
         },
         pipeline.clone(),
         cancel.clone(),
@@ -373,7 +371,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
          without it (a daemon that silently never saw new plugins would be worse)",
     )?;
     health.met(Condition::RegistryScanned);
-    let crate::plugin_manager::PluginManager {
+    let PluginManager {
         handle,
         tasks,
         counts,

@@ -6,7 +6,7 @@
 //! server that cannot be reached does not: the publisher retries while the node works), and
 //! the device manager's counts are handed to the publisher after every change of devices or
 //! plugin connections. CSI drivers are handed over by the CSI plugin type
-//! (`plugin_types::csi`) when their registrations start and end.
+//! (`pluglet-csi`) when their registrations start and end.
 
 use std::collections::BTreeMap;
 

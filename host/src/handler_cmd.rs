@@ -131,10 +131,20 @@ pub enum HookArg {
     Allocate,
 }
 
-fn parse_setting(text: &str) -> Result<(String, String), String> {
+/// A `--setting` that is not `key=value`.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("setting {text:?} is not key=value")]
+pub struct SettingError {
+    /// What was given.
+    pub text: String,
+}
+
+fn parse_setting(text: &str) -> Result<(String, String), SettingError> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
-        _ => Err(format!("setting {text:?} is not key=value")),
+        _ => Err(SettingError {
+            text: text.to_owned(),
+        }),
     }
 }
 
@@ -542,7 +552,12 @@ mod tests {
     fn settings_parse_as_key_value() {
         assert_eq!(parse_setting("mode=ok"), Ok(("mode".into(), "ok".into())));
         assert_eq!(parse_setting("a=b=c"), Ok(("a".into(), "b=c".into())));
-        assert!(parse_setting("novalue").is_err());
+        assert_eq!(
+            parse_setting("novalue"),
+            Err(SettingError {
+                text: "novalue".into()
+            })
+        );
         assert!(parse_setting("=x").is_err());
     }
 

@@ -1,18 +1,18 @@
 //! Pluglet: the kubelet's plugin manager and device manager as a node daemon, with the
 //! per-plugin-type decisions in sandboxed WASM handler modules.
 //!
-//! Start at [`daemon::run`] (what `pluglet run` does) and [`plugin_manager`] (the plugin
-//! watcher's door into the registration pipeline). Data flow:
+//! Start at [`daemon::run`] (what `pluglet run` does), which wires the stages' crates together.
+//! Data flow:
 //!
 //! ```text
-//!  plugins_registry/ ─inotify─▶ plugin_manager::watcher ─▶ desired_state ─▶ reconciler ─plan()─▶ executor
+//!  plugins_registry/ ─inotify─▶ pluglet-plugin-manager: watcher ─▶ desired_state ─▶ reconciler ─plan()─▶ executor
 //!                                                                              │ owns actual_state
 //!                                      one task per socket: operation::register / deregister
 //!                                        │ registration (GetInfo, NotifyRegistrationStatus over uds)
 //!                                        ▼
 //!  kubelet.sock Register ──▶ pluglet-registration Pipeline: validate hook → facts → register hook
 //!   (pluglet-device-manager)   → activate; deactivate → deregister hook (WASM)
-//!                              kinds: plugin_types::csi (NodeGetInfo) · the device manager (endpoints)
+//!                              kinds: pluglet-csi (NodeGetInfo) · the device manager (endpoints)
 //!
 //!  handlers/ ─inotify─▶ pluglet-handlers: handlers.toml → transaction → ArcSwap set ──▶ every hook
 //!                       call (the pipeline's, the allocator's policy); probation and rollback
@@ -26,7 +26,9 @@
 //! ```
 //!
 //! Modules: [`cli`] (clap types), [`config`] (paths and timings), [`daemon`] (wiring, lock,
-//! signals), [`plugin_manager`], [`plugin_types`], [`admin`], [`handler_cmd`] (`pluglet handler`).
+//! signals), [`admin`], [`ops`] (metrics, health, supervision), [`fleet`], [`handler_cmd`]
+//! (`pluglet handler`). The stages are crates of their own: `pluglet-plugin-manager`,
+//! `pluglet-registration`, `pluglet-csi`, `pluglet-device-manager`, `pluglet-handlers`.
 
 pub mod admin;
 pub mod cli;
@@ -36,5 +38,3 @@ pub mod daemon;
 pub mod fleet;
 pub mod handler_cmd;
 pub mod ops;
-pub mod plugin_manager;
-pub mod plugin_types;

@@ -1,5 +1,5 @@
-//! The vocabulary every part of Pluglet shares, with no dependencies beyond serde and tokio's
-//! channels:
+//! The vocabulary every part of Pluglet shares, with no dependencies beyond serde, tokio's
+//! channels and libc's error numbers:
 //!
 //! - [`names`]: typed names for what crosses module boundaries (resources, pods, containers,
 //!   sockets, plugin types, generations), so a pod UID cannot be passed where a resource name
@@ -8,10 +8,13 @@
 //!   and every message that leaves the daemon;
 //! - [`events`]: the daemon's bounded log of recent events, which every stage records into and
 //!   the admin API reads and follows;
-//! - [`backoff`]: the doubling retry delay.
+//! - [`backoff`]: the doubling retry delay;
+//! - [`inotify`]: the per-user inotify limits and the advice every watcher gives when a watch
+//!   runs into one.
 
 pub mod backoff;
 pub mod events;
+pub mod inotify;
 pub mod names;
 
 pub use backoff::BackoffPolicy;

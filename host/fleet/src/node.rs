@@ -171,7 +171,7 @@ pub fn plan(node: &Node, want: &Inventory) -> NodePlan {
                 annotations.insert(CSI_NODE_ID_ANNOTATION.into(), value);
             }
         }
-        Err(e) => warnings.push(e),
+        Err(e) => warnings.push(e.to_string()),
     }
     let mut label_patch = Map::new();
     for (key, value) in &labels {
@@ -255,16 +255,23 @@ fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// The node id annotation is not a JSON object of driver names to node ids.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "annotation {CSI_NODE_ID_ANNOTATION} is not a JSON object of driver names to node ids \
+     ({source}): left as it is, CSI node ids not published"
+)]
+pub struct NodeIdsError {
+    /// Why it does not parse.
+    #[source]
+    source: serde_json::Error,
+}
+
 /// The node id annotation's map, or why it cannot be read (then it is left alone).
-fn node_ids(node: &Node) -> Result<BTreeMap<String, String>, String> {
+fn node_ids(node: &Node) -> Result<BTreeMap<String, String>, NodeIdsError> {
     match annotation(node, CSI_NODE_ID_ANNOTATION) {
         None => Ok(BTreeMap::new()),
-        Some(text) => serde_json::from_str(text).map_err(|e| {
-            format!(
-                "annotation {CSI_NODE_ID_ANNOTATION} is not a JSON object of driver names to \
-                 node ids ({e}): left as it is, CSI node ids not published"
-            )
-        }),
+        Some(text) => serde_json::from_str(text).map_err(|source| NodeIdsError { source }),
     }
 }
 

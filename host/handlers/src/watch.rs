@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind, RenameMode};
 use notify::{RecursiveMode, Watcher};
+use pluglet_core::inotify::{InotifyLimit, LimitReached};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -40,7 +41,36 @@ pub const HANDLERS_OPEN_QUIET: Duration = Duration::from_secs(5);
 pub struct WatchError {
     dir: PathBuf,
     #[source]
-    source: notify::Error,
+    source: WatchFailure,
+}
+
+/// What the OS said: a per-user inotify limit (with the sysctl to raise), or another error.
+#[derive(Debug, thiserror::Error)]
+enum WatchFailure {
+    #[error(transparent)]
+    Limit(LimitReached),
+    #[error(transparent)]
+    Notify(notify::Error),
+}
+
+impl WatchError {
+    fn new(dir: PathBuf, error: notify::Error) -> WatchError {
+        let source = match limit_of(&error) {
+            Some(limit) => WatchFailure::Limit(limit.reached()),
+            None => WatchFailure::Notify(error),
+        };
+        WatchError { dir, source }
+    }
+}
+
+/// The per-user inotify limit `e` says was reached, if any: notify reports the watch limit as
+/// its own kind, the instance limit as the OS error.
+fn limit_of(e: &notify::Error) -> Option<InotifyLimit> {
+    match &e.kind {
+        notify::ErrorKind::MaxFilesWatch => Some(InotifyLimit::Watches),
+        notify::ErrorKind::Io(io) => InotifyLimit::of_io(io),
+        _ => None,
+    }
 }
 
 enum Change {
@@ -87,16 +117,10 @@ impl Handlers {
                     let _ = tx.send(event);
                 }
             })
-            .map_err(|source| WatchError {
-                dir: self.dir().to_path_buf(),
-                source,
-            })?;
+            .map_err(|e| WatchError::new(self.dir().to_path_buf(), e))?;
         watcher
             .watch(self.dir(), RecursiveMode::NonRecursive)
-            .map_err(|source| WatchError {
-                dir: self.dir().to_path_buf(),
-                source,
-            })?;
+            .map_err(|e| WatchError::new(self.dir().to_path_buf(), e))?;
         let handlers = self.clone();
         Ok(async move { run(handlers, watcher, rx, cancel).await })
     }
@@ -242,8 +266,50 @@ fn watch_module_dirs(
     }
     for dir in wanted.iter().filter(|d| !extra.contains(d)) {
         if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a module's directory; changes there need a change of handlers.toml to be seen");
+            let error = match limit_of(&e) {
+                Some(limit) => limit.reached().to_string(),
+                None => e.to_string(),
+            };
+            tracing::warn!(dir = %dir.display(), %error, "cannot watch a module's directory; changes there need a change of handlers.toml to be seen");
         }
     }
     *extra = wanted;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_limit_names_the_sysctl_and_the_command_once() {
+        let error = WatchError::new(
+            PathBuf::from("/etc/pluglet/handlers"),
+            notify::Error::new(notify::ErrorKind::MaxFilesWatch),
+        );
+        let text = pluglet_core::error_chain(&error);
+        assert!(
+            text.starts_with(
+                "cannot watch the handlers directory /etc/pluglet/handlers: the per-user inotify \
+                 watch limit is reached (fs.inotify.max_user_watches = "
+            ),
+            "{text}"
+        );
+        assert_eq!(text.matches("cannot watch").count(), 1, "{text}");
+        assert_eq!(
+            text.matches("sysctl -w fs.inotify.max_user_watches=")
+                .count(),
+            1,
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn other_failures_carry_no_sysctl_advice() {
+        let other = WatchError::new(
+            PathBuf::from("/h"),
+            notify::Error::new(notify::ErrorKind::PathNotFound),
+        );
+        let text = pluglet_core::error_chain(&other);
+        assert!(!text.contains("fs.inotify"), "{text}");
+    }
 }

@@ -1,6 +1,6 @@
 //! [`PluginKind`]: what one plugin type does natively around the handler hooks. One
-//! implementation per type lives with that type (CSI in the daemon's `plugin_types::csi`, device
-//! plugins in the device manager), each with its own facts type; the pipeline carries those
+//! implementation per type lives with that type (CSI in `pluglet-csi`, device plugins in the
+//! device manager's `kind` module), each with its own facts type; the pipeline carries those
 //! facts without knowing them.
 
 use std::any::Any;

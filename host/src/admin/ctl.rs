@@ -341,9 +341,9 @@ pub fn keep_list(
     for uid in keep {
         let uid = uid.trim();
         if uid.is_empty() || uid.contains(char::is_whitespace) {
-            return Err(UsageError(format!(
-                "--keep {uid:?} is not a pod UID; give one UID per --keep"
-            )));
+            return Err(UsageError::KeepUid {
+                uid: uid.to_owned(),
+            });
         }
         uids.insert(uid.to_owned());
     }
@@ -354,25 +354,19 @@ pub fn keep_list(
                 continue;
             }
             if line.contains(char::is_whitespace) {
-                return Err(UsageError(format!(
-                    "keep file {} line {}: {line:?} is not one pod UID; put one UID per line \
-                     (lines starting with # are comments)",
-                    path.display(),
-                    n + 1
-                )));
+                return Err(UsageError::KeepFileLine {
+                    path: path.to_owned(),
+                    line: n + 1,
+                    text: line.to_owned(),
+                });
             }
             uids.insert(line.to_owned());
         }
     }
     if uids.is_empty() && !all {
-        let named = match file {
-            Some((path, _)) => format!("the keep file {} names no pod", path.display()),
-            None => "no pod to keep was named".to_owned(),
-        };
-        return Err(UsageError(format!(
-            "{named}: sync-pods would free the devices of every pod; pass --all to do that, or \
-             name the pods still active with --keep UID or --keep-file FILE"
-        )));
+        return Err(UsageError::NothingKept {
+            file: file.map(|(path, _)| path.to_owned()),
+        });
     }
     Ok(uids)
 }
@@ -435,7 +429,10 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("k.txt line 2"), "{err}");
-        assert!(keep_list(&[" ".into()], None, true).is_err());
+        assert_eq!(
+            keep_list(&[" ".into()], None, true),
+            Err(UsageError::KeepUid { uid: "".into() })
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@ use std::pin::Pin;
 
 use chrono::SecondsFormat;
 use pluglet_core::events::{Event, EventLog, Followed};
+use pluglet_csi::CsiNodeInfo;
 use pluglet_handlers::{ChangeRecord, Handlers, SlotKey, SlotStatus};
+use pluglet_plugin_manager::{PluginManagerHandle, SocketPlugin, SocketState, SocketStatus};
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::admin::v1::admin_server::{Admin, AdminServer};
 use tokio_stream::Stream;
@@ -20,8 +22,6 @@ use tracing::info;
 
 use crate::config::SocketGroup;
 use crate::ops::health::Health;
-use crate::plugin_manager::{PluginManagerHandle, PluginRecord, SocketState, SocketStatus};
-use crate::plugin_types::csi::CsiNodeInfo;
 
 /// The admin server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -183,7 +183,7 @@ pub fn set_socket_group(path: &Path, group: Option<&SocketGroup>) -> Result<(), 
 }
 
 /// Wire form of a registered plugin.
-pub fn plugin_to_wire(p: &PluginRecord) -> pb::Plugin {
+pub fn plugin_to_wire(p: &SocketPlugin) -> pb::Plugin {
     pb::Plugin {
         name: p.info.name.clone(),
         r#type: p.info.plugin_type.clone(),
@@ -357,7 +357,7 @@ fn missed_to_wire(missed: u64) -> pb::Event {
 /// not sockets are no plugins and not counted), then device
 /// plugins whose resource is connected or in its grace period through kubelet.sock.
 pub fn plugin_counts(
-    plugins: &[PluginRecord],
+    plugins: &[SocketPlugin],
     sockets: &[SocketStatus],
     resources: &[pluglet_device_manager::ResourceInfo],
 ) -> Vec<pb::PluginCount> {
@@ -403,7 +403,7 @@ pub fn plugin_counts(
         .collect()
 }
 
-fn stopped(e: crate::plugin_manager::Stopped) -> Status {
+fn stopped(e: pluglet_plugin_manager::Stopped) -> Status {
     Status::unavailable(e.to_string())
 }
 

@@ -515,9 +515,9 @@ pub struct Sources<'a> {
     /// The registration pipeline's counters.
     pub pipeline: &'a pluglet_registration::metrics::Metrics,
     /// The plugin manager's caches.
-    pub plugins: &'a crate::plugin_manager::metrics::PluginCounts,
+    pub plugins: &'a pluglet_plugin_manager::metrics::PluginCounts,
     /// Registration latency through the plugin watcher.
-    pub latency: &'a crate::plugin_manager::metrics::RegistrationLatency,
+    pub latency: &'a pluglet_plugin_manager::metrics::RegistrationLatency,
     /// Publishing to a Kubernetes API server, when on.
     pub publisher: Option<&'a pluglet_fleet::Publisher>,
     /// The pod-resources API's requests and errors, when it is served.

@@ -689,12 +689,12 @@ mod tests {
         out
     }
 
-    fn run(input: &[u8], step: usize) -> (Vec<u8>, Result<(), String>, bool) {
+    fn run(input: &[u8], step: usize) -> (Vec<u8>, Result<(), RewriteError>, bool) {
         let mut rewriter = Rewriter::new();
         let mut out = BytesMut::new();
         for chunk in input.chunks(step) {
             if let Err(error) = rewriter.feed(chunk, &mut out) {
-                return (out.to_vec(), Err(error.to_string()), rewriter.rewriting);
+                return (out.to_vec(), Err(error), rewriter.rewriting);
             }
         }
         rewriter.finish(&mut out);
@@ -858,7 +858,11 @@ mod tests {
         }
         let (_, result, _) = run(&input, 4096);
         let error = result.unwrap_err();
-        assert!(error.contains("exceeds 65536 bytes"), "{error}");
+        assert!(
+            matches!(error, RewriteError::BlockTooLarge { stream_id: 1, .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("exceeds 65536 bytes"), "{error}");
     }
 
     #[test]
@@ -876,7 +880,10 @@ mod tests {
         input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 3, &[0x80 | 62; 100]));
         let (_, result, _) = run(&input, 4096);
         let error = result.unwrap_err();
-        assert!(error.contains("decoded header list on stream 3"), "{error}");
+        assert!(
+            matches!(error, RewriteError::HeaderListTooLarge { stream_id: 3 }),
+            "{error}"
+        );
     }
 
     #[test]
@@ -898,7 +905,10 @@ mod tests {
         input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 3, &[0x80 | 70]));
         let (_, result, _) = run(&input, 4096);
         let error = result.unwrap_err();
-        assert!(error.contains("HPACK error"), "{error}");
+        assert!(
+            matches!(error, RewriteError::Hpack { stream_id: 3, .. }),
+            "{error}"
+        );
     }
 
     #[test]

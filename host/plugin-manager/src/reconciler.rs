@@ -17,7 +17,7 @@ use super::actual_state::{ActualState, RegistrationState};
 use super::desired_state::{ChangedPaths, DesiredMap, DesiredStateReader};
 use super::executor::{self, BackoffPolicy, Executor, Finished, TryStart};
 use super::operation::{self, Operation, OperationContext, RegisterOutcome};
-use super::plugin::{Generation, PluginRecord, SocketPath};
+use super::plugin::{Generation, SocketPath, SocketPlugin};
 
 /// The generations recorded per socket; what [`plan`] needs to know of the actual state.
 pub trait Generations {
@@ -151,7 +151,7 @@ pub struct SocketStatus {
 #[derive(Debug)]
 pub enum Query {
     /// Registered plugins.
-    Plugins(oneshot::Sender<Vec<PluginRecord>>),
+    Plugins(oneshot::Sender<Vec<SocketPlugin>>),
     /// Every desired socket with its state.
     Sockets(oneshot::Sender<Vec<SocketStatus>>),
 }

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use super::plugin::{Generation, PluginRecord, SocketPath};
+use super::plugin::{Generation, SocketPath, SocketPlugin};
 
 /// Where a plugin in the actual state stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub enum RegistrationState {
 #[derive(Clone, Debug)]
 pub struct ActualEntry {
     /// What is known about it.
-    pub record: PluginRecord,
+    pub record: SocketPlugin,
     /// Outcome of its registration.
     pub state: RegistrationState,
 }
@@ -73,7 +73,7 @@ impl ActualState {
     }
 
     /// Records a registered plugin.
-    pub fn add_registered(&mut self, record: PluginRecord) {
+    pub fn add_registered(&mut self, record: SocketPlugin) {
         self.published().insert(record.socket.clone());
         self.entries.insert(
             record.socket.clone(),
@@ -85,7 +85,7 @@ impl ActualState {
     }
 
     /// Records a plugin the register step refused.
-    pub fn add_refused(&mut self, record: PluginRecord, reason: String) {
+    pub fn add_refused(&mut self, record: SocketPlugin, reason: String) {
         self.published().insert(record.socket.clone());
         self.entries.insert(
             record.socket.clone(),

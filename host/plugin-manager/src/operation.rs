@@ -18,9 +18,9 @@ use pluglet_handler_runtime::PluginInfo;
 use pluglet_registration::{Candidate, Door, EndReason, Pipeline, Stage};
 use tracing::{Instrument as _, debug, warn};
 
-use super::plugin::{Generation, PluginRecord, PluginType, SocketPath};
+use super::plugin::{Generation, PluginType, SocketPath, SocketPlugin};
 use super::registration::RegistrationClient;
-use crate::config::Timings;
+use crate::PluginManagerTimings;
 
 /// Something the reconciler asks the executor to do for one socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,7 +66,7 @@ pub struct OperationContext {
     /// The registration pipeline (handler hooks and the plugin types' steps).
     pub pipeline: Pipeline,
     /// Deadlines.
-    pub timings: Arc<Timings>,
+    pub timings: Arc<PluginManagerTimings>,
     /// Socket seen → plugin notified, per plugin type.
     pub latency: super::metrics::RegistrationLatency,
 }
@@ -77,14 +77,14 @@ pub enum RegisterOutcome {
     /// Registered; the plugin was told `true` (or telling it failed: `notify_error`).
     Registered {
         /// The new plugin record.
-        record: PluginRecord,
+        record: SocketPlugin,
         /// Why NotifyRegistrationStatus failed, if it did (the plugin stays registered).
         notify_error: Option<String>,
     },
     /// The register step refused it; the refusal stands until the socket is re-created.
     Refused {
         /// What is known about the plugin.
-        record: PluginRecord,
+        record: SocketPlugin,
         /// Why (also sent to the plugin).
         reason: String,
     },
@@ -175,7 +175,7 @@ async fn run_register(
         connection: Some(client.channel()),
     };
     let registered = cx.pipeline.register(candidate).await;
-    let mut record = PluginRecord {
+    let mut record = SocketPlugin {
         socket: socket.clone(),
         generation,
         plugin_type: PluginType::parse(&plugin.plugin_type),
@@ -226,7 +226,7 @@ async fn run_register(
 
 /// Runs one deregister operation: ends the plugin's registration in the pipeline (its plugin
 /// type's deactivation, then the deregister hook). No socket I/O (the socket is gone).
-pub async fn deregister(cx: OperationContext, record: PluginRecord) {
+pub async fn deregister(cx: OperationContext, record: SocketPlugin) {
     match &record.registration {
         Some(registration) => {
             cx.pipeline

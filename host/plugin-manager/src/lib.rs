@@ -1,15 +1,33 @@
-//! The plugin manager: registration sockets in the registry directory → registered plugins (the
-//! kubelet's `pkg/kubelet/pluginmanager`). Wiring only; each stage is its own module:
+//! Pluglet's plugin manager: registration sockets in the plugin registry directory → registered
+//! plugins (the kubelet's `pkg/kubelet/pluginmanager`). It knows no plugin type: what a type
+//! does at registration is that type's [`pluglet_registration::PluginKind`], set on the
+//! pipeline by the daemon. The CSI type's steps live in `pluglet-csi` (`host/csi/src/kind.rs`),
+//! the device plugin type's in `pluglet-device-manager` (`host/device-manager/src/kind.rs`).
+//!
+//! Start at [`PluginManager::start`]. Data flow, one module per stage:
 //!
 //! ```text
-//! registry dir ──inotify──▶ watcher ──writes──▶ desired_state ──changed()──▶ reconciler
-//!                                                                   plan() │ owns actual_state
-//!                                                                          ▼
-//!                                      executor (one task per socket path, backoff per path)
-//!                                                                          │ operation::register
-//!      registration (GetInfo / Notify) ──▶ the registration pipeline (`pluglet-registration`:
-//!                                          hooks, and each plugin type's steps)
+//!  registry dir ──inotify + start-up scan + resync──▶ watcher
+//!                                                       │ writes (socket, generation)
+//!                                                       ▼
+//!                                                 desired_state ──changed()──┐
+//!                                                                            ▼
+//!  admin API ──PluginManagerHandle queries──────────────────────────────▶ reconciler
+//!                                                     plan(desired, actual)  │ owns actual_state
+//!                                                                            ▼ and the executor
+//!                                 executor: one task per socket path, backoff per path
+//!                                                                            │
+//!                                  operation::register / operation::deregister
+//!                                                                            │
+//!       registration (dial, GetInfo, NotifyRegistrationStatus over pluglet-uds)
+//!       + the registration pipeline (pluglet-registration: hooks, each type's steps)
+//!                                                                            │ outcome
+//!                                                                            ▼
+//!                      reconciler applies it ──▶ actual_state (registered or refused)
 //! ```
+//!
+//! Modules: [`watcher`], [`desired_state`], [`reconciler`], [`executor`], [`operation`],
+//! [`registration`], [`actual_state`], [`plugin`] (the record kept per socket), [`metrics`].
 
 pub mod actual_state;
 pub mod desired_state;
@@ -23,14 +41,14 @@ pub mod watcher;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use pluglet_registration::Pipeline;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Timings;
-pub use plugin::{PluginRecord, PluginType, SocketPath};
+pub use plugin::{PluginType, SocketPath, SocketPlugin};
 pub use reconciler::{SocketState, SocketStatus};
 pub use watcher::WatchError;
 
@@ -47,7 +65,7 @@ pub struct PluginManagerHandle {
 
 impl PluginManagerHandle {
     /// Registered plugins.
-    pub async fn plugins(&self) -> Result<Vec<PluginRecord>, Stopped> {
+    pub async fn plugins(&self) -> Result<Vec<SocketPlugin>, Stopped> {
         let (tx, rx) = oneshot::channel();
         self.queries
             .send(reconciler::Query::Plugins(tx))
@@ -72,7 +90,24 @@ pub struct PluginManagerConfig {
     /// Registry directory to watch.
     pub registry_dir: PathBuf,
     /// Deadlines and backoff.
-    pub timings: Timings,
+    pub timings: PluginManagerTimings,
+}
+
+/// The plugin manager's deadlines and backoff (the kubelet's values are the daemon's defaults).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginManagerTimings {
+    /// First retry delay after a failed operation.
+    pub backoff_initial: Duration,
+    /// Cap of the doubling retry delay.
+    pub backoff_max: Duration,
+    /// Connecting to a plugin socket, with quick retries while it is not listening yet.
+    pub dial_timeout: Duration,
+    /// GetInfo deadline.
+    pub get_info_timeout: Duration,
+    /// NotifyRegistrationStatus deadline.
+    pub notify_timeout: Duration,
+    /// Safety-net rescan of the registry directory.
+    pub resync_period: Duration,
 }
 
 /// A running plugin manager: its handle and its tasks (watcher, reconciler).

@@ -1,7 +1,8 @@
-//! CSI node plugins: at registration the host calls only `Node.NodeGetInfo` on the driver's
-//! endpoint (see `docs/kubelet-compatibility.md`, "CSI node plugins"), natively over gRPC with
-//! `:authority` `localhost`. The node id must be non-empty; node id, max volumes and topology
-//! go to the register hook, and the answer stays with the registration as [`CsiNodeInfo`].
+//! The CSI plugin type's steps: at registration the host calls only `Node.NodeGetInfo` on the
+//! driver's endpoint (see `docs/kubelet-compatibility.md`, "CSI node plugins"), natively over
+//! gRPC with `:authority` `localhost`. The node id must be non-empty; node id, max volumes and
+//! topology go to the register hook, and the answer stays with the registration as
+//! [`CsiNodeInfo`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -30,17 +30,13 @@ use std::time::Duration;
 
 use notify::event::{ModifyKind, RenameMode};
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
+use pluglet_core::inotify::{InotifyLimit, LimitReached};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, trace, warn};
 
 use super::desired_state::{DesiredStateWriter, FileId};
 use super::plugin::SocketPath;
-
-/// Sysctl limiting inotify instances per user.
-const INSTANCES_SYSCTL: &str = "fs.inotify.max_user_instances";
-/// Sysctl limiting inotify watches per user.
-const WATCHES_SYSCTL: &str = "fs.inotify.max_user_watches";
 
 /// Why the watcher could not start.
 #[derive(Debug, thiserror::Error)]
@@ -55,31 +51,19 @@ pub enum WatchError {
         source: io::Error,
     },
     /// No inotify instance could be created because of the per-user limit.
-    #[error(
-        "cannot create an inotify instance: the per-user limit is reached ({INSTANCES_SYSCTL} = \
-         {limit}); raise it (`sysctl -w {INSTANCES_SYSCTL}=<more>`, and in /etc/sysctl.d to keep \
-         it) or stop processes holding inotify instances, then start Pluglet again"
-    )]
-    InstanceLimit {
-        /// The sysctl's value when it failed.
-        limit: String,
-        /// What inotify said.
-        #[source]
-        source: notify::Error,
-    },
+    #[error("cannot create an inotify instance")]
+    InstanceLimit(#[source] LimitReached),
     /// The inotify instance could not be created for another reason.
     #[error("cannot create an inotify instance")]
     Create(#[source] notify::Error),
     /// A directory could not be watched because of the per-user watch limit.
-    #[error(
-        "cannot watch {path}: the per-user inotify watch limit is reached ({WATCHES_SYSCTL} = \
-         {limit}); raise it (`sysctl -w {WATCHES_SYSCTL}=<more>`, and in /etc/sysctl.d to keep it)"
-    )]
+    #[error("cannot watch {path}")]
     WatchLimit {
         /// The directory.
         path: PathBuf,
-        /// The sysctl's value when it failed.
-        limit: String,
+        /// The limit, its value and how to raise it.
+        #[source]
+        limit: LimitReached,
     },
     /// A directory could not be watched.
     #[error("cannot watch {path}")]
@@ -126,15 +110,9 @@ impl Watcher {
         let watcher = notify::recommended_watcher(move |ev: notify::Result<Event>| {
             let _ = tx.send(ev);
         })
-        .map_err(|e| {
-            if is_instance_limit(&e) {
-                WatchError::InstanceLimit {
-                    limit: sysctl_value(INSTANCES_SYSCTL),
-                    source: e,
-                }
-            } else {
-                WatchError::Create(e)
-            }
+        .map_err(|e| match limit_of(&e) {
+            Some(limit) => WatchError::InstanceLimit(limit.reached()),
+            None => WatchError::Create(e),
         })?;
         let mut w = Watcher {
             root: root.to_owned(),
@@ -177,13 +155,12 @@ impl Watcher {
         let ev = match ev {
             Ok(ev) => ev,
             Err(e) => {
-                if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
+                if let Some(limit) = limit_of(&e) {
                     error!(
-                        error = %e,
-                        "inotify watch limit reached ({WATCHES_SYSCTL} = {}); raise it \
-                         (`sysctl -w {WATCHES_SYSCTL}=<more>`); until then new sub-directories \
-                         are found by the periodic rescan only",
-                        sysctl_value(WATCHES_SYSCTL)
+                        error = %limit.reached(),
+                        "a sub-directory is not watched: until the limit is raised, sockets \
+                         created in new sub-directories are found by the periodic rescan \
+                         (--resync-period) only"
                     );
                 } else {
                     warn!(error = %e, "inotify error");
@@ -351,18 +328,15 @@ impl Watcher {
     fn watch_dir(&mut self, dir: &Path) -> Result<(), WatchError> {
         self.watcher
             .watch(dir, RecursiveMode::NonRecursive)
-            .map_err(|source| {
-                if matches!(source.kind, notify::ErrorKind::MaxFilesWatch) {
-                    WatchError::WatchLimit {
-                        path: dir.to_owned(),
-                        limit: sysctl_value(WATCHES_SYSCTL),
-                    }
-                } else {
-                    WatchError::Watch {
-                        path: dir.to_owned(),
-                        source,
-                    }
-                }
+            .map_err(|source| match limit_of(&source) {
+                Some(limit) => WatchError::WatchLimit {
+                    path: dir.to_owned(),
+                    limit: limit.reached(),
+                },
+                None => WatchError::Watch {
+                    path: dir.to_owned(),
+                    source,
+                },
             })
     }
 }
@@ -379,16 +353,13 @@ fn looks_like_socket(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "sock")
 }
 
-/// The value of an `fs.inotify.*` sysctl now, for messages ("unknown" if it cannot be read).
-fn sysctl_value(name: &str) -> String {
-    let path = format!("/proc/sys/{}", name.replace('.', "/"));
-    std::fs::read_to_string(path).map_or_else(|_| "unknown".to_owned(), |v| v.trim().to_owned())
-}
-
-fn is_instance_limit(e: &notify::Error) -> bool {
+/// The per-user inotify limit `e` says was reached, if any: notify reports the watch limit as
+/// its own kind, the instance limit as the OS error.
+fn limit_of(e: &notify::Error) -> Option<InotifyLimit> {
     match &e.kind {
-        notify::ErrorKind::Io(io) => io.raw_os_error() == Some(libc::EMFILE),
-        _ => false,
+        notify::ErrorKind::MaxFilesWatch => Some(InotifyLimit::Watches),
+        notify::ErrorKind::Io(io) => InotifyLimit::of_io(io),
+        _ => None,
     }
 }
 
@@ -399,6 +370,34 @@ mod tests {
 
     use super::super::desired_state;
     use super::*;
+
+    #[test]
+    fn a_limit_reached_names_the_sysctl_and_the_command_once() {
+        let watches = notify::Error::new(notify::ErrorKind::MaxFilesWatch);
+        assert_eq!(limit_of(&watches), Some(InotifyLimit::Watches));
+        let instances = notify::Error::io(io::Error::from_raw_os_error(libc::EMFILE));
+        assert_eq!(limit_of(&instances), Some(InotifyLimit::Instances));
+        let other = notify::Error::io(io::Error::from_raw_os_error(libc::EACCES));
+        assert_eq!(limit_of(&other), None);
+
+        let error = WatchError::WatchLimit {
+            path: PathBuf::from("/r/plugins_registry"),
+            limit: LimitReached::new(InotifyLimit::Watches, Some(100)),
+        };
+        assert_eq!(
+            pluglet_core::error_chain(&error),
+            "cannot watch /r/plugins_registry: the per-user inotify watch limit is reached \
+             (fs.inotify.max_user_watches = 100); raise it with `sysctl -w \
+             fs.inotify.max_user_watches=8192` and a file in /etc/sysctl.d to keep it"
+        );
+        let error = WatchError::InstanceLimit(LimitReached::new(InotifyLimit::Instances, Some(0)));
+        let text = pluglet_core::error_chain(&error);
+        assert!(
+            text.starts_with("cannot create an inotify instance: the per-user inotify instance"),
+            "{text}"
+        );
+        assert_eq!(text.matches("sysctl -w").count(), 1, "{text}");
+    }
 
     async fn wait_for(
         reader: &mut desired_state::DesiredStateReader,

@@ -1,4 +1,5 @@
-//! The record the plugin manager keeps for a plugin once it got as far as the register step.
+//! The record the plugin manager keeps for the plugin behind a registration socket once it got
+//! as far as the register step ([`SocketPlugin`]).
 //! Its identity types ([`SocketPath`], [`Generation`], [`PluginType`]) are the daemon-wide
 //! typed names of `pluglet-core`; wire strings are parsed into them once, at the edge.
 
@@ -9,11 +10,12 @@ pub use pluglet_core::{Generation, PluginType, SocketPath};
 use pluglet_handler_runtime::PluginInfo;
 use pluglet_registration::Registration;
 
-/// A plugin that got as far as the register step: what it said and, when it registered, its
-/// registration in the pipeline (version, handler, what its plugin type learned). Kept in the
-/// actual state both when it registered and when the register step refused it.
+/// The plugin behind a registration socket, once it got as far as the register step: what it
+/// said and, when it registered, its registration in the pipeline (version, handler, what its
+/// plugin type learned). Kept in the actual state both when it registered and when the register
+/// step refused it.
 #[derive(Clone, Debug)]
-pub struct PluginRecord {
+pub struct SocketPlugin {
     /// Registration socket it was found at.
     pub socket: SocketPath,
     /// Incarnation of that socket.
@@ -28,7 +30,7 @@ pub struct PluginRecord {
     pub registration: Option<Arc<Registration>>,
 }
 
-impl PluginRecord {
+impl SocketPlugin {
     /// The version its validate hook chose.
     pub fn version(&self) -> Option<&str> {
         self.registration.as_ref()?.version.as_deref()
@@ -40,7 +42,7 @@ impl PluginRecord {
     }
 
     /// What its plugin type learned at registration, when that is a `T` (for CSI drivers,
-    /// [`crate::plugin_types::csi::CsiNodeInfo`]).
+    /// `pluglet_csi::CsiNodeInfo`).
     pub fn facts<T: std::any::Any>(&self) -> Option<&T> {
         self.registration.as_ref()?.facts.detail()
     }
