@@ -27,7 +27,7 @@ mod device_restart;
 mod device_support;
 mod devices;
 mod fleet;
-mod guide;
+mod docs_pages;
 mod handler_integrity;
 mod handler_restart;
 mod handler_rewrites;
