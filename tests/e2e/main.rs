@@ -3,7 +3,8 @@
 //! `support/`. Run them with `bash scripts/test.sh`: it builds the binaries first and installs
 //! the programs the tests run (`minisign` for the signature tests, `systemd-analyze` for the
 //! unit file, `mount` for the state tests, which run as root, podman, runc and
-//! busybox-static for the container runtime test, and etcd with a kube-apiserver built by
+//! busybox-static for the container runtime test, `curl` for the pages of `docs/` whose commands
+//! `docs_pages` runs, and etcd with a kube-apiserver built by
 //! `scripts/kube-apiserver.sh` for publishing to a Kubernetes API server).
 
 mod support;
