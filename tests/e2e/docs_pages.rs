@@ -196,7 +196,7 @@ fn a_block_that_does_not_run_must_say_why() {
     assert!(err.contains("line 3") && err.contains(REASON), "{err}");
     // The reason of one block does not cover the next.
     let err = command_blocks(&format!("{with_reason}{without}")).unwrap_err();
-    assert!(err.contains("line 9"), "{err}");
+    assert!(err.contains("line 8"), "{err}");
 
     let hidden = "```bash\nrm -rf /\n```\n";
     assert!(command_blocks(hidden).unwrap_err().contains("```bash"));
