@@ -11,9 +11,10 @@ cd "$(dirname "$0")/.."
 # of the handler signature tests; `systemd` brings `systemd-analyze`, which checks the shipped
 # unit file; `mount` mounts the small tmpfs and read-only bind mounts of the state tests;
 # podman with runc runs a container given an allocation by its CDI name, in an image made of
-# busybox-static.
+# busybox-static; `curl` reads the daemon's HTTP endpoints in the pages of docs/, whose
+# commands a test runs.
 packages=(minisign:minisign systemd:systemd-analyze mount:mount podman:podman runc:runc
-    busybox-static:busybox)
+    busybox-static:busybox curl:curl)
 missing=()
 for entry in "${packages[@]}"; do
     command -v "${entry#*:}" >/dev/null 2>&1 || missing+=("${entry%%:*}")

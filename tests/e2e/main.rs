@@ -5,7 +5,8 @@
 //! `pluglet/test-hooks` feature, which the tests are run with too) and installs the programs the
 //! tests run (`minisign` for the signature tests, `systemd-analyze` for the
 //! unit file, `mount` for the state tests, which run as root, podman, runc and
-//! busybox-static for the container runtime test, and etcd with a kube-apiserver built by
+//! busybox-static for the container runtime test, `curl` for the pages of `docs/` whose commands
+//! `docs_pages` runs, and etcd with a kube-apiserver built by
 //! `scripts/kube-apiserver.sh` for publishing to a Kubernetes API server).
 
 use pluglet_test_support::e2e as support;
@@ -28,8 +29,8 @@ mod device_authority;
 mod device_property;
 mod device_restart;
 mod devices;
+mod docs_pages;
 mod fleet;
-mod guide;
 mod handler_integrity;
 mod handler_restart;
 mod handler_rewrites;

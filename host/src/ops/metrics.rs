@@ -2,8 +2,8 @@
 //! (resources, handlers, the daemon process itself).
 //!
 //! Served by [`super::http`] in the Prometheus text format (0.0.4) by default and in
-//! OpenMetrics when the scraper asks for it. The names and what each counts are listed in the
-//! README ("Metrics"). No label takes an unbounded value: no pod UID, no device id; resource
+//! OpenMetrics when the scraper asks for it. The names and what each counts are listed in
+//! `docs/operating.md` ("Health, readiness and metrics"). No label takes an unbounded value: no pod UID, no device id; resource
 //! names, plugin types, handler slots and module digests are bounded by what the node runs.
 //!
 //! The process metrics (`process_*`, as every Prometheus client library exports them) are read

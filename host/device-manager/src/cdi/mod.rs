@@ -14,8 +14,8 @@
 //! is written (a spec that cannot be written refuses the allocation: it is undone), and removes
 //! it once a release is durable. At start, [`Handoff::reconcile`] converges the directory to the
 //! restored allocations: Pluglet's files of allocations that no longer exist are removed,
-//! missing or different ones rewritten. The README's "Using allocations with podman,
-//! containerd or Docker (CDI)" shows the commands.
+//! missing or different ones rewritten. `docs/cdi.md` shows the
+//! commands.
 
 pub mod dir;
 pub mod names;

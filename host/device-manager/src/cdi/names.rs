@@ -5,8 +5,7 @@
 //! digit, and holds only letters, digits, `-`, `_` and `.`; before cdiVersion 0.6.0 a class
 //! may hold no `.`, and runtimes of that age (podman 4.3) refuse one. A device name starts and
 //! ends with a letter or digit (before 0.5.0: starts with a letter) and holds only letters,
-//! digits, `-`, `_`, `.` and `:`. The naming and why it is so are in the README ("Using
-//! allocations with podman, containerd or Docker (CDI)").
+//! digits, `-`, `_`, `.` and `:`. The naming and why it is so are in `docs/cdi.md`.
 
 use sha2::{Digest as _, Sha256};
 
