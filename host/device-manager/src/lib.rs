@@ -23,13 +23,14 @@
 //! ```
 //!
 //! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task
-//! per connected plugin; `device_list` reads its ListAndWatch updates), [`devices`] (health, capacity, allocatable), [`allocator`] and
+//! per connected plugin; `device_list` reads its ListAndWatch updates), [`devices`] (health, capacity, allocatable; ids are [`DeviceId`]s), [`allocator`] and
 //! [`pod_devices`] (who holds what), [`persistence`] (the files), [`pod_resources`] (the
 //! kubelet's pod-resources API, read from the acknowledged allocations), [`registration_server`]
 //! (`kubelet.sock` and start-up), `kind` (the device plugin type's pipeline steps), [`error`].
 
 pub mod allocator;
 pub mod cdi;
+mod device_id;
 mod device_list;
 pub mod devices;
 pub mod endpoint;
@@ -47,7 +48,8 @@ pub mod stub;
 mod test_support;
 
 pub use allocator::{Allocation, AllocationInfo, check_answer};
-pub use devices::{Device, Health};
+pub use device_id::DeviceId;
+pub use devices::{Health, ListedDevice};
 pub use endpoint::Flow;
 pub use error::{AllocateError, ConnectError, ReleaseError, StartError};
 pub use manager::{Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager};
