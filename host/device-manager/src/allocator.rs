@@ -45,7 +45,7 @@ use crate::devices::{DeviceSet, Health, IdHasher};
 use crate::error::{AllocateError, AnswerError, ReleaseError};
 use crate::metrics::{Metrics, Stage, StageClock};
 use crate::persistence::Persistence;
-use crate::pod_devices::{Holding, HoldingState, HolderKey, PodDevices, PodName, group_by_numa};
+use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa};
 use crate::registry::Registry;
 
 /// The kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.

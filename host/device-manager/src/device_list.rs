@@ -326,8 +326,8 @@ mod tests {
 
     use super::*;
 
-    fn wire(id: &str, health: &str, numa: Option<Vec<i64>>) -> v1beta1::ListedDevice {
-        v1beta1::ListedDevice {
+    fn wire(id: &str, health: &str, numa: Option<Vec<i64>>) -> v1beta1::Device {
+        v1beta1::Device {
             id: id.into(),
             health: health.into(),
             topology: numa.map(|ids| TopologyInfo {

@@ -190,7 +190,11 @@ impl DeviceSet {
     /// `changes` holds each changed device by position, `len` the update's device count.
     /// Returns whether anything changed, or `None` (and changes nothing) when the set does not
     /// hold those `len` devices in that order, so the positions do not name its devices.
-    pub fn apply_changes(&mut self, len: usize, changes: Vec<(usize, ListedDevice)>) -> Option<bool> {
+    pub fn apply_changes(
+        &mut self,
+        len: usize,
+        changes: Vec<(usize, ListedDevice)>,
+    ) -> Option<bool> {
         let in_step = self.devices.len() == len
             && self.index.len() == len
             && changes

@@ -342,9 +342,7 @@ pub enum AnswerError {
         id: String,
     },
     /// An id that is unknown, unhealthy or held.
-    #[error(
-        "{id} is not an available device (unknown, unhealthy or held by another container)"
-    )]
+    #[error("{id} is not an available device (unknown, unhealthy or held by another container)")]
     NotAvailable {
         /// The id.
         id: String,

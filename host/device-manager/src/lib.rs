@@ -51,7 +51,7 @@ pub use allocator::{Allocation, AllocationInfo, check_answer};
 pub use device_id::DeviceId;
 pub use devices::{Health, ListedDevice};
 pub use endpoint::Flow;
-pub use error::{AllocateError, ConnectError, ReleaseError, StartError};
+pub use error::{AllocateError, AnswerError, ConnectError, ReleaseError, StartError, WriterError};
 pub use manager::{Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager};
 pub use metrics::Metrics;
 pub use persistence::restore::{Recovery, RestoreReport, SetAside};

@@ -557,7 +557,7 @@ impl StageResult for () {
     }
 }
 
-impl<E: std::error::Error> StageResult for Result<(), E> {
+impl<E: std::error::Error + 'static> StageResult for Result<(), E> {
     fn cause(self) -> Option<String> {
         self.err().map(|err| error_chain(&err))
     }

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::device_list::DeviceUpdate;
-use crate::devices::{ListedDevice, DeviceSet};
+use crate::devices::{DeviceSet, ListedDevice};
 use crate::endpoint::{self, Endpoint, Flow};
 use crate::error::{AllocateError, ConnectError};
 use crate::persistence::WriteRequests;

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
-use crate::pod_devices::{HoldingState, HolderKey, PodDevices};
+use crate::pod_devices::{HolderKey, HoldingState, PodDevices};
 use dir::SpecDir;
 use spec::{Spec, SpecError};
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, ListedDevice};
-use crate::pod_devices::{Holding, HoldingState, HolderKey, PodDevices, PodName, group_by_numa};
+use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa};
 
 /// The side file's content.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -264,7 +264,7 @@ pub(crate) mod tests {
     use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
     use super::*;
-    use crate::pod_devices::{Holding, HolderKey};
+    use crate::pod_devices::{HolderKey, Holding};
 
     pub(crate) fn gpu_set() -> DeviceSet {
         DeviceSet::new(vec![

@@ -150,9 +150,9 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
+    use crate::persistence::SideSource;
     use crate::persistence::files;
     use crate::persistence::tests::{allocate, paths};
-    use crate::persistence::SideSource;
     use crate::pod_devices::PodDevices;
 
     /// The files a node leaves behind: three allocations written to the kubelet checkpoint by

@@ -32,7 +32,7 @@ use super::NO_CHECKPOINT;
 use super::files::{SideState, decode_journal};
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, ListedDevice};
-use crate::pod_devices::{Holding, HoldingState, HolderKey, PodDevices};
+use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices};
 
 /// A file found corrupt at start and renamed.
 #[derive(Clone, Debug, PartialEq, Eq)]

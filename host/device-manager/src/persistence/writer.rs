@@ -136,11 +136,7 @@ impl Persistence {
                 runtime.block_on(writer);
                 let _ = done.send(());
             })?;
-        Ok(async move {
-            ended
-                .await
-                .map_err(|_| WriterError::Panicked)
-        })
+        Ok(async move { ended.await.map_err(|_| WriterError::Panicked) })
     }
 
     /// Fsyncs the directories of the checkpoint and the side file, so that the renames so far

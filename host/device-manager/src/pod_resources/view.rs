@@ -96,9 +96,11 @@ fn by_pod(pods: &PodDevices) -> BTreeMap<&str, pb::PodResources> {
         };
         for (node, ids) in &entry.numa {
             for id in ids {
-                container
-                    .devices
-                    .push(container_devices(key.resource.as_str(), id.as_str(), *node));
+                container.devices.push(container_devices(
+                    key.resource.as_str(),
+                    id.as_str(),
+                    *node,
+                ));
             }
         }
     }
@@ -120,7 +122,7 @@ fn container_devices(resource: &str, id: &str, node: i64) -> pb::ContainerDevice
 mod tests {
     use super::*;
     use crate::devices::ListedDevice;
-    use crate::pod_devices::{Holding, HolderKey, group_by_numa};
+    use crate::pod_devices::{HolderKey, Holding, group_by_numa};
 
     fn allocated(ids: &[(&str, &[i64])], pod: Option<PodName>) -> Holding {
         Holding {
