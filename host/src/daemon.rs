@@ -481,7 +481,9 @@ fn serve_pod_resources(
     );
     let path = path.to_owned();
     Ok(async move {
-        let result = pod_resources::serve(service, listener, cancel).await;
+        let result = pod_resources::serve(service, listener, cancel)
+            .await
+            .map_err(|e| pluglet_core::error_chain(&e));
         let _ = std::fs::remove_file(&path);
         result
     })

@@ -40,11 +40,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::cdi::{CdiError, Handoff, PendingSpec};
+use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher};
-use crate::error::{AllocateError, ReleaseError};
+use crate::error::{AllocateError, AnswerError, ReleaseError};
 use crate::metrics::{Metrics, Stage, StageClock};
 use crate::persistence::Persistence;
-use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices, PodName, group_by_numa};
+use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa};
 use crate::registry::Registry;
 
 /// The kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
@@ -58,7 +59,7 @@ pub const ALLOCATE_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug, PartialEq)]
 pub struct Allocation {
     /// The devices the container holds, in the order chosen.
-    pub device_ids: Vec<String>,
+    pub device_ids: Vec<DeviceId>,
     /// The plugin's Allocate answer for the container.
     pub response: v1beta1::ContainerAllocateResponse,
     /// True when the container already held these devices and no RPC was made.
@@ -69,7 +70,8 @@ pub struct Allocation {
 }
 
 /// Checks a policy answer: exactly `count` distinct ids, each one `is_available` says is,
-/// including every `must_include` id. Returns what is wrong.
+/// including every `must_include` id. Returns what is wrong. The answer is the policy's own
+/// strings: they name devices only once this check has passed.
 ///
 /// Only the answer's ids are looked up, so the check costs the same for 8 devices offered as
 /// for 10,000.
@@ -78,23 +80,26 @@ pub fn check_answer(
     count: u32,
     is_available: impl Fn(&str) -> bool,
     must_include: &[String],
-) -> Result<(), String> {
+) -> Result<(), AnswerError> {
     if answer.len() != count as usize {
-        return Err(format!("{} ids instead of exactly {count}", answer.len()));
+        return Err(AnswerError::Count {
+            answered: answer.len(),
+            count,
+        });
     }
     let mut seen = HashSet::with_capacity_and_hasher(answer.len(), IdHasher::default());
     for id in answer {
         if !seen.insert(id.as_str()) {
-            return Err(format!("{id} is chosen twice"));
+            return Err(AnswerError::Twice { id: id.clone() });
         }
         if !is_available(id) {
-            return Err(format!(
-                "{id} is not an available device (unknown, unhealthy or held by another container)"
-            ));
+            return Err(AnswerError::NotAvailable { id: id.clone() });
         }
     }
     if let Some(missing) = must_include.iter().find(|id| !seen.contains(id.as_str())) {
-        return Err(format!("must-include device {missing} is missing"));
+        return Err(AnswerError::MustIncludeMissing {
+            id: missing.clone(),
+        });
     }
     Ok(())
 }
@@ -129,7 +134,7 @@ pub struct AllocationInfo {
     /// The resource.
     pub resource: ResourceName,
     /// The devices.
-    pub device_ids: Vec<String>,
+    pub device_ids: Vec<DeviceId>,
     /// False while the plugin's Allocate is still running.
     pub allocated: bool,
     /// The CDI device names of the allocation (see [`Allocation::cdi_names`]).
@@ -139,10 +144,10 @@ pub struct AllocationInfo {
 }
 
 impl AllocationInfo {
-    fn of(key: &HolderKey, entry: &Entry, cdi: Option<&Handoff>) -> AllocationInfo {
+    fn of(key: &HolderKey, entry: &Holding, cdi: Option<&Handoff>) -> AllocationInfo {
         let (allocated, cdi_names) = match &entry.state {
-            EntryState::Allocated { response } => (true, crate::cdi::names(cdi, key, response)),
-            EntryState::Reserved { .. } => (false, Vec::new()),
+            HoldingState::Allocated { response } => (true, crate::cdi::names(cdi, key, response)),
+            HoldingState::Reserved { .. } => (false, Vec::new()),
         };
         AllocationInfo {
             pod_uid: key.pod_uid.clone(),
@@ -379,6 +384,8 @@ impl Allocator {
             problem,
         })?;
         clock.done(Stage::Policy);
+        // Checked: the answer's strings name devices now (moved, not copied).
+        let chosen = DeviceId::from_wire(chosen);
         tracing::debug!(%resource, %module, ?chosen, elapsed = ?call.elapsed, "allocation policy chose");
 
         let token = self.inner.next_token.fetch_add(1, Ordering::SeqCst);
@@ -607,8 +614,8 @@ impl Allocator {
             let healthy = offer.devices.allocatable();
             let mut available = Candidates::with_capacity(healthy, healthy * ID_BYTES_GUESS);
             for d in offer.devices.iter() {
-                if d.health == Health::Healthy && !held.is_held(&d.id) {
-                    available.push(&d.id, &d.numa);
+                if d.health == Health::Healthy && !held.is_held(d.id.as_str()) {
+                    available.push(d.id.as_str(), &d.numa);
                 }
             }
             available
@@ -641,12 +648,12 @@ impl Allocator {
             return Ok(None);
         };
         match &entry.state {
-            EntryState::Reserved { .. } => Err(AllocateError::InProgress {
+            HoldingState::Reserved { .. } => Err(AllocateError::InProgress {
                 pod_uid: key.pod_uid.clone(),
                 container: key.container.clone(),
                 resource: key.resource.clone(),
             }),
-            EntryState::Allocated { response } if entry.devices.len() == count as usize => {
+            HoldingState::Allocated { response } if entry.devices.len() == count as usize => {
                 Ok(Some(Plan::Reuse(Allocation {
                     device_ids: entry.devices.clone(),
                     response: response.clone(),
@@ -654,7 +661,7 @@ impl Allocator {
                     cdi_names: crate::cdi::names(self.inner.cdi.as_ref(), key, response),
                 })))
             }
-            EntryState::Allocated { .. } => Err(AllocateError::ChangedRequest {
+            HoldingState::Allocated { .. } => Err(AllocateError::ChangedRequest {
                 pod_uid: key.pod_uid.clone(),
                 container: key.container.clone(),
                 resource: key.resource.clone(),
@@ -670,7 +677,7 @@ impl Allocator {
     fn reserve(
         &self,
         key: &HolderKey,
-        chosen: &[String],
+        chosen: &[DeviceId],
         token: u64,
         pod: Option<PodName>,
     ) -> Result<(DevicePluginClient<Channel>, bool), AllocateError> {
@@ -686,10 +693,10 @@ impl Allocator {
         }
         let mut numa_of = Vec::with_capacity(chosen.len());
         for id in chosen {
-            match offer.devices.get(id) {
+            match offer.devices.get(id.as_str()) {
                 Some(device)
                     if device.health == Health::Healthy
-                        && !pods.is_held(key.resource.as_str(), id) =>
+                        && !pods.is_held(key.resource.as_str(), id.as_str()) =>
                 {
                     numa_of.push((id.as_str(), device.numa.as_slice()));
                 }
@@ -704,10 +711,10 @@ impl Allocator {
         let numa = group_by_numa(numa_of);
         pods.insert(
             key.clone(),
-            Entry {
+            Holding {
                 devices: chosen.to_vec(),
                 numa,
-                state: EntryState::Reserved { token },
+                state: HoldingState::Reserved { token },
                 pod,
             },
         );
@@ -725,7 +732,7 @@ impl Allocator {
         &self,
         key: HolderKey,
         token: u64,
-        chosen: Vec<String>,
+        chosen: Vec<DeviceId>,
         response: v1beta1::ContainerAllocateResponse,
         cdi_names: Vec<String>,
         spec: Option<PendingSpec>,
@@ -819,7 +826,7 @@ impl Allocator {
 }
 
 /// `1 device (d0)` / `2 devices (d0,d1)`.
-fn devices_text(ids: &[String]) -> String {
+fn devices_text(ids: &[DeviceId]) -> String {
     let noun = if ids.len() == 1 { "device" } else { "devices" };
     format!("{} {noun} ({})", ids.len(), ids.join(","))
 }
@@ -847,12 +854,12 @@ async fn call_plugin(
     mut client: DevicePluginClient<Channel>,
     pre_start: bool,
     key: &HolderKey,
-    chosen: &[String],
+    chosen: &[DeviceId],
     metrics: &Metrics,
 ) -> Result<v1beta1::ContainerAllocateResponse, AllocateError> {
     let request = v1beta1::AllocateRequest {
         container_requests: vec![v1beta1::ContainerAllocateRequest {
-            devices_ids: chosen.to_vec(),
+            devices_ids: DeviceId::to_wire(chosen),
         }],
     };
     let started = std::time::Instant::now();
@@ -873,7 +880,7 @@ async fn call_plugin(
         })?;
     if pre_start {
         let request = v1beta1::PreStartContainerRequest {
-            devices_ids: chosen.to_vec(),
+            devices_ids: DeviceId::to_wire(chosen),
         };
         pluglet_uds::with_deadline(PRE_START_TIMEOUT, client.pre_start_container(request))
             .await
@@ -920,7 +927,7 @@ mod tests {
         for (answer, must, expected) in cases {
             let err =
                 check_answer(&ids(answer), 2, |id| available.contains(id), &ids(must)).unwrap_err();
-            assert!(err.contains(expected), "{answer:?}: {err}");
+            assert!(err.to_string().contains(expected), "{answer:?}: {err}");
         }
     }
 }

@@ -1,11 +1,11 @@
-//! The ListAndWatch stream read straight into [`Device`]s.
+//! The ListAndWatch stream read straight into [`ListedDevice`]s.
 //!
 //! Every update is the plugin's whole device list, so a plugin of 10,000 devices sends a
 //! message of 10,000 `Device`s on each health change. Decoded by the generated prost types and
 //! then converted, each device costs three allocations (id, health string, NUMA node list) plus
 //! the conversion, and the decoder steps through tonic's `BytesMut`-backed buffer one field at
 //! a time; that was half the daemon's CPU time for such an update. [`DeviceListCodec`] decodes
-//! the message from one contiguous slice into the device manager's own [`Device`] (health read
+//! the message from one contiguous slice into the device manager's own [`ListedDevice`] (health read
 //! in place, one allocation per id, one per NUMA list that is present), with prost's own
 //! varint, key and skip functions, and the same rules as the generated code: the last value of
 //! a scalar or string field wins, repeated embedded messages merge, unknown fields are skipped,
@@ -24,7 +24,8 @@ use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_f
 use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
-use crate::devices::{Device, Health};
+use crate::device_id::DeviceId;
+use crate::devices::{Health, ListedDevice};
 
 /// `ListAndWatchResponse.devices`.
 const RESPONSE_DEVICES: u32 = 1;
@@ -39,18 +40,46 @@ const TOPOLOGY_NODES: u32 = 1;
 /// `NUMANode.ID`.
 const NUMA_NODE_ID: u32 = 1;
 
+/// Why a ListAndWatch update cannot be read: which field breaks which rule of the encoding.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum DeviceListError {
+    /// A key, a varint or a skipped field prost refuses.
+    #[error(transparent)]
+    Encoding(#[from] prost::DecodeError),
+    /// A field of another wire type than its own.
+    #[error("{field} has wire type {wire_type:?}")]
+    WireType {
+        /// The field, as `Message.field`.
+        field: &'static str,
+        /// The wire type found.
+        wire_type: WireType,
+    },
+    /// A length-delimited field that runs past the end of its message.
+    #[error("{field} is longer than the message")]
+    TooLong {
+        /// The field.
+        field: &'static str,
+    },
+    /// A string field that is not UTF-8.
+    #[error("{field} is not UTF-8")]
+    NotUtf8 {
+        /// The field.
+        field: &'static str,
+    },
+}
+
 /// One ListAndWatch update as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum DeviceUpdate {
     /// The whole list: the stream's first update, or one whose ids differ from the last one's.
-    List(Vec<Device>),
+    List(Vec<ListedDevice>),
     /// The same `len` ids in the same order as the last update; these devices (by position)
     /// differ from it, every other is as it was.
     Changed {
         /// How many devices the update lists.
         len: usize,
         /// Position and new value of each device that changed.
-        changes: Vec<(usize, Device)>,
+        changes: Vec<(usize, ListedDevice)>,
     },
 }
 
@@ -77,12 +106,12 @@ impl Codec for DeviceListCodec {
 #[derive(Debug, Default)]
 pub(crate) struct DeviceListDecoder {
     /// The last list, when its ids were unique (so positions name devices).
-    previous: Option<Vec<Device>>,
+    previous: Option<Vec<ListedDevice>>,
 }
 
 impl DeviceListDecoder {
     /// Reads one `ListAndWatchResponse` message.
-    pub(crate) fn read(&mut self, buf: &[u8]) -> Result<DeviceUpdate, String> {
+    pub(crate) fn read(&mut self, buf: &[u8]) -> Result<DeviceUpdate, DeviceListError> {
         if let Some(previous) = self.previous.as_mut() {
             let mut changes = Vec::new();
             if diff_devices(buf, previous, &mut changes)? {
@@ -137,7 +166,7 @@ impl Decoder for DeviceListDecoder {
 }
 
 /// Decodes a `ListAndWatchResponse` message into its devices.
-pub(crate) fn decode_devices(mut buf: &[u8]) -> Result<Vec<Device>, String> {
+pub(crate) fn decode_devices(mut buf: &[u8]) -> Result<Vec<ListedDevice>, DeviceListError> {
     let mut devices = Vec::new();
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
@@ -160,9 +189,9 @@ pub(crate) fn decode_devices(mut buf: &[u8]) -> Result<Vec<Device>, String> {
 /// A malformed message is an error either way.
 fn diff_devices(
     mut buf: &[u8],
-    previous: &[Device],
-    changes: &mut Vec<(usize, Device)>,
-) -> Result<bool, String> {
+    previous: &[ListedDevice],
+    changes: &mut Vec<(usize, ListedDevice)>,
+) -> Result<bool, DeviceListError> {
     let mut at = 0;
     let mut numa = Vec::new();
     while !buf.is_empty() {
@@ -174,13 +203,13 @@ fn diff_devices(
         let bytes = embedded(wire_type, &mut buf, "devices")?;
         numa.clear();
         let (id, health) = read_device(bytes, &mut numa)?;
-        let Some(before) = previous.get(at).filter(|d| d.id.as_bytes() == id) else {
+        let Some(before) = previous.get(at).filter(|d| d.id.as_str().as_bytes() == id) else {
             return Ok(false);
         };
         if before.health != health || before.numa != numa {
             changes.push((
                 at,
-                Device {
+                ListedDevice {
                     id: before.id.clone(),
                     health,
                     numa: numa.clone(),
@@ -192,16 +221,24 @@ fn diff_devices(
     Ok(at == previous.len())
 }
 
-fn decode_device(buf: &[u8]) -> Result<Device, String> {
+fn decode_device(buf: &[u8]) -> Result<ListedDevice, DeviceListError> {
     let mut numa = Vec::new();
     let (id, health) = read_device(buf, &mut numa)?;
-    let id = String::from_utf8(id.to_vec()).map_err(|_| "Device.ID is not UTF-8".to_owned())?;
-    Ok(Device { id, health, numa })
+    let id = String::from_utf8(id.to_vec())
+        .map_err(|_| DeviceListError::NotUtf8 { field: "Device.ID" })?;
+    Ok(ListedDevice {
+        id: DeviceId::from(id),
+        health,
+        numa,
+    })
 }
 
 /// Reads one `Device` message: its id's bytes (not yet checked for UTF-8) and health; its NUMA
 /// nodes are appended to `numa`.
-fn read_device<'a>(mut buf: &'a [u8], numa: &mut Vec<i64>) -> Result<(&'a [u8], Health), String> {
+fn read_device<'a>(
+    mut buf: &'a [u8],
+    numa: &mut Vec<i64>,
+) -> Result<(&'a [u8], Health), DeviceListError> {
     let mut id: &[u8] = &[];
     // An absent health is the empty string, which is not healthy.
     let mut health = Health::Unhealthy;
@@ -211,8 +248,9 @@ fn read_device<'a>(mut buf: &'a [u8], numa: &mut Vec<i64>) -> Result<(&'a [u8], 
             DEVICE_ID => id = embedded(wire_type, &mut buf, "Device.ID")?,
             DEVICE_HEALTH => {
                 let bytes = embedded(wire_type, &mut buf, "Device.health")?;
-                let text = std::str::from_utf8(bytes)
-                    .map_err(|_| "Device.health is not UTF-8".to_owned())?;
+                let text = std::str::from_utf8(bytes).map_err(|_| DeviceListError::NotUtf8 {
+                    field: "Device.health",
+                })?;
                 health = Health::from_wire(text);
             }
             DEVICE_TOPOLOGY => {
@@ -225,7 +263,7 @@ fn read_device<'a>(mut buf: &'a [u8], numa: &mut Vec<i64>) -> Result<(&'a [u8], 
     Ok((id, health))
 }
 
-fn decode_topology(mut buf: &[u8], numa: &mut Vec<i64>) -> Result<(), String> {
+fn decode_topology(mut buf: &[u8], numa: &mut Vec<i64>) -> Result<(), DeviceListError> {
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         if tag == TOPOLOGY_NODES {
@@ -235,10 +273,13 @@ fn decode_topology(mut buf: &[u8], numa: &mut Vec<i64>) -> Result<(), String> {
                 let (tag, wire_type) = key(&mut node)?;
                 if tag == NUMA_NODE_ID {
                     if wire_type != WireType::Varint {
-                        return Err(format!("NUMANode.ID has wire type {wire_type:?}"));
+                        return Err(DeviceListError::WireType {
+                            field: "NUMANode.ID",
+                            wire_type,
+                        });
                     }
                     // int64 on the wire: the two's complement bits as a varint.
-                    id = decode_varint(&mut node).map_err(|e| e.to_string())? as i64;
+                    id = decode_varint(&mut node)? as i64;
                 } else {
                     skip(wire_type, tag, &mut node)?;
                 }
@@ -251,27 +292,31 @@ fn decode_topology(mut buf: &[u8], numa: &mut Vec<i64>) -> Result<(), String> {
     Ok(())
 }
 
-fn key(buf: &mut &[u8]) -> Result<(u32, WireType), String> {
-    decode_key(buf).map_err(|e| e.to_string())
+fn key(buf: &mut &[u8]) -> Result<(u32, WireType), DeviceListError> {
+    Ok(decode_key(buf)?)
 }
 
 /// The bytes of a length-delimited field, split off the front of `buf`.
-fn embedded<'a>(wire_type: WireType, buf: &mut &'a [u8], field: &str) -> Result<&'a [u8], String> {
+fn embedded<'a>(
+    wire_type: WireType,
+    buf: &mut &'a [u8],
+    field: &'static str,
+) -> Result<&'a [u8], DeviceListError> {
     if wire_type != WireType::LengthDelimited {
-        return Err(format!("{field} has wire type {wire_type:?}"));
+        return Err(DeviceListError::WireType { field, wire_type });
     }
-    let len = decode_varint(buf).map_err(|e| e.to_string())?;
+    let len = decode_varint(buf)?;
     let len = usize::try_from(len)
         .ok()
         .filter(|&len| len <= buf.len())
-        .ok_or_else(|| format!("{field} is longer than the message"))?;
+        .ok_or(DeviceListError::TooLong { field })?;
     let (field, rest) = buf.split_at(len);
     *buf = rest;
     Ok(field)
 }
 
-fn skip(wire_type: WireType, tag: u32, buf: &mut &[u8]) -> Result<(), String> {
-    skip_field(wire_type, tag, buf, DecodeContext::default()).map_err(|e| e.to_string())
+fn skip(wire_type: WireType, tag: u32, buf: &mut &[u8]) -> Result<(), DeviceListError> {
+    Ok(skip_field(wire_type, tag, buf, DecodeContext::default())?)
 }
 
 #[cfg(test)]
@@ -291,10 +336,10 @@ mod tests {
         }
     }
 
-    /// What the generated types and [`Device::from_wire`] make of the same bytes.
-    fn reference(bytes: &[u8]) -> Result<Vec<Device>, prost::DecodeError> {
+    /// What the generated types and [`ListedDevice::from_wire`] make of the same bytes.
+    fn reference(bytes: &[u8]) -> Result<Vec<ListedDevice>, prost::DecodeError> {
         ListAndWatchResponse::decode(bytes)
-            .map(|r| r.devices.into_iter().map(Device::from_wire).collect())
+            .map(|r| r.devices.into_iter().map(ListedDevice::from_wire).collect())
     }
 
     proptest! {
@@ -380,8 +425,8 @@ mod tests {
         .encode_to_vec()
     }
 
-    fn device(id: &str, health: Health, numa: &[i64]) -> Device {
-        Device {
+    fn device(id: &str, health: Health, numa: &[i64]) -> ListedDevice {
+        ListedDevice {
             id: id.into(),
             health,
             numa: numa.to_vec(),
@@ -452,7 +497,7 @@ mod tests {
         let bad_health = [0x0a, 0x06, 0x0a, 0x01, b'a', 0x12, 0x01, 0xff];
         decoder.read(&list(&[("a", "Healthy", None)])).unwrap();
         assert_eq!(
-            decoder.read(&bad_health).unwrap_err(),
+            decoder.read(&bad_health).unwrap_err().to_string(),
             "Device.health is not UTF-8"
         );
     }
@@ -471,7 +516,7 @@ mod tests {
         assert_eq!(decode_devices(&bytes).unwrap(), reference(&bytes).unwrap());
         assert_eq!(
             decode_devices(&bytes).unwrap(),
-            [Device {
+            [ListedDevice {
                 id: "b".into(),
                 health: Health::Healthy,
                 numa: vec![0, 1, -1],
@@ -490,6 +535,9 @@ mod tests {
 
         let bad = [0x0a, 0x03, 0x0a, 0x01, 0xff];
         assert!(reference(&bad).is_err());
-        assert_eq!(decode_devices(&bad).unwrap_err(), "Device.ID is not UTF-8");
+        assert_eq!(
+            decode_devices(&bad).unwrap_err().to_string(),
+            "Device.ID is not UTF-8"
+        );
     }
 }

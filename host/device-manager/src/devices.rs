@@ -11,6 +11,8 @@ use std::sync::Arc;
 use pluglet_proto::constants::HEALTHY;
 use pluglet_proto::v1beta1;
 
+use crate::device_id::DeviceId;
+
 /// The hasher of maps and sets keyed by device id: foldhash rather than std's SipHash. The ids
 /// come from the node's own plugins, and an allocation of 1,024 devices looks each one up
 /// several times (candidates, the answer check, the reservation).
@@ -45,27 +47,27 @@ impl Health {
     }
 }
 
-/// One device as its plugin last reported it.
+/// One device as its plugin last listed it (in ListAndWatch).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Device {
+pub struct ListedDevice {
     /// Device id, unique within its resource.
-    pub id: String,
+    pub id: DeviceId,
     /// Current health.
     pub health: Health,
     /// NUMA nodes it is attached to; empty when the plugin gave no topology.
     pub numa: Vec<i64>,
 }
 
-impl Device {
+impl ListedDevice {
     /// Converts a ListAndWatch device.
-    pub fn from_wire(device: v1beta1::Device) -> Device {
-        Device {
+    pub fn from_wire(device: v1beta1::Device) -> ListedDevice {
+        ListedDevice {
             health: Health::from_wire(&device.health),
             numa: device
                 .topology
                 .map(|t| t.nodes.into_iter().map(|n| n.id).collect())
                 .unwrap_or_default(),
-            id: device.id,
+            id: device.id.into(),
         }
     }
 }
@@ -76,8 +78,8 @@ impl Device {
 /// lock and does its sorting and encoding after releasing it.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceSet {
-    devices: Arc<Vec<Device>>,
-    index: Arc<HashMap<String, usize, IdHasher>>,
+    devices: Arc<Vec<ListedDevice>>,
+    index: Arc<HashMap<DeviceId, usize, IdHasher>>,
     /// Positions in `devices`, ordered by id (Go's string order, as the checkpoint lists them).
     by_id: Arc<Vec<usize>>,
     healthy: usize,
@@ -93,7 +95,7 @@ pub struct Replaced {
     /// Devices whose id an earlier device in the list had (the last one listed is served).
     pub duplicates: usize,
     /// The first few duplicated ids, for the message.
-    pub duplicate_ids: Vec<String>,
+    pub duplicate_ids: Vec<DeviceId>,
 }
 
 impl Replaced {
@@ -108,7 +110,7 @@ impl Replaced {
 
 impl DeviceSet {
     /// A set holding `devices` (see [`DeviceSet::replace`] for the ids it refuses).
-    pub fn new(devices: Vec<Device>) -> DeviceSet {
+    pub fn new(devices: Vec<ListedDevice>) -> DeviceSet {
         let mut set = DeviceSet::default();
         set.replace(devices);
         set
@@ -116,14 +118,14 @@ impl DeviceSet {
 
     /// Replaces the whole list (one ListAndWatch update): devices absent from `devices` are gone.
     /// Returns whether anything changed.
-    pub fn replace(&mut self, devices: Vec<Device>) -> bool {
+    pub fn replace(&mut self, devices: Vec<ListedDevice>) -> bool {
         self.replace_checked(devices).changed
     }
 
     /// [`DeviceSet::replace`], saying which ids it refused: a device with an empty id is not
     /// served, and of devices sharing an id only the last one listed is (each id names one
     /// device, as in the kubelet).
-    pub fn replace_checked(&mut self, devices: Vec<Device>) -> Replaced {
+    pub fn replace_checked(&mut self, devices: Vec<ListedDevice>) -> Replaced {
         // The common update (a health flip) keeps the same ids in the same order: keep the
         // index and the id order instead of rebuilding them.
         if devices.len() == self.devices.len()
@@ -151,7 +153,7 @@ impl DeviceSet {
         }
         let mut refused = Replaced::default();
         let mut index = HashMap::with_capacity_and_hasher(devices.len(), IdHasher::default());
-        let mut list: Vec<Device> = Vec::with_capacity(devices.len());
+        let mut list: Vec<ListedDevice> = Vec::with_capacity(devices.len());
         for device in devices {
             if device.id.is_empty() {
                 refused.empty_ids += 1;
@@ -188,7 +190,11 @@ impl DeviceSet {
     /// `changes` holds each changed device by position, `len` the update's device count.
     /// Returns whether anything changed, or `None` (and changes nothing) when the set does not
     /// hold those `len` devices in that order, so the positions do not name its devices.
-    pub fn apply_changes(&mut self, len: usize, changes: Vec<(usize, Device)>) -> Option<bool> {
+    pub fn apply_changes(
+        &mut self,
+        len: usize,
+        changes: Vec<(usize, ListedDevice)>,
+    ) -> Option<bool> {
         let in_step = self.devices.len() == len
             && self.index.len() == len
             && changes
@@ -230,12 +236,12 @@ impl DeviceSet {
     }
 
     /// The devices in plugin order.
-    pub fn iter(&self) -> impl Iterator<Item = &Device> {
+    pub fn iter(&self) -> impl Iterator<Item = &ListedDevice> {
         self.devices.iter()
     }
 
     /// The device with this id.
-    pub fn get(&self, id: &str) -> Option<&Device> {
+    pub fn get(&self, id: &str) -> Option<&ListedDevice> {
         self.index.get(id).map(|&at| &self.devices[at])
     }
 
@@ -245,7 +251,7 @@ impl DeviceSet {
     }
 
     /// Ids of the healthy devices, sorted (what the kubelet checkpoints as `RegisteredDevices`).
-    pub fn healthy_ids(&self) -> Vec<String> {
+    pub fn healthy_ids(&self) -> Vec<DeviceId> {
         self.by_id
             .iter()
             .map(|&at| &self.devices[at])
@@ -286,7 +292,7 @@ mod tests {
                 wire("c", "", &[]),
             ]
             .into_iter()
-            .map(Device::from_wire)
+            .map(ListedDevice::from_wire)
             .collect(),
         );
         assert_eq!(set.capacity(), 3);
@@ -298,7 +304,7 @@ mod tests {
 
     #[test]
     fn changes_apply_only_to_the_devices_they_name() {
-        let device = |id: &str, health| Device {
+        let device = |id: &str, health| ListedDevice {
             id: id.into(),
             health,
             numa: vec![],
@@ -331,10 +337,10 @@ mod tests {
     fn empty_ids_are_not_served_and_a_duplicate_id_is_served_once() {
         let mut set = DeviceSet::default();
         let replaced = set.replace_checked(vec![
-            Device::from_wire(wire("", "Healthy", &[0])),
-            Device::from_wire(wire("a", "Healthy", &[0])),
-            Device::from_wire(wire("a", "Unhealthy", &[1])),
-            Device::from_wire(wire("b", "Healthy", &[0])),
+            ListedDevice::from_wire(wire("", "Healthy", &[0])),
+            ListedDevice::from_wire(wire("a", "Healthy", &[0])),
+            ListedDevice::from_wire(wire("a", "Unhealthy", &[1])),
+            ListedDevice::from_wire(wire("b", "Healthy", &[0])),
         ]);
         assert!(replaced.changed && replaced.refused_any());
         assert_eq!((replaced.empty_ids, replaced.duplicates), (1, 1));
@@ -350,21 +356,21 @@ mod tests {
     #[test]
     fn an_update_replaces_the_whole_list() {
         let mut set = DeviceSet::new(vec![
-            Device::from_wire(wire("a", "Healthy", &[])),
-            Device::from_wire(wire("b", "Healthy", &[])),
+            ListedDevice::from_wire(wire("a", "Healthy", &[])),
+            ListedDevice::from_wire(wire("b", "Healthy", &[])),
         ]);
-        assert!(set.replace(vec![Device::from_wire(wire("c", "Healthy", &[0]))]));
+        assert!(set.replace(vec![ListedDevice::from_wire(wire("c", "Healthy", &[0]))]));
         assert_eq!(set.capacity(), 1);
         assert!(set.get("a").is_none());
         assert!(set.is_healthy("c"));
-        assert!(!set.replace(vec![Device::from_wire(wire("c", "Healthy", &[0]))]));
+        assert!(!set.replace(vec![ListedDevice::from_wire(wire("c", "Healthy", &[0]))]));
     }
 
     #[test]
     fn marking_all_unhealthy_keeps_capacity() {
         let mut set = DeviceSet::new(vec![
-            Device::from_wire(wire("a", "Healthy", &[])),
-            Device::from_wire(wire("b", "Healthy", &[])),
+            ListedDevice::from_wire(wire("a", "Healthy", &[])),
+            ListedDevice::from_wire(wire("b", "Healthy", &[])),
         ]);
         set.mark_all_unhealthy();
         assert_eq!((set.capacity(), set.allocatable()), (2, 0));

@@ -1,6 +1,8 @@
 //! Errors of the device manager, one enum per boundary: [`StartError`] (the daemon cannot start
 //! the device manager), [`ConnectError`] (a plugin's endpoint cannot be connected),
-//! [`AllocateError`] (an allocation is refused; nothing is held afterwards).
+//! [`AllocateError`] (an allocation is refused; nothing is held afterwards), with
+//! [`AnswerError`] (what is wrong with a policy's answer), [`ReleaseError`] (a release is
+//! refused) and [`WriterError`] (the checkpoint writer ended).
 //!
 //! Causes sit in `#[source]`; print the chain (`pluglet_core::error_chain`) to see them. Mapping to gRPC
 //! statuses happens in one place per service (`registration_server.rs`, the admin server).
@@ -12,6 +14,8 @@ use pluglet_checkpoint::CheckpointError;
 use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_handler_runtime::{HandlerError, Refusal};
 use pluglet_uds::{RpcError, UdsError};
+
+use crate::device_id::DeviceId;
 
 /// Why the device manager did not start. It has touched nothing in the device plugins
 /// directory when it fails with [`StartError::DirectoryInUse`].
@@ -238,7 +242,7 @@ pub enum AllocateError {
         /// Devices requested.
         count: u32,
         /// What is wrong with the answer.
-        problem: String,
+        problem: AnswerError,
     },
     /// A chosen device turned unhealthy or vanished while the policy was choosing.
     #[error("device {device} of {resource} became unavailable during the allocation; retry")]
@@ -246,7 +250,7 @@ pub enum AllocateError {
         /// The resource.
         resource: ResourceName,
         /// The device.
-        device: String,
+        device: DeviceId,
     },
     /// The plugin's Allocate failed.
     #[error("Allocate of the {resource} device plugin failed for devices {devices:?}")]
@@ -254,7 +258,7 @@ pub enum AllocateError {
         /// The resource.
         resource: ResourceName,
         /// The devices asked for.
-        devices: Vec<String>,
+        devices: Vec<DeviceId>,
         /// The plugin's answer.
         #[source]
         status: RpcError,
@@ -267,7 +271,7 @@ pub enum AllocateError {
         /// The resource.
         resource: ResourceName,
         /// The devices asked for.
-        devices: Vec<String>,
+        devices: Vec<DeviceId>,
     },
     /// The plugin's PreStartContainer failed.
     #[error("PreStartContainer of the {resource} device plugin failed for devices {devices:?}")]
@@ -275,7 +279,7 @@ pub enum AllocateError {
         /// The resource.
         resource: ResourceName,
         /// The devices.
-        devices: Vec<String>,
+        devices: Vec<DeviceId>,
         /// The plugin's answer.
         #[source]
         status: RpcError,
@@ -317,6 +321,46 @@ pub enum AllocateError {
     /// The device manager is shutting down.
     #[error("the device manager is shutting down")]
     Stopped,
+}
+
+/// What is wrong with an allocation policy's answer ([`crate::check_answer`]). The ids are the
+/// policy's strings as it answered them.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    /// Another number of ids than requested.
+    #[error("{answered} ids instead of exactly {count}")]
+    Count {
+        /// Ids answered.
+        answered: usize,
+        /// Ids requested.
+        count: u32,
+    },
+    /// An id answered twice.
+    #[error("{id} is chosen twice")]
+    Twice {
+        /// The id.
+        id: String,
+    },
+    /// An id that is unknown, unhealthy or held.
+    #[error("{id} is not an available device (unknown, unhealthy or held by another container)")]
+    NotAvailable {
+        /// The id.
+        id: String,
+    },
+    /// A must-include id left out.
+    #[error("must-include device {id} is missing")]
+    MustIncludeMissing {
+        /// The id.
+        id: String,
+    },
+}
+
+/// Why the checkpoint writer ended before it was asked to.
+#[derive(Debug, thiserror::Error)]
+pub enum WriterError {
+    /// Its thread panicked.
+    #[error("the checkpoint writer's thread panicked")]
+    Panicked,
 }
 
 /// At most this many ids of a bad policy answer are shown in its error.

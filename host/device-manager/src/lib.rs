@@ -23,13 +23,14 @@
 //! ```
 //!
 //! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task
-//! per connected plugin; `device_list` reads its ListAndWatch updates), [`devices`] (health, capacity, allocatable), [`allocator`] and
+//! per connected plugin; `device_list` reads its ListAndWatch updates), [`devices`] (health, capacity, allocatable; ids are [`DeviceId`]s), [`allocator`] and
 //! [`pod_devices`] (who holds what), [`persistence`] (the files), [`pod_resources`] (the
 //! kubelet's pod-resources API, read from the acknowledged allocations), [`registration_server`]
 //! (`kubelet.sock` and start-up), `kind` (the device plugin type's pipeline steps), [`error`].
 
 pub mod allocator;
 pub mod cdi;
+mod device_id;
 mod device_list;
 pub mod devices;
 pub mod endpoint;
@@ -44,9 +45,10 @@ pub mod registration_server;
 pub mod registry;
 
 pub use allocator::{Allocation, AllocationInfo, check_answer};
-pub use devices::{Device, Health};
+pub use device_id::DeviceId;
+pub use devices::{Health, ListedDevice};
 pub use endpoint::Flow;
-pub use error::{AllocateError, ConnectError, ReleaseError, StartError};
+pub use error::{AllocateError, AnswerError, ConnectError, ReleaseError, StartError, WriterError};
 pub use manager::{Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager};
 pub use metrics::Metrics;
 pub use persistence::restore::{Recovery, RestoreReport, SetAside};

@@ -557,9 +557,9 @@ impl StageResult for () {
     }
 }
 
-impl StageResult for Result<(), String> {
+impl<E: std::error::Error + 'static> StageResult for Result<(), E> {
     fn cause(self) -> Option<String> {
-        self.err()
+        self.err().map(|err| error_chain(&err))
     }
 }
 

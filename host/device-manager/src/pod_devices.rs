@@ -14,6 +14,7 @@ use std::sync::{Arc, OnceLock};
 use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
+use crate::device_id::DeviceId;
 use crate::devices::IdHasher;
 
 /// Who holds devices: one container of one pod, for one resource.
@@ -44,7 +45,7 @@ impl HolderKey {
 
 /// Where an entry stands.
 #[derive(Clone, Debug, PartialEq)]
-pub enum EntryState {
+pub enum HoldingState {
     /// Devices chosen and held; the plugin's Allocate (and PreStartContainer) not yet done.
     /// `token` identifies the one request that may commit or cancel it.
     Reserved {
@@ -81,15 +82,15 @@ impl PodName {
     }
 }
 
-/// The devices one container holds of one resource.
+/// What one holder holds: the devices one container holds (or has reserved) of one resource.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Entry {
+pub struct Holding {
     /// Device ids in the order they were chosen.
-    pub devices: Vec<String>,
+    pub devices: Vec<DeviceId>,
     /// The same ids by NUMA node (`-1`: no topology), as the kubelet checkpoints them.
-    pub numa: BTreeMap<i64, Vec<String>>,
+    pub numa: BTreeMap<i64, Vec<DeviceId>>,
     /// Reserved or allocated.
-    pub state: EntryState,
+    pub state: HoldingState,
     /// The pod's name and namespace, when the allocation gave them (recorded in the journal
     /// with the allocation; see `persistence::files`).
     pub pod: Option<PodName>,
@@ -97,7 +98,7 @@ pub struct Entry {
 
 /// The ids of one resource that some container holds or has reserved.
 #[derive(Clone, Copy, Debug)]
-pub struct HeldIds<'a>(Option<&'a HashMap<String, u32, IdHasher>>);
+pub struct HeldIds<'a>(Option<&'a HashMap<DeviceId, u32, IdHasher>>);
 
 impl HeldIds<'_> {
     /// Whether `id` is held.
@@ -110,12 +111,12 @@ impl HeldIds<'_> {
 /// encoded form once a writer has asked for it (see [`PodDevices::encoded`]).
 #[derive(Clone, Debug)]
 struct Kept {
-    entry: Entry,
+    entry: Holding,
     encoded: OnceLock<Box<[u8]>>,
 }
 
 impl Kept {
-    fn new(entry: Entry) -> Arc<Kept> {
+    fn new(entry: Holding) -> Arc<Kept> {
         Arc::new(Kept {
             entry,
             encoded: OnceLock::new(),
@@ -136,7 +137,7 @@ pub struct PodDevices {
     entries: OrdMap<HolderKey, Arc<Kept>>,
     /// resource → device id → number of entries holding it (more than 1 only after restoring a
     /// checkpoint that says so).
-    held: HashMap<ResourceName, HashMap<String, u32, IdHasher>>,
+    held: HashMap<ResourceName, HashMap<DeviceId, u32, IdHasher>>,
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
     /// No index kept: a copy made to be encoded ([`PodDevices::without_index`]).
@@ -151,7 +152,7 @@ impl PodDevices {
     }
 
     /// The entry of `key`, if any.
-    pub fn get(&self, key: &HolderKey) -> Option<&Entry> {
+    pub fn get(&self, key: &HolderKey) -> Option<&Holding> {
         self.entries.get(key).map(|kept| &kept.entry)
     }
 
@@ -184,7 +185,7 @@ impl PodDevices {
     }
 
     /// Adds an entry; the caller has checked that `key` has none and its devices are free.
-    pub fn insert(&mut self, key: HolderKey, entry: Entry) {
+    pub fn insert(&mut self, key: HolderKey, entry: Holding) {
         self.version += 1;
         if !self.unindexed {
             let held = self.held.entry(key.resource.clone()).or_default();
@@ -206,10 +207,10 @@ impl PodDevices {
         response: ContainerAllocateResponse,
     ) -> bool {
         match self.entries.get_mut(key) {
-            Some(kept) if kept.entry.state == (EntryState::Reserved { token }) => {
+            Some(kept) if kept.entry.state == (HoldingState::Reserved { token }) => {
                 // In place unless a copy shares the entry (then the copy gets its own).
                 let kept = Arc::make_mut(kept);
-                kept.entry.state = EntryState::Allocated { response };
+                kept.entry.state = HoldingState::Allocated { response };
                 kept.encoded = OnceLock::new();
                 self.version += 1;
                 true
@@ -221,7 +222,7 @@ impl PodDevices {
     /// Drops the reservation `token` of `key` (its allocation failed). False when it is gone.
     pub fn cancel(&mut self, key: &HolderKey, token: u64) -> bool {
         match self.entries.get(key) {
-            Some(kept) if kept.entry.state == (EntryState::Reserved { token }) => {
+            Some(kept) if kept.entry.state == (HoldingState::Reserved { token }) => {
                 self.release_key(key);
                 true
             }
@@ -244,7 +245,7 @@ impl PodDevices {
     pub fn release_where(
         &mut self,
         mut gone: impl FnMut(&HolderKey) -> bool,
-    ) -> Vec<(HolderKey, Entry)> {
+    ) -> Vec<(HolderKey, Holding)> {
         let keys: Vec<HolderKey> = self.entries.keys().filter(|k| gone(k)).cloned().collect();
         self.remove_keys(keys)
     }
@@ -255,7 +256,7 @@ impl PodDevices {
         &mut self,
         pod_uid: &str,
         mut gone: impl FnMut(&HolderKey) -> bool,
-    ) -> Vec<(HolderKey, Entry)> {
+    ) -> Vec<(HolderKey, Holding)> {
         let from = HolderKey::new(pod_uid, "", "");
         let keys: Vec<HolderKey> = self
             .entries
@@ -269,7 +270,7 @@ impl PodDevices {
     }
 
     /// Removes `keys` as one change; returns the entries removed.
-    fn remove_keys(&mut self, keys: Vec<HolderKey>) -> Vec<(HolderKey, Entry)> {
+    fn remove_keys(&mut self, keys: Vec<HolderKey>) -> Vec<(HolderKey, Holding)> {
         if keys.is_empty() {
             return Vec::new();
         }
@@ -296,7 +297,7 @@ impl PodDevices {
     }
 
     /// Every entry, sorted by pod, container and resource.
-    pub fn iter(&self) -> impl Iterator<Item = (&HolderKey, &Entry)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&HolderKey, &Holding)> {
         self.entries.iter().map(|(key, kept)| (key, &kept.entry))
     }
 
@@ -306,17 +307,17 @@ impl PodDevices {
     /// and the entry only.
     pub fn encoded<'a>(
         &'a self,
-        encode: impl Fn(&HolderKey, &Entry) -> Vec<u8> + 'a,
+        encode: impl Fn(&HolderKey, &Holding) -> Vec<u8> + 'a,
     ) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.entries
             .iter()
             .filter_map(move |(key, kept)| match kept.entry.state {
-                EntryState::Allocated { .. } => Some(
+                HoldingState::Allocated { .. } => Some(
                     &**kept
                         .encoded
                         .get_or_init(|| encode(key, &kept.entry).into_boxed_slice()),
                 ),
-                EntryState::Reserved { .. } => None,
+                HoldingState::Reserved { .. } => None,
             })
     }
 
@@ -338,13 +339,13 @@ impl PodDevices {
         }
     }
 
-    fn unhold(&mut self, resource: &str, devices: &[String]) {
+    fn unhold(&mut self, resource: &str, devices: &[DeviceId]) {
         if let Some(held) = self.held.get_mut(resource) {
             for id in devices {
-                if let Some(count) = held.get_mut(id) {
+                if let Some(count) = held.get_mut(id.as_str()) {
                     *count -= 1;
                     if *count == 0 {
-                        held.remove(id);
+                        held.remove(id.as_str());
                     }
                 }
             }
@@ -359,14 +360,14 @@ impl PodDevices {
 /// listed under each, a device without topology under `-1`.
 pub fn group_by_numa<'a>(
     devices: impl IntoIterator<Item = (&'a str, &'a [i64])>,
-) -> BTreeMap<i64, Vec<String>> {
-    let mut out: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+) -> BTreeMap<i64, Vec<DeviceId>> {
+    let mut out: BTreeMap<i64, Vec<DeviceId>> = BTreeMap::new();
     for (id, numa) in devices {
         if numa.is_empty() {
-            out.entry(-1).or_default().push(id.to_owned());
+            out.entry(-1).or_default().push(DeviceId::from(id));
         }
         for node in numa {
-            out.entry(*node).or_default().push(id.to_owned());
+            out.entry(*node).or_default().push(DeviceId::from(id));
         }
     }
     out
@@ -386,11 +387,11 @@ mod tests {
         }
     }
 
-    fn reserved(ids: &[&str], token: u64) -> Entry {
-        Entry {
-            devices: ids.iter().map(|s| s.to_string()).collect(),
+    fn reserved(ids: &[&str], token: u64) -> Holding {
+        Holding {
+            devices: ids.iter().map(|&s| DeviceId::from(s)).collect(),
             numa: BTreeMap::new(),
-            state: EntryState::Reserved { token },
+            state: HoldingState::Reserved { token },
             pod: None,
         }
     }
@@ -424,11 +425,11 @@ mod tests {
         assert!(!pods.is_held("vendor.com/gpu", "d1"));
     }
 
-    fn allocated(ids: &[&str]) -> Entry {
-        Entry {
-            devices: ids.iter().map(|s| s.to_string()).collect(),
+    fn allocated(ids: &[&str]) -> Holding {
+        Holding {
+            devices: ids.iter().map(|&s| DeviceId::from(s)).collect(),
             numa: BTreeMap::new(),
-            state: EntryState::Allocated {
+            state: HoldingState::Allocated {
                 response: Default::default(),
             },
             pod: None,
@@ -462,7 +463,7 @@ mod tests {
                 key("starting", "a")
             ]
         );
-        assert_eq!(removed[3].1.state, EntryState::Reserved { token: 9 });
+        assert_eq!(removed[3].1.state, HoldingState::Reserved { token: 9 });
         assert!(
             !pods.commit(&key("starting", "a"), 9, Default::default()),
             "a released reservation cannot commit"
@@ -516,9 +517,9 @@ mod tests {
         assert_eq!(
             grouped,
             BTreeMap::from([
-                (-1, vec!["c".to_string()]),
-                (0, vec!["a".to_string(), "b".to_string()]),
-                (1, vec!["b".to_string()]),
+                (-1, vec![DeviceId::from("c")]),
+                (0, vec![DeviceId::from("a"), DeviceId::from("b")]),
+                (1, vec![DeviceId::from("b")]),
             ])
         );
     }

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::device_list::DeviceUpdate;
-use crate::devices::{Device, DeviceSet};
+use crate::devices::{DeviceSet, ListedDevice};
 use crate::endpoint::{self, Endpoint, Flow};
 use crate::error::{AllocateError, ConnectError};
 use crate::persistence::WriteRequests;
@@ -69,7 +69,7 @@ pub struct ResourceInfo {
     /// Healthy devices.
     pub allocatable: usize,
     /// The devices in plugin order.
-    pub devices: Vec<Device>,
+    pub devices: Vec<ListedDevice>,
     /// Module id of the allocation policy in force.
     pub policy: String,
     /// The plugin's endpoint while connected.

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use pluglet_core::{PodUid, error_chain};
 use pluglet_device_manager::{
-    AllocateError, AllocationInfo, DeviceManager, PodName, ReleaseError, ResourceInfo,
+    AllocateError, AllocationInfo, DeviceId, DeviceManager, PodName, ReleaseError, ResourceInfo,
 };
 use pluglet_proto::admin::v1 as pb;
 use tonic::Status;
@@ -22,7 +22,7 @@ pub fn resource_to_wire(r: &ResourceInfo) -> pb::Resource {
             .devices
             .iter()
             .map(|d| pb::DeviceInfo {
-                id: d.id.clone(),
+                id: d.id.as_str().to_owned(),
                 health: d.health.as_str().to_owned(),
                 numa: d.numa.clone(),
             })
@@ -44,7 +44,7 @@ pub fn allocation_to_wire(a: &AllocationInfo) -> pb::Allocation {
         pod_uid: a.pod_uid.to_string(),
         container: a.container.to_string(),
         resource: a.resource.to_string(),
-        device_ids: a.device_ids.clone(),
+        device_ids: DeviceId::to_wire(&a.device_ids),
         cdi_names: a.cdi_names.clone(),
         pod_name: a.pod.name.clone(),
         pod_namespace: a.pod.namespace.clone(),
@@ -106,7 +106,7 @@ pub async fn allocate(
         .await
         .map_err(|e| allocate_status(&e))?;
     Ok(pb::AllocateResponse {
-        device_ids: allocation.device_ids,
+        device_ids: DeviceId::into_wire(allocation.device_ids),
         response: Some(allocation.response),
         cdi_names: allocation.cdi_names,
     })

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
-use crate::pod_devices::{EntryState, HolderKey, PodDevices};
+use crate::pod_devices::{HolderKey, HoldingState, PodDevices};
 use dir::SpecDir;
 use spec::{Spec, SpecError};
 
@@ -216,7 +216,7 @@ impl Handoff {
         }
         let mut wanted = std::collections::BTreeMap::new();
         for (key, entry) in pods.iter() {
-            let EntryState::Allocated { response } = &entry.state else {
+            let HoldingState::Allocated { response } = &entry.state else {
                 continue;
             };
             match plan(key, response) {
@@ -288,7 +288,7 @@ fn render(spec: &Spec) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod_devices::Entry;
+    use crate::pod_devices::Holding;
     use pluglet_proto::v1beta1::CdiDevice;
 
     fn response(env: &str) -> ContainerAllocateResponse {
@@ -305,10 +305,10 @@ mod tests {
         let key = HolderKey::new(pod, "c", "vendor.com/gpu");
         pods.insert(
             key.clone(),
-            Entry {
+            Holding {
                 devices: vec!["d0".into()],
                 numa: Default::default(),
-                state: EntryState::Allocated {
+                state: HoldingState::Allocated {
                     response: response(env),
                 },
                 pod: None,

@@ -31,12 +31,12 @@ pub struct Spec {
     /// `vendor/class`.
     pub kind: String,
     /// The devices of the kind this file defines.
-    pub devices: Vec<Device>,
+    pub devices: Vec<SpecDevice>,
 }
 
-/// One named device and its edits.
+/// One named device of a spec (an entry of CDI's `devices`) and its edits.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Device {
+pub struct SpecDevice {
     /// The name after `=` in `vendor/class=name`.
     pub name: String,
     /// What the runtime adds to the container.
@@ -238,7 +238,7 @@ impl Spec {
         let mut spec = Spec {
             cdi_version: String::new(),
             kind: kind.to_string(),
-            devices: vec![Device {
+            devices: vec![SpecDevice {
                 name: name.to_owned(),
                 container_edits: edits,
             }],

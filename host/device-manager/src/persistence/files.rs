@@ -9,8 +9,9 @@ use pluglet_core::ResourceName;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 
-use crate::devices::{Device, DeviceSet, Health};
-use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices, PodName, group_by_numa};
+use crate::device_id::DeviceId;
+use crate::devices::{DeviceSet, Health, ListedDevice};
+use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa};
 
 /// The side file's content.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -25,9 +26,9 @@ pub struct SideState {
 pub struct SideResource {
     /// Device ids by NUMA node (`-1`: no topology), in plugin order; every device is listed at
     /// least once.
-    pub numa: BTreeMap<i64, Vec<String>>,
+    pub numa: BTreeMap<i64, Vec<DeviceId>>,
     /// Ids of the devices that were unhealthy when written.
-    pub unhealthy: Vec<String>,
+    pub unhealthy: Vec<DeviceId>,
     /// Module id of the allocation policy in force when written.
     pub policy_module: String,
     /// sha256 of that policy module.
@@ -50,13 +51,13 @@ impl SideResource {
     }
 
     /// The devices it lists, in first-seen order, with their NUMA nodes and health.
-    pub fn devices(&self) -> Vec<Device> {
-        let mut out: Vec<Device> = Vec::new();
+    pub fn devices(&self) -> Vec<ListedDevice> {
+        let mut out: Vec<ListedDevice> = Vec::new();
         let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for (node, ids) in &self.numa {
             for id in ids {
                 let i = *at.entry(id.as_str()).or_insert_with(|| {
-                    out.push(Device {
+                    out.push(ListedDevice {
                         id: id.clone(),
                         health: Health::Healthy,
                         numa: Vec::new(),
@@ -91,15 +92,20 @@ pub fn kubelet_data<'a>(
         // The kubelet writes a nil slice (`null`) when no pod holds devices.
         pod_device_entries: (!entries.is_empty()).then_some(entries),
         registered_devices: resources
-            .map(|(name, devices)| (name.to_string(), Some(devices.healthy_ids())))
+            .map(|(name, devices)| {
+                (
+                    name.to_string(),
+                    Some(DeviceId::into_wire(devices.healthy_ids())),
+                )
+            })
             .collect(),
     }
 }
 
 /// An allocated entry as the kubelet checkpoints it (`None` for a reserved one).
-fn kubelet_entry(key: &HolderKey, entry: &Entry) -> Option<PodDevicesEntry> {
+fn kubelet_entry(key: &HolderKey, entry: &Holding) -> Option<PodDevicesEntry> {
     match &entry.state {
-        EntryState::Allocated { response } => Some(PodDevicesEntry {
+        HoldingState::Allocated { response } => Some(PodDevicesEntry {
             pod_uid: key.pod_uid.to_string(),
             container_name: key.container.to_string(),
             resource_name: key.resource.to_string(),
@@ -107,12 +113,12 @@ fn kubelet_entry(key: &HolderKey, entry: &Entry) -> Option<PodDevicesEntry> {
                 entry
                     .numa
                     .iter()
-                    .map(|(node, ids)| (*node, Some(ids.clone())))
+                    .map(|(node, ids)| (*node, Some(DeviceId::to_wire(ids))))
                     .collect(),
             ),
             alloc_resp: Some(response.encode_to_vec()),
         }),
-        EntryState::Reserved { .. } => None,
+        HoldingState::Reserved { .. } => None,
     }
 }
 
@@ -120,7 +126,7 @@ fn kubelet_entry(key: &HolderKey, entry: &Entry) -> Option<PodDevicesEntry> {
 /// kubelet's entry, with the pod's name and namespace as two keys of Pluglet's own
 /// (`PodName`, `PodNamespace`) when they were given. A reader of the kubelet's format ignores
 /// keys it does not know, so records stay readable by versions before them.
-fn encode_entry(key: &HolderKey, entry: &Entry) -> Vec<u8> {
+fn encode_entry(key: &HolderKey, entry: &Holding) -> Vec<u8> {
     let Some(kubelet) = kubelet_entry(key, entry) else {
         return Vec::new();
     };
@@ -258,21 +264,21 @@ pub(crate) mod tests {
     use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
     use super::*;
-    use crate::pod_devices::{Entry, HolderKey};
+    use crate::pod_devices::{HolderKey, Holding};
 
     pub(crate) fn gpu_set() -> DeviceSet {
         DeviceSet::new(vec![
-            Device {
+            ListedDevice {
                 id: "d1".into(),
                 health: Health::Healthy,
                 numa: vec![1],
             },
-            Device {
+            ListedDevice {
                 id: "d0".into(),
                 health: Health::Healthy,
                 numa: vec![0],
             },
-            Device {
+            ListedDevice {
                 id: "d2".into(),
                 health: Health::Unhealthy,
                 numa: vec![],
@@ -286,7 +292,7 @@ pub(crate) mod tests {
         assert_eq!(side.unhealthy, ["d2"]);
         let mut devices = side.devices();
         devices.sort_by(|a, b| a.id.cmp(&b.id));
-        let mut expected: Vec<Device> = gpu_set().iter().cloned().collect();
+        let mut expected: Vec<ListedDevice> = gpu_set().iter().cloned().collect();
         expected.sort_by(|a, b| a.id.cmp(&b.id));
         assert_eq!(devices, expected);
     }
@@ -305,19 +311,19 @@ pub(crate) mod tests {
         let mut pods = PodDevices::default();
         pods.insert(
             HolderKey::new("pod-2", "ctr", "vendor.com/gpu"),
-            Entry {
+            Holding {
                 devices: vec!["d2".into()],
                 numa: BTreeMap::new(),
-                state: EntryState::Reserved { token: 1 },
+                state: HoldingState::Reserved { token: 1 },
                 pod: None,
             },
         );
         pods.insert(
             HolderKey::new("pod-1", "ctr", "vendor.com/gpu"),
-            Entry {
+            Holding {
                 devices: vec!["d0".into()],
                 numa: group_by_numa([("d0", &[0][..])]),
-                state: EntryState::Allocated {
+                state: HoldingState::Allocated {
                     response: ContainerAllocateResponse::default(),
                 },
                 pod: None,
@@ -334,10 +340,10 @@ pub(crate) mod tests {
 
     #[test]
     fn a_journal_record_encodes_each_entry_once_and_follows_every_change() {
-        let allocated = |id: &str, env: &str| Entry {
+        let allocated = |id: &str, env: &str| Holding {
             devices: vec![id.into()],
             numa: group_by_numa([(id, &[0][..])]),
-            state: EntryState::Allocated {
+            state: HoldingState::Allocated {
                 response: ContainerAllocateResponse {
                     envs: [("E".to_owned(), env.to_owned())].into(),
                     ..Default::default()
@@ -362,10 +368,10 @@ pub(crate) mod tests {
         }
         pods.insert(
             HolderKey::new("pod-r", "ctr", "vendor.com/gpu"),
-            Entry {
+            Holding {
                 devices: vec!["d9".into()],
                 numa: BTreeMap::new(),
-                state: EntryState::Reserved { token: 3 },
+                state: HoldingState::Reserved { token: 3 },
                 pod: None,
             },
         );
@@ -392,10 +398,10 @@ pub(crate) mod tests {
         let mut pods = PodDevices::default();
         pods.insert(
             HolderKey::new("pod-1", "ctr", "vendor.com/gpu"),
-            Entry {
+            Holding {
                 devices: vec!["d0".into()],
                 numa: group_by_numa([("d0", &[0][..])]),
-                state: EntryState::Allocated {
+                state: HoldingState::Allocated {
                     response: ContainerAllocateResponse::default(),
                 },
                 pod: None,
@@ -425,10 +431,10 @@ pub(crate) mod tests {
 
     #[test]
     fn a_pods_name_is_in_its_journal_entries_and_nowhere_in_the_checkpoint() {
-        let named = |pod: Option<PodName>| Entry {
+        let named = |pod: Option<PodName>| Holding {
             devices: vec!["d0".into()],
             numa: group_by_numa([("d0", &[0][..])]),
-            state: EntryState::Allocated {
+            state: HoldingState::Allocated {
                 response: ContainerAllocateResponse::default(),
             },
             pod,
@@ -454,7 +460,7 @@ pub(crate) mod tests {
         for (key, entry) in pods.iter() {
             plain.insert(
                 key.clone(),
-                Entry {
+                Holding {
                     pod: None,
                     ..entry.clone()
                 },

@@ -30,8 +30,9 @@ use prost::Message as _;
 
 use super::NO_CHECKPOINT;
 use super::files::{SideState, decode_journal};
-use crate::devices::{Device, DeviceSet, Health};
-use crate::pod_devices::{Entry, EntryState, HolderKey, PodDevices};
+use crate::device_id::DeviceId;
+use crate::devices::{DeviceSet, Health, ListedDevice};
+use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices};
 
 /// A file found corrupt at start and renamed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -263,13 +264,13 @@ pub fn restore(files: Files) -> Restored {
         .collect();
     let mut resources = BTreeMap::new();
     for name in names {
-        let mut devices: Vec<Device> = side
+        let mut devices: Vec<ListedDevice> = side
             .resources
             .get(&name)
             .map(|r| {
                 r.devices()
                     .into_iter()
-                    .map(|d| Device {
+                    .map(|d| ListedDevice {
                         health: Health::Unhealthy,
                         ..d
                     })
@@ -278,9 +279,9 @@ pub fn restore(files: Files) -> Restored {
             .unwrap_or_default();
         if let Some(Some(healthy)) = registered.get(name.as_str()) {
             for id in healthy {
-                if !devices.iter().any(|d| &d.id == id) {
-                    devices.push(Device {
-                        id: id.clone(),
+                if !devices.iter().any(|d| d.id == id.as_str()) {
+                    devices.push(ListedDevice {
+                        id: DeviceId::from(id.as_str()),
                         health: Health::Unhealthy,
                         numa: Vec::new(),
                     });
@@ -293,13 +294,13 @@ pub fn restore(files: Files) -> Restored {
 
     let mut pods = PodDevices::default();
     for entry in entries {
-        let numa: BTreeMap<i64, Vec<String>> = entry
+        let numa: BTreeMap<i64, Vec<DeviceId>> = entry
             .device_ids
             .unwrap_or_default()
             .into_iter()
-            .map(|(node, ids)| (node, ids.unwrap_or_default()))
+            .map(|(node, ids)| (node, DeviceId::from_wire(ids.unwrap_or_default())))
             .collect();
-        let mut devices: Vec<String> = Vec::new();
+        let mut devices: Vec<DeviceId> = Vec::new();
         for id in numa.values().flatten() {
             if !devices.contains(id) {
                 devices.push(id.clone());
@@ -323,10 +324,10 @@ pub fn restore(files: Files) -> Restored {
         let pod = pod_names.get(&entry.pod_uid).cloned();
         pods.insert(
             HolderKey::new(entry.pod_uid, entry.container_name, entry.resource_name),
-            Entry {
+            Holding {
                 devices,
                 numa,
-                state: EntryState::Allocated { response },
+                state: HoldingState::Allocated { response },
                 pod,
             },
         );
@@ -354,10 +355,10 @@ mod tests {
         for (pod, device) in holders {
             pods.insert(
                 HolderKey::new(*pod, "ctr", GPU),
-                Entry {
+                Holding {
                     devices: vec![(*device).into()],
                     numa: group_by_numa([(*device, &[0][..])]),
-                    state: EntryState::Allocated {
+                    state: HoldingState::Allocated {
                         response: ContainerAllocateResponse {
                             envs: [("POD".to_string(), pod.to_string())].into(),
                             ..Default::default()
@@ -642,7 +643,7 @@ mod tests {
         assert_eq!(set.get("d1").unwrap().numa, [1]);
         assert!(restored.pods.is_held(GPU, "d0"));
         let (_, entry) = restored.pods.iter().next().unwrap();
-        let EntryState::Allocated { response } = &entry.state else {
+        let HoldingState::Allocated { response } = &entry.state else {
             panic!("restored entries are allocated");
         };
         assert_eq!(
@@ -673,7 +674,7 @@ mod tests {
         };
         let mut named = pods(&[("pod-a", "d0"), ("pod-b", "d1")]);
         let key = HolderKey::new("pod-a", "ctr", GPU);
-        let entry = Entry {
+        let entry = Holding {
             pod: Some(name.clone()),
             ..named.get(&key).unwrap().clone()
         };

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use pluglet_core::error_chain;
 use pluglet_proto::podresources::v1 as pb;
 use pluglet_proto::podresources::v1::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
@@ -247,7 +246,7 @@ pub async fn serve(
     service: PodResourcesService,
     listener: UnixListener,
     cancel: CancellationToken,
-) -> Result<(), String> {
+) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
         .add_service(PodResourcesListerServer::new(service))
         .serve_with_incoming_shutdown(
@@ -255,5 +254,4 @@ pub async fn serve(
             cancel.cancelled_owned(),
         )
         .await
-        .map_err(|e| error_chain(&e))
 }

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use pluglet_proto::podresources::v1 as pb;
 
 use crate::devices::{DeviceSet, Health};
-use crate::pod_devices::{EntryState, PodDevices, PodName};
+use crate::pod_devices::{HoldingState, PodDevices, PodName};
 use pluglet_core::ResourceName;
 
 /// The NUMA node the kubelet checkpoints devices without topology under.
@@ -48,12 +48,16 @@ pub fn allocatable<'a>(
             if device.numa.is_empty() {
                 devices.push(container_devices(
                     resource.as_str(),
-                    &device.id,
+                    device.id.as_str(),
                     NO_TOPOLOGY,
                 ));
             }
             for node in &device.numa {
-                devices.push(container_devices(resource.as_str(), &device.id, *node));
+                devices.push(container_devices(
+                    resource.as_str(),
+                    device.id.as_str(),
+                    *node,
+                ));
             }
         }
     }
@@ -69,7 +73,7 @@ fn by_pod(pods: &PodDevices) -> BTreeMap<&str, pb::PodResources> {
     let mut out: BTreeMap<&str, pb::PodResources> = BTreeMap::new();
     // Entries come sorted by pod, container and resource.
     for (key, entry) in pods.iter() {
-        if !matches!(entry.state, EntryState::Allocated { .. }) {
+        if !matches!(entry.state, HoldingState::Allocated { .. }) {
             continue;
         }
         let pod = out.entry(key.pod_uid.as_str()).or_insert_with(|| {
@@ -92,9 +96,11 @@ fn by_pod(pods: &PodDevices) -> BTreeMap<&str, pb::PodResources> {
         };
         for (node, ids) in &entry.numa {
             for id in ids {
-                container
-                    .devices
-                    .push(container_devices(key.resource.as_str(), id, *node));
+                container.devices.push(container_devices(
+                    key.resource.as_str(),
+                    id.as_str(),
+                    *node,
+                ));
             }
         }
     }
@@ -115,14 +121,14 @@ fn container_devices(resource: &str, id: &str, node: i64) -> pb::ContainerDevice
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::Device;
-    use crate::pod_devices::{Entry, HolderKey, group_by_numa};
+    use crate::devices::ListedDevice;
+    use crate::pod_devices::{HolderKey, Holding, group_by_numa};
 
-    fn allocated(ids: &[(&str, &[i64])], pod: Option<PodName>) -> Entry {
-        Entry {
-            devices: ids.iter().map(|(id, _)| id.to_string()).collect(),
+    fn allocated(ids: &[(&str, &[i64])], pod: Option<PodName>) -> Holding {
+        Holding {
+            devices: ids.iter().map(|&(id, _)| id.into()).collect(),
             numa: group_by_numa(ids.iter().map(|(id, numa)| (*id, *numa))),
-            state: EntryState::Allocated {
+            state: HoldingState::Allocated {
                 response: Default::default(),
             },
             pod,
@@ -172,8 +178,8 @@ mod tests {
         );
         pods.insert(
             HolderKey::new("uid-c", "c", "vendor.com/gpu"),
-            Entry {
-                state: EntryState::Reserved { token: 1 },
+            Holding {
+                state: HoldingState::Reserved { token: 1 },
                 ..allocated(&[("g4", &[1])], None)
             },
         );
@@ -227,22 +233,22 @@ mod tests {
     #[test]
     fn allocatable_lists_every_healthy_device_held_or_not() {
         let set = DeviceSet::new(vec![
-            Device {
+            ListedDevice {
                 id: "g0".into(),
                 health: Health::Healthy,
                 numa: vec![0],
             },
-            Device {
+            ListedDevice {
                 id: "g1".into(),
                 health: Health::Unhealthy,
                 numa: vec![1],
             },
-            Device {
+            ListedDevice {
                 id: "g2".into(),
                 health: Health::Healthy,
                 numa: vec![],
             },
-            Device {
+            ListedDevice {
                 id: "g3".into(),
                 health: Health::Healthy,
                 numa: vec![0, 1],

@@ -1,0 +1,120 @@
+//! [`Disk`]: what a journal record names (the checkpoint files that may be in place if the
+//! process dies now) and the journal it is written to, behind the lock that orders journal
+//! records and the checkpoint writer's snapshots.
+
+use std::path::Path;
+
+use pluglet_checkpoint::{CheckpointError, Durability, Journal};
+
+/// The checkpoint writer fsyncs the directory (making its renames survive a power cut) after
+/// this many renames.
+const DIR_SYNC_AFTER: usize = 4;
+
+/// How many checkpoint files a journal record names at most (more only while writes keep
+/// failing).
+const MAX_ON_DISK: usize = 16;
+
+/// The durable side of the state, behind one async mutex so that a journal record and the
+/// checkpoint writer's snapshots are ordered: a record taken after a snapshot names that
+/// snapshot's file, and a snapshot never sees a change whose record is not on disk yet.
+#[derive(Debug)]
+pub(crate) struct Disk {
+    /// The allocation journal; `None` while it cannot be opened for writing (a read-only state
+    /// directory, say): every change tries again, and is refused until it can be.
+    pub journal: Option<Journal>,
+    /// Kubelet checksums of the checkpoint files that may be in place if the process dies now:
+    /// the one found at start or last written, and any being written (or that failed to be)
+    /// since. [`NO_CHECKPOINT`] stands for "no file".
+    pub on_disk: Vec<u64>,
+    /// Renames since the last directory fsync.
+    pub unsynced: usize,
+}
+
+/// What a journal record names for "no checkpoint file in place" (a kubelet checksum is a
+/// 32-bit FNV value, so it never equals this).
+pub const NO_CHECKPOINT: u64 = u64::MAX;
+
+impl Disk {
+    /// A snapshot with this checksum is about to be written.
+    pub fn writing(&mut self, checksum: u64) {
+        self.on_disk.push(checksum);
+        if self.on_disk.len() > MAX_ON_DISK {
+            self.on_disk.remove(0);
+        }
+    }
+
+    /// The file with this checksum is in place: earlier ones are gone.
+    pub fn written(&mut self, checksum: u64) {
+        self.on_disk.clear();
+        self.on_disk.push(checksum);
+        self.unsynced += 1;
+    }
+
+    /// Whether the writer should fsync the directory now.
+    pub fn needs_dir_sync(&self) -> bool {
+        self.unsynced >= DIR_SYNC_AFTER
+    }
+
+    /// Writes `payload` as the journal's newest record, opening the journal first if it is not
+    /// open (it could not be at start, or a previous attempt failed).
+    pub(super) fn append(
+        &mut self,
+        path: &Path,
+        durability: Durability,
+        payload: &[u8],
+    ) -> Result<(), CheckpointError> {
+        if self.journal.is_none() {
+            let opened = Journal::open(path, durability)?;
+            if let Some(moved_to) = &opened.set_aside {
+                tracing::warn!(
+                    path = %path.display(),
+                    moved_to = %moved_to.display(),
+                    "the allocation journal was not a journal any more; kept aside, starting a new one"
+                );
+            }
+            tracing::info!(path = %path.display(), "allocation journal open for writing again");
+            self.journal = Some(opened.journal);
+        }
+        match &mut self.journal {
+            Some(journal) => journal.append(payload),
+            None => unreachable!("opened above"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_names_the_file_in_place_and_the_one_being_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut disk = Disk {
+            journal: Some(
+                Journal::open(&dir.path().join("j"), Durability::NoFsync)
+                    .unwrap()
+                    .journal,
+            ),
+            on_disk: Vec::new(),
+            unsynced: 0,
+        };
+        disk.writing(1);
+        disk.written(1);
+        disk.writing(2);
+        assert_eq!(disk.on_disk, [1, 2], "a crash now leaves either in place");
+        disk.written(2);
+        assert_eq!(
+            disk.on_disk,
+            [2],
+            "file 1 is gone for good once 2 is in place"
+        );
+        disk.writing(3);
+        disk.writing(4);
+        assert_eq!(disk.on_disk, [2, 3, 4], "a failed write stays named");
+        assert!(!disk.needs_dir_sync());
+        disk.written(4);
+        disk.written(4);
+        disk.written(4);
+        assert!(disk.needs_dir_sync(), "every fourth rename");
+    }
+}

@@ -1,0 +1,198 @@
+//! The checkpoint writer: the kubelet checkpoint and the side file written by one task on a
+//! thread of its own, one write per batch of requests ([`super::WriteRequests`]), retried after
+//! a failure, with a last write when the device manager stops.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pluglet_checkpoint::{CheckpointData, CheckpointError, Durability};
+use pluglet_core::error_chain;
+use tokio_util::sync::CancellationToken;
+
+use super::Persistence;
+use super::files::{self, SideState};
+use crate::error::WriterError;
+
+/// The first retry of a failed checkpoint write comes after this long; each next one after
+/// twice as long, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+
+/// The longest wait between retries of a failed checkpoint write.
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// What the writer writes: the kubelet checkpoint, and the side file when asked for. The side
+/// file comes as a function that builds it from what the snapshot took (shared device sets), so
+/// that it is built after the disk lock is released.
+pub(crate) type Snapshot = (CheckpointData, Option<SideSource>);
+
+/// Builds the side file's content of a snapshot.
+pub(crate) type SideSource = Box<dyn FnOnce() -> SideState + Send>;
+
+impl Persistence {
+    /// Writes the current state at once and makes it survive a power cut (the first write of
+    /// a start); the writer must be running.
+    pub async fn write_now(&self) -> Result<(), Arc<CheckpointError>> {
+        let seq = self.inner.requests.devices_changed();
+        self.inner.requests.flush(seq).await?;
+        self.sync_dirs().await.map_err(Arc::new)
+    }
+
+    /// The writer: one write per batch of requests, and a last one when `cancel` fires.
+    /// `snapshot(with_side)` takes the state to write. Its file writes block the thread it
+    /// runs on: the device manager runs it on a thread of its own ([`Persistence::spawn_writer`]),
+    /// so that the fsyncs of a checkpoint write never hold a runtime worker while the answer to
+    /// the change that asked for it is on its way.
+    pub async fn run_writer(
+        self,
+        snapshot: impl Fn(bool) -> Snapshot + Send,
+        cancel: CancellationToken,
+    ) {
+        let requests = &self.inner.requests;
+        // After a failed write (a full disk, say), the next attempt comes without waiting for a
+        // change, sooner at first: the checkpoint catches up once the cause is gone.
+        let mut retry: Option<Duration> = None;
+        loop {
+            tokio::select! {
+                _ = requests.next_request() => {}
+                _ = tokio::time::sleep(retry.unwrap_or_default()), if retry.is_some() => {
+                    requests.devices_changed();
+                }
+                _ = cancel.cancelled() => {
+                    if !requests.pending() {
+                        break;
+                    }
+                }
+            };
+            // Every request so far is covered by the snapshot taken below.
+            let target = requests.requested();
+            let with_side = requests.take_devices_changed();
+            let (bytes, checksum, side) = {
+                // Under the disk lock, so a journal record made after this snapshot names it.
+                let mut disk = self.inner.disk.lock().await;
+                let (data, side) = snapshot(with_side);
+                let (bytes, checksum) = data.encode_with_checksum();
+                disk.writing(checksum);
+                (bytes, checksum, side)
+            };
+            let paths = &self.inner.paths;
+            let started = Instant::now();
+            let result = files::write_files(
+                &paths.checkpoint,
+                &paths.side,
+                &bytes,
+                side,
+                self.inner.durability,
+            );
+            self.inner
+                .metrics
+                .checkpoint_write(result.is_ok(), started.elapsed());
+            let result = match result {
+                Ok(()) => {
+                    let sync = {
+                        let mut disk = self.inner.disk.lock().await;
+                        disk.written(checksum);
+                        disk.needs_dir_sync()
+                    };
+                    if sync { self.sync_dirs().await } else { Ok(()) }
+                }
+                Err(err) => Err(err),
+            };
+            retry = match &result {
+                Ok(()) => None,
+                Err(err) => {
+                    let next = retry.map_or(RETRY_FIRST, |r| (r * 2).min(RETRY_MAX));
+                    tracing::error!(
+                        error = %error_chain(err),
+                        retry_in = ?next,
+                        "cannot write the device manager checkpoint"
+                    );
+                    Some(next)
+                }
+            };
+            requests.done(target, result.err());
+        }
+        if self.inner.disk.lock().await.unsynced > 0
+            && let Err(err) = self.sync_dirs().await
+        {
+            tracing::error!(error = %error_chain(&err), "cannot sync the device manager checkpoint");
+        }
+    }
+
+    /// Runs [`Persistence::run_writer`] on a thread of its own (driving it with the current
+    /// runtime's handle); returns a future that ends when the writer does (`Err` if its thread
+    /// panicked), for the caller to keep, so waiting for it waits for the last write.
+    pub fn spawn_writer(
+        &self,
+        snapshot: impl Fn(bool) -> Snapshot + Send + 'static,
+        cancel: CancellationToken,
+    ) -> std::io::Result<impl std::future::Future<Output = Result<(), WriterError>> + Send + 'static>
+    {
+        let runtime = tokio::runtime::Handle::current();
+        let writer = self.clone().run_writer(snapshot, cancel);
+        let (done, ended) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("checkpoint-writer".into())
+            .spawn(move || {
+                runtime.block_on(writer);
+                let _ = done.send(());
+            })?;
+        Ok(async move { ended.await.map_err(|_| WriterError::Panicked) })
+    }
+
+    /// Fsyncs the directories of the checkpoint and the side file, so that the renames so far
+    /// survive a power cut.
+    async fn sync_dirs(&self) -> Result<(), CheckpointError> {
+        let paths = &self.inner.paths;
+        if self.inner.durability == Durability::Fsync {
+            pluglet_handler_runtime::run_in_place(|| {
+                pluglet_checkpoint::sync_parent(&paths.checkpoint)?;
+                pluglet_checkpoint::sync_parent(&paths.side)
+            })?;
+        }
+        self.inner.disk.lock().await.unsynced = 0;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::persistence::tests::{allocate, paths, source};
+    use crate::pod_devices::PodDevices;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_writer_thread_writes_the_last_change_before_its_tasks_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let pods = Arc::new(Mutex::new(PodDevices::default()));
+        let (persistence, _) =
+            Persistence::open(paths(dir.path()), Durability::NoFsync, Metrics::default()).unwrap();
+        let cancel = CancellationToken::new();
+        let tasks = tokio_util::task::TaskTracker::new();
+        tasks.spawn(
+            persistence
+                .spawn_writer(source(&pods), cancel.clone())
+                .unwrap(),
+        );
+        persistence.write_now().await.unwrap();
+        persistence
+            .change(&pods, |p| allocate(p, "pod-1", "d0"))
+            .await
+            .unwrap();
+        cancel.cancel();
+        tasks.close();
+        tasks.wait().await;
+        let written = pluglet_checkpoint::load(&paths(dir.path()).checkpoint)
+            .unwrap()
+            .expect("a checkpoint");
+        let held: Vec<String> = written
+            .pod_device_entries
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.pod_uid)
+            .collect();
+        assert_eq!(held, ["pod-1"]);
+    }
+}
