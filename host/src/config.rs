@@ -492,15 +492,20 @@ impl Config {
             pod_resources: pod_resources(args)?,
             publish: publish(args)?,
             removed_resource_linger: args.removed_resource_linger,
-            handler_pool_size: if args.handler_pool_size == 0 {
-                return Err(ConfigError::ZeroCount(
-                    "--handler-pool-size (handler_pool_size)",
-                ));
-            } else {
-                args.handler_pool_size
-            },
+            handler_pool_size: positive(
+                args.handler_pool_size,
+                "--handler-pool-size (handler_pool_size)",
+            )?,
         })
     }
+}
+
+/// `n` when it is at least 1; zero is refused naming the option.
+fn positive(n: u32, name: &'static str) -> Result<u32, ConfigError> {
+    if n == 0 {
+        return Err(ConfigError::ZeroCount(name));
+    }
+    Ok(n)
 }
 
 /// The pod-resources settings of `args`: `None` with `--no-pod-resources`.

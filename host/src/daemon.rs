@@ -462,7 +462,7 @@ fn serve_pod_resources(
     service: PodResourcesService,
     cancel: CancellationToken,
 ) -> anyhow::Result<impl Future<Output = Result<(), String>> + use<>> {
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+    if pluglet_uds::answers(path) {
         anyhow::bail!(
             "{} answers: a kubelet (or another Pluglet) serves the pod-resources API there; stop it, \
              give Pluglet another --pod-resources-socket, or pass --no-pod-resources (nothing was changed)",

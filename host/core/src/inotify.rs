@@ -29,6 +29,16 @@ impl InotifyLimit {
         }
     }
 
+    /// The limit a file watcher's error says was reached, if any: `notify` reports the watch
+    /// limit as its own kind and the instance limit as the OS error.
+    pub fn of_notify(error: &notify::Error) -> Option<InotifyLimit> {
+        match &error.kind {
+            notify::ErrorKind::MaxFilesWatch => Some(InotifyLimit::Watches),
+            notify::ErrorKind::Io(io) => InotifyLimit::of_io(io),
+            _ => None,
+        }
+    }
+
     /// The limit `error` says was reached, if it is one (see [`InotifyLimit::from_os_error`]).
     pub fn of_io(error: &io::Error) -> Option<InotifyLimit> {
         error.raw_os_error().and_then(InotifyLimit::from_os_error)

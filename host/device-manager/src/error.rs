@@ -56,10 +56,17 @@ pub enum StartError {
     /// The checkpoint writer's thread could not be started.
     #[error("cannot start the checkpoint writer thread")]
     Writer(#[source] io::Error),
+    /// The device plugins directory could not be watched: a per-user inotify limit is reached.
+    #[error("cannot watch {dir} for removed device plugin sockets")]
+    WatchLimit {
+        /// The directory.
+        dir: PathBuf,
+        /// The limit, its value and how to raise it.
+        #[source]
+        limit: pluglet_core::inotify::LimitReached,
+    },
     /// The device plugins directory could not be watched for removed plugin sockets.
-    #[error(
-        "cannot watch {dir} for removed device plugin sockets: raise fs.inotify.max_user_watches / max_user_instances"
-    )]
+    #[error("cannot watch {dir} for removed device plugin sockets")]
     Watch {
         /// The directory.
         dir: PathBuf,

@@ -31,12 +31,12 @@ use crate::error::{ConnectError, StartError};
 
 /// Fails with [`StartError::DirectoryInUse`] when something answers on `socket`.
 pub(crate) fn check_not_in_use(socket: &Path) -> Result<(), StartError> {
-    match std::os::unix::net::UnixStream::connect(socket) {
-        Ok(_) => Err(StartError::DirectoryInUse {
+    if pluglet_uds::answers(socket) {
+        return Err(StartError::DirectoryInUse {
             socket: socket.to_path_buf(),
-        }),
-        Err(_) => Ok(()),
+        });
     }
+    Ok(())
 }
 
 /// Creates the directory (0750, as the kubelet) and removes every socket in it: stale plugin
@@ -80,9 +80,16 @@ pub(crate) fn watch_directory(
     removed: mpsc::Sender<PathBuf>,
 ) -> Result<notify::RecommendedWatcher, StartError> {
     use notify::Watcher as _;
-    let fail = |source: notify::Error| StartError::Watch {
-        dir: dir.to_path_buf(),
-        source,
+    let fail = |source: notify::Error| match pluglet_core::inotify::InotifyLimit::of_notify(&source)
+    {
+        Some(limit) => StartError::WatchLimit {
+            dir: dir.to_path_buf(),
+            limit: limit.reached(),
+        },
+        None => StartError::Watch {
+            dir: dir.to_path_buf(),
+            source,
+        },
     };
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };

@@ -55,21 +55,11 @@ enum WatchFailure {
 
 impl WatchError {
     fn new(dir: PathBuf, error: notify::Error) -> WatchError {
-        let source = match limit_of(&error) {
+        let source = match InotifyLimit::of_notify(&error) {
             Some(limit) => WatchFailure::Limit(limit.reached()),
             None => WatchFailure::Notify(error),
         };
         WatchError { dir, source }
-    }
-}
-
-/// The per-user inotify limit `e` says was reached, if any: notify reports the watch limit as
-/// its own kind, the instance limit as the OS error.
-fn limit_of(e: &notify::Error) -> Option<InotifyLimit> {
-    match &e.kind {
-        notify::ErrorKind::MaxFilesWatch => Some(InotifyLimit::Watches),
-        notify::ErrorKind::Io(io) => InotifyLimit::of_io(io),
-        _ => None,
     }
 }
 
@@ -266,7 +256,7 @@ fn watch_module_dirs(
     }
     for dir in wanted.iter().filter(|d| !extra.contains(d)) {
         if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
-            let error = match limit_of(&e) {
+            let error = match InotifyLimit::of_notify(&e) {
                 Some(limit) => limit.reached().to_string(),
                 None => e.to_string(),
             };

@@ -110,7 +110,7 @@ impl Watcher {
         let watcher = notify::recommended_watcher(move |ev: notify::Result<Event>| {
             let _ = tx.send(ev);
         })
-        .map_err(|e| match limit_of(&e) {
+        .map_err(|e| match InotifyLimit::of_notify(&e) {
             Some(limit) => WatchError::InstanceLimit(limit.reached()),
             None => WatchError::Create(e),
         })?;
@@ -155,7 +155,7 @@ impl Watcher {
         let ev = match ev {
             Ok(ev) => ev,
             Err(e) => {
-                if let Some(limit) = limit_of(&e) {
+                if let Some(limit) = InotifyLimit::of_notify(&e) {
                     error!(
                         error = %limit.reached(),
                         "a sub-directory is not watched: until the limit is raised, sockets \
@@ -328,7 +328,7 @@ impl Watcher {
     fn watch_dir(&mut self, dir: &Path) -> Result<(), WatchError> {
         self.watcher
             .watch(dir, RecursiveMode::NonRecursive)
-            .map_err(|source| match limit_of(&source) {
+            .map_err(|source| match InotifyLimit::of_notify(&source) {
                 Some(limit) => WatchError::WatchLimit {
                     path: dir.to_owned(),
                     limit: limit.reached(),
@@ -353,16 +353,6 @@ fn looks_like_socket(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "sock")
 }
 
-/// The per-user inotify limit `e` says was reached, if any: notify reports the watch limit as
-/// its own kind, the instance limit as the OS error.
-fn limit_of(e: &notify::Error) -> Option<InotifyLimit> {
-    match &e.kind {
-        notify::ErrorKind::MaxFilesWatch => Some(InotifyLimit::Watches),
-        notify::ErrorKind::Io(io) => InotifyLimit::of_io(io),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::os::unix::net::UnixListener;
@@ -374,11 +364,17 @@ mod tests {
     #[test]
     fn a_limit_reached_names_the_sysctl_and_the_command_once() {
         let watches = notify::Error::new(notify::ErrorKind::MaxFilesWatch);
-        assert_eq!(limit_of(&watches), Some(InotifyLimit::Watches));
+        assert_eq!(
+            InotifyLimit::of_notify(&watches),
+            Some(InotifyLimit::Watches)
+        );
         let instances = notify::Error::io(io::Error::from_raw_os_error(libc::EMFILE));
-        assert_eq!(limit_of(&instances), Some(InotifyLimit::Instances));
+        assert_eq!(
+            InotifyLimit::of_notify(&instances),
+            Some(InotifyLimit::Instances)
+        );
         let other = notify::Error::io(io::Error::from_raw_os_error(libc::EACCES));
-        assert_eq!(limit_of(&other), None);
+        assert_eq!(InotifyLimit::of_notify(&other), None);
 
         let error = WatchError::WatchLimit {
             path: PathBuf::from("/r/plugins_registry"),

@@ -223,6 +223,12 @@ fn is_not_listening_yet(error: &io::Error) -> bool {
     )
 }
 
+/// Whether a process accepts connections on the unix socket at `path`: a daemon about to serve
+/// there checks this first, so that it never takes a live socket from another server.
+pub fn answers(path: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
 /// Binds a listening unix socket at `path`.
 ///
 /// Creates the parent directory if needed, removes a stale socket file left by an earlier process
