@@ -37,11 +37,11 @@ pub mod operation;
 pub mod plugin;
 pub mod reconciler;
 pub mod registration;
+pub mod timings;
 pub mod watcher;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use pluglet_registration::Pipeline;
 use tokio::sync::{mpsc, oneshot};
@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use plugin::{PluginType, SocketPath, SocketPlugin};
 pub use reconciler::{SocketState, SocketStatus};
+pub use timings::PluginManagerTimings;
 pub use watcher::WatchError;
 
 /// The reconciler is gone (the daemon is stopping).
@@ -91,23 +92,6 @@ pub struct PluginManagerConfig {
     pub registry_dir: PathBuf,
     /// Deadlines and backoff.
     pub timings: PluginManagerTimings,
-}
-
-/// The plugin manager's deadlines and backoff (the kubelet's values are the daemon's defaults).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PluginManagerTimings {
-    /// First retry delay after a failed operation.
-    pub backoff_initial: Duration,
-    /// Cap of the doubling retry delay.
-    pub backoff_max: Duration,
-    /// Connecting to a plugin socket, with quick retries while it is not listening yet.
-    pub dial_timeout: Duration,
-    /// GetInfo deadline.
-    pub get_info_timeout: Duration,
-    /// NotifyRegistrationStatus deadline.
-    pub notify_timeout: Duration,
-    /// Safety-net rescan of the registry directory.
-    pub resync_period: Duration,
 }
 
 /// A running plugin manager: its handle and its tasks (watcher, reconciler).

@@ -20,7 +20,7 @@ use tracing::{Instrument as _, debug, warn};
 
 use super::plugin::{Generation, PluginType, SocketPath, SocketPlugin};
 use super::registration::RegistrationClient;
-use crate::PluginManagerTimings;
+use crate::timings::PluginManagerTimings;
 
 /// Something the reconciler asks the executor to do for one socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
