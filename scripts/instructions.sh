@@ -21,7 +21,7 @@
 #   `cargo build --release -p pluglet --bin pluglet -p example-device-plugin`),
 #   HELD (allocations held for the "held" row, default 10000; 0 skips that row),
 #   SETTLE (seconds to let the daemon settle before a dump, default 1.5),
-#   KEEP=1 (keep the work directory: the daemon's log, the plugins' logs, every dump).
+#   KEEP=1 (keep the work directory: the daemon's and the plugins' logs, the nodes' files).
 set -euo pipefail
 
 RUNS=${1:-1}
@@ -45,7 +45,6 @@ PLUGLET=$(realpath "$BIN_DIR/pluglet")
 PLUGIN=$(realpath "$BIN_DIR/example-device-plugin")
 
 WORK=$(mktemp -d)
-WRITER_THREAD=none
 CHILDREN=()
 stop_children() {
     for pid in "${CHILDREN[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -101,13 +100,15 @@ stop_daemon() {
 }
 
 callgrind() {
-    mkdir -p "$CG_DIR/done"
-    exec valgrind --tool=callgrind --dump-instr=no --collect-atstart=yes --separate-threads=yes \
+    mkdir -p "$CG_DIR"
+    exec valgrind --tool=callgrind --dump-instr=no --compress-strings=no --collect-atstart=yes \
+        --separate-threads=yes \
         --callgrind-out-file="$CG_DIR/cg.out" "$@"
 }
 
 # Dumps the counters (one file per thread) and prints the instructions since the previous dump:
-# all threads, then the checkpoint writer's thread alone.
+# every thread, then the checkpoint writer's thread alone (the thread that computed a kubelet
+# checksum: the writer runs on a thread of its own, and nothing else computes one).
 dump() {
     callgrind_control --dump "$DAEMON_PID" >/dev/null 2>&1
     local files=("$CG_DIR"/cg.out.*)
@@ -115,23 +116,13 @@ dump() {
         echo "error: callgrind_control --dump wrote no file" >&2
         exit 1
     }
-    awk -v writer="-$WRITER_THREAD\$" '
-        /^(summary|totals):/ { n[FILENAME] = $2 }
-        END { for (f in n) { all += n[f]; if (f ~ writer) w += n[f] }; print all + 0, w + 0 }' "${files[@]}"
-    mv "${files[@]}" "$CG_DIR/done/"
+    awk '/^(summary|totals):/ { n[FILENAME] = $2 }
+        /^fn=.*pluglet_checkpoint::checksum::checksum/ { writer[FILENAME] = 1 }
+        END { for (f in n) { all += n[f]; if (f in writer) w += n[f] }; print all + 0, w + 0 }' "${files[@]}"
+    rm -f "${files[@]}"
 }
 
 settle() { sleep "$SETTLE"; }
-
-# Finds the checkpoint writer's thread: the one that ran the closure its spawn hands over.
-find_writer_thread() {
-    dump >/dev/null
-    WRITER_THREAD=$(grep -l 'spawn_writer::{{closure}}' "$CG_DIR"/done/cg.out.* | head -1 | sed 's/.*-//')
-    [ -n "$WRITER_THREAD" ] || {
-        echo "error: no checkpoint writer thread found in the first dump" >&2
-        exit 1
-    }
-}
 
 # measure ROW N OP [SETUP]: OP and SETUP are functions called with the operation's index.
 measure() {
@@ -178,7 +169,6 @@ flip() {
     wait_checkpoint_after "$before"
 }
 alloc_held() { ctl allocate --pod "ph-$1" --container c --resource bench.io/held --count 1; }
-fill() { ctl allocate --pod "fill-$1" --container c --resource bench.io/held --count 1; }
 
 one_run() {
     local run=$1
@@ -191,17 +181,12 @@ one_run() {
     CG_DIR=$WORK/cg-a.$run
     start_daemon callgrind
     start_plugin bench.io/r8 8
-    start_plugin bench.io/r1k 1024
-    start_plugin bench.io/big 10000
-    BIG_PID=$PLUGIN_PID
     wait_allocatable bench.io/r8 8
-    wait_allocatable bench.io/r1k 1024
-    wait_allocatable bench.io/big 10000
-    find_writer_thread
-
     for i in 0 1 2; do alloc8 "w$i"; release8 "w$i"; done
     measure "allocate 1 of 8" 8 alloc8
     measure "release" 8 release8
+    start_plugin bench.io/r1k 1024
+    wait_allocatable bench.io/r1k 1024
     for i in 0 1 2; do alloc1024 "w$i"; release1024 "w$i"; done
     measure "allocate 1 of 1,024" 16 alloc1024
     for ((i = 0; i < 16; i++)); do release1024 "$i"; done
@@ -214,6 +199,9 @@ one_run() {
     measure "admin round trip (allocations, empty)" 16 admin
     register w
     measure "kubelet.sock Register -> visible" 4 register
+    start_plugin bench.io/big 10000
+    BIG_PID=$PLUGIN_PID
+    wait_allocatable bench.io/big 10000
     flip
     flip
     measure "10,000-device update -> visible" 4 flip
@@ -227,13 +215,13 @@ one_run() {
         start_daemon
         start_plugin bench.io/held $((HELD + 64))
         wait_allocatable bench.io/held $((HELD + 64))
+        echo "  filling the node with $HELD allocations (native daemon)" >&2
         seq 0 $((HELD - 1)) | xargs -P 4 -I{} "$PLUGLET" ctl --root "$ROOT" --timeout 60s \
             allocate --pod "fill-{}" --container c --resource bench.io/held --count 1 >/dev/null
         stop_daemon
         CG_DIR=$WORK/cg-b.$run
         start_daemon callgrind
-        wait_allocatable bench.io/held 64
-        find_writer_thread
+        wait_allocatable bench.io/held $((HELD + 64))
         for i in 0 1 2; do alloc_held "w$i"; ctl release --pod "ph-w$i"; done
         measure "allocate 1 with $HELD held" 8 alloc_held
         stop_daemon
@@ -245,14 +233,20 @@ for ((run = 1; run <= RUNS; run++)); do one_run "$run"; done
 
 echo
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d), $RUNS run(s)"
-echo "| row | N | instructions per op (every run) | of which the checkpoint writer | spread |"
-echo "|---|---|---|---|---|"
-paste "$WORK"/results.* | awk -F'\t' -v runs="$RUNS" '{
-    min = $3; max = $3; all = $3; w = $4
-    for (r = 1; r < runs; r++) {
-        v = $(3 + 4 * r); all = all " / " v; w = w " / " $(4 + 4 * r)
-        if (v < min) min = v
-        if (v > max) max = v
-    }
-    printf "| %s | %s | %s | %s | %.2f %% |\n", $1, $2, all, w, 100 * (max - min) / min
-}'
+echo "| row | N | all threads | of which the checkpoint writer | all but the writer | spread (all / all but the writer) |"
+echo "|---|---|---|---|---|---|"
+paste "$WORK"/results.* | awk -F'\t' -v runs="$RUNS" '
+    function spread(lo, hi) { return lo > 0 ? sprintf("%.2f %%", 100 * (hi - lo) / lo) : "-" }
+    {
+        all = ""; w = ""; path = ""
+        for (r = 0; r < runs; r++) {
+            a = $(3 + 4 * r); b = $(4 + 4 * r); c = a - b
+            sep = r ? " / " : ""
+            all = all sep a; w = w sep b; path = path sep c
+            if (!r || a < amin) amin = a
+            if (!r || a > amax) amax = a
+            if (!r || c < cmin) cmin = c
+            if (!r || c > cmax) cmax = c
+        }
+        printf "| %s | %s | %s | %s | %s | %s / %s |\n", $1, $2, all, w, path, spread(amin, amax), spread(cmin, cmax)
+    }'
