@@ -29,6 +29,7 @@
 #   SETTLE (seconds to let the daemon settle before a dump, default 1.5),
 #   KEEP=1 (keep the work directory: the daemon's and the plugins' logs, the nodes' files).
 set -euo pipefail
+shopt -s extglob
 
 RUNS=${1:-1}
 BIN_DIR=${BIN_DIR:-target/release}
@@ -67,10 +68,23 @@ ctl() { "$PLUGLET" ctl --root "$ROOT" --timeout 60s "$@" >/dev/null; }
 checkpoint() { echo "$ROOT/device-plugins/kubelet_internal_checkpoint"; }
 inode() { stat -c %i "$(checkpoint)" 2>/dev/null || echo none; }
 
+# until_true SECONDS COMMAND...: polls COMMAND until it succeeds; fails after SECONDS.
+until_true() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.05
+    done
+}
+
 # Waits until the checkpoint file is replaced (a rename after a device change).
+checkpoint_replaced() { [ "$(inode)" != "$1" ]; }
 wait_checkpoint_after() {
-    local before=$1
-    timeout 120 bash -c 'while [ "$(stat -c %i "$1" 2>/dev/null || echo none)" = "$2" ]; do sleep 0.05; done' - "$(checkpoint)" "$before"
+    until_true 120 checkpoint_replaced "$1" || {
+        echo "error: the checkpoint was not rewritten within 120 s" >&2
+        exit 1
+    }
 }
 
 # Starts an example device plugin through kubelet.sock; its pid lands in PLUGIN_PID.
@@ -82,10 +96,22 @@ start_plugin() {
     CHILDREN+=("$PLUGIN_PID")
 }
 
+has_allocatable() {
+    local resources
+    resources=$("$PLUGLET" ctl --root "$ROOT" resources -o json 2>/dev/null | tr -d ' \n') || return 1
+    [[ $resources == *"\"resource\":\"$1\",\"capacity\":"+([0-9])",\"allocatable\":$2,"* ]]
+}
 wait_allocatable() {
-    local resource=$1 count=$2
-    timeout 300 bash -c 'until "$1" ctl --root "$2" resources -o json 2>/dev/null | tr -d " \n" | grep -q "\"resource\":\"$3\",\"capacity\":[0-9]*,\"allocatable\":$4,"; do sleep 0.2; done' \
-        - "$PLUGLET" "$ROOT" "$resource" "$count"
+    until_true 300 has_allocatable "$@" || {
+        echo "error: $1 did not show $2 allocatable devices within 300 s; logs in $WORK" >&2
+        exit 1
+    }
+}
+
+is_ready() {
+    local status
+    status=$("$PLUGLET" ctl --root "$ROOT" status -o json 2>/dev/null) || return 1
+    [[ $status == *'"ready": true'* ]]
 }
 
 # start_daemon [callgrind]: runs the daemon on $ROOT (under callgrind, with its metrics served
@@ -103,8 +129,7 @@ start_daemon() {
     fi
     DAEMON_PID=$!
     CHILDREN+=("$DAEMON_PID")
-    timeout 600 bash -c 'until "$1" ctl --root "$2" status -o json 2>/dev/null | grep -q "\"ready\": true"; do sleep 0.2; done' \
-        - "$PLUGLET" "$ROOT" || {
+    until_true 600 is_ready || {
         echo "error: the daemon did not become ready; its log: $WORK/daemon.log" >&2
         exit 1
     }
