@@ -1,0 +1,296 @@
+#!/usr/bin/env bash
+# Instructions per operation: the daemon's own cost, counted by callgrind.
+#
+# Runs the release `pluglet` daemon under `valgrind --tool=callgrind` (every thread of the daemon
+# process in one count) and the example device plugins and `pluglet ctl` as ordinary processes,
+# so only the daemon's instructions are counted. For each row it warms up, dumps the counters
+# (callgrind zeroes them at each dump), runs N operations, lets the daemon settle (the checkpoint
+# writer's rewrite that follows an allocation is inside the count), dumps again and prints
+#   (instructions after the N operations − instructions after the warm-up) / N.
+# Rows that need a setup step between operations (allocate 1,024 of 1,024 needs a release, a
+# registration needs a new plugin) dump around each operation and sum those counts instead.
+#
+# Reading the table: "all threads" is every thread of the daemon; "of which the checkpoint
+# writer" is the thread that rewrites kubelet_internal_checkpoint off the allocation path (it
+# batches changes quiet for 20 ms, so how many rewrites fall in a row varies with timing; the
+# rewrites are counted from the daemon's metric, read outside the counted windows);
+# "all but the writer" is the operation's own path, the figure to compare between builds. It
+# repeats run to run; what still differs is the daemon's timers while it waits (a settle, a
+# plugin starting), which is the spread printed for two runs or more.
+#
+# "1 with 10,000 held": a native daemon first fills the node through `pluglet ctl`, then stops;
+# the daemon under callgrind restores those allocations from disk and is measured on them.
+#
+# Usage: scripts/instructions.sh [RUNS]   (default 1; with 2 or more, prints every run and the
+#        spread: (max − min) / min per row)
+# Environment: BIN_DIR (default target/release; build it with
+#   `cargo build --release -p pluglet --bin pluglet -p example-device-plugin`),
+#   HELD (allocations held for the "held" row, default 10000; 0 skips that row),
+#   SETTLE (seconds to let the daemon settle before a dump, default 1.5),
+#   KEEP=1 (keep the work directory: the daemon's and the plugins' logs, the nodes' files).
+set -euo pipefail
+shopt -s extglob
+
+RUNS=${1:-1}
+BIN_DIR=${BIN_DIR:-target/release}
+HELD=${HELD:-10000}
+SETTLE=${SETTLE:-1.5}
+
+for tool in valgrind callgrind_control; do
+    command -v "$tool" >/dev/null || {
+        echo "error: $tool not found: install valgrind (it provides callgrind_control)" >&2
+        exit 2
+    }
+done
+for bin in pluglet example-device-plugin; do
+    [ -x "$BIN_DIR/$bin" ] || {
+        echo "error: $BIN_DIR/$bin missing: cargo build --release -p pluglet --bin pluglet -p example-device-plugin" >&2
+        exit 2
+    }
+done
+PLUGLET=$(realpath "$BIN_DIR/pluglet")
+PLUGIN=$(realpath "$BIN_DIR/example-device-plugin")
+
+WORK=$(mktemp -d)
+CHILDREN=()
+stop_children() {
+    for pid in "${CHILDREN[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    CHILDREN=()
+}
+cleanup() {
+    stop_children
+    if [ -n "${KEEP:-}" ]; then echo "work directory kept: $WORK" >&2; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+
+ctl() { "$PLUGLET" ctl --root "$ROOT" --timeout 60s "$@" >/dev/null; }
+checkpoint() { echo "$ROOT/device-plugins/kubelet_internal_checkpoint"; }
+inode() { stat -c %i "$(checkpoint)" 2>/dev/null || echo none; }
+
+# until_true SECONDS COMMAND...: polls COMMAND until it succeeds; fails after SECONDS.
+until_true() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.05
+    done
+}
+
+# Waits until the checkpoint file is replaced (a rename after a device change).
+checkpoint_replaced() { [ "$(inode)" != "$1" ]; }
+wait_checkpoint_after() {
+    until_true 120 checkpoint_replaced "$1" || {
+        echo "error: the checkpoint was not rewritten within 120 s" >&2
+        exit 1
+    }
+}
+
+# Starts an example device plugin through kubelet.sock; its pid lands in PLUGIN_PID.
+start_plugin() {
+    local resource=$1 devices=$2
+    "$PLUGIN" --resource "$resource" --devices "$devices" \
+        --kubelet-socket "$ROOT/device-plugins/kubelet.sock" >>"$WORK/plugins.log" 2>&1 &
+    PLUGIN_PID=$!
+    CHILDREN+=("$PLUGIN_PID")
+}
+
+has_allocatable() {
+    local resources
+    resources=$("$PLUGLET" ctl --root "$ROOT" resources -o json 2>/dev/null | tr -d ' \n') || return 1
+    [[ $resources == *"\"resource\":\"$1\",\"capacity\":"+([0-9])",\"allocatable\":$2,"* ]]
+}
+wait_allocatable() {
+    until_true 300 has_allocatable "$@" || {
+        echo "error: $1 did not show $2 allocatable devices within 300 s; logs in $WORK" >&2
+        exit 1
+    }
+}
+
+is_ready() {
+    local status
+    status=$("$PLUGLET" ctl --root "$ROOT" status -o json 2>/dev/null) || return 1
+    [[ $status == *'"ready": true'* ]]
+}
+
+# start_daemon [callgrind]: runs the daemon on $ROOT (under callgrind, with its metrics served
+# on $METRICS) until ready.
+start_daemon() {
+    local args=(run --root "$ROOT" --handler-pool-size 1 --log-level warn)
+    if [ "${1:-}" = callgrind ]; then
+        METRICS=127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        mkdir -p "$CG_DIR"
+        valgrind --tool=callgrind --dump-instr=no --compress-strings=no --collect-atstart=yes \
+            --separate-threads=yes --callgrind-out-file="$CG_DIR/cg.out" \
+            "$PLUGLET" "${args[@]}" --metrics-addr "$METRICS" 2>>"$WORK/daemon.log" &
+    else
+        "$PLUGLET" "${args[@]}" 2>>"$WORK/daemon.log" &
+    fi
+    DAEMON_PID=$!
+    CHILDREN+=("$DAEMON_PID")
+    until_true 600 is_ready || {
+        echo "error: the daemon did not become ready; its log: $WORK/daemon.log" >&2
+        exit 1
+    }
+}
+
+stop_daemon() {
+    kill -TERM "$DAEMON_PID"
+    wait "$DAEMON_PID" 2>/dev/null || true
+}
+
+# Checkpoint rewrites so far (the daemon's metric; read outside the counted windows).
+rewrites() {
+    curl -s "http://$METRICS/metrics" | awk '/^pluglet_checkpoint_writes_total/ { n += $NF } END { print n + 0 }'
+}
+
+# Dumps the counters (one file per thread) and prints the instructions since the previous dump:
+# every thread, then the checkpoint writer's thread alone (the thread that computed a kubelet
+# checksum: the writer runs on a thread of its own, and nothing else computes one).
+dump() {
+    callgrind_control --dump "$DAEMON_PID" >/dev/null 2>&1
+    local files=("$CG_DIR"/cg.out.*)
+    [ -e "${files[0]}" ] || {
+        echo "error: callgrind_control --dump wrote no file" >&2
+        exit 1
+    }
+    awk '/^(summary|totals):/ { n[FILENAME] = $2 }
+        /^fn=.*pluglet_checkpoint::checksum::checksum/ { writer[FILENAME] = 1 }
+        END { for (f in n) { all += n[f]; if (f in writer) w += n[f] }; print all + 0, w + 0 }' "${files[@]}"
+    rm -f "${files[@]}"
+}
+
+settle() { sleep "$SETTLE"; }
+
+# measure ROW N OP [SETUP]: OP and SETUP are functions called with the operation's index.
+measure() {
+    local row=$1 n=$2 op=$3 setup=${4:-} total=0 writer=0 written=0 i all w before
+    if [ -z "$setup" ]; then
+        before=$(rewrites)
+        dump >/dev/null
+        for ((i = 0; i < n; i++)); do "$op" "$i"; done
+        settle
+        read -r total writer < <(dump)
+        written=$(($(rewrites) - before))
+    else
+        for ((i = 0; i < n; i++)); do
+            "$setup" "$i"
+            settle
+            before=$(rewrites)
+            dump >/dev/null
+            "$op" "$i"
+            settle
+            read -r all w < <(dump)
+            written=$((written + $(rewrites) - before))
+            total=$((total + all))
+            writer=$((writer + w))
+        done
+    fi
+    printf '%s\t%d\t%d\t%d\t%d\n' "$row" "$n" "$((total / n))" "$((writer / n))" "$written" >>"$RESULTS"
+    printf '  %-40s N=%-3d %12d instructions/op, %d of them the checkpoint writer (%d rewrites)\n' \
+        "$row" "$n" "$((total / n))" "$((writer / n))" "$written" >&2
+}
+
+alloc8() { ctl allocate --pod "p8-$1" --container c --resource bench.io/r8 --count 1; }
+release8() { ctl release --pod "p8-$1"; }
+alloc1024() { ctl allocate --pod "p1k-$1" --container c --resource bench.io/r1k --count 1; }
+release1024() { ctl release --pod "p1k-$1"; }
+alloc_all() { ctl allocate --pod "pall-$1" --container c --resource bench.io/r1k --count 1024; }
+release_previous_all() { ctl release --pod "pall-$(($1 - 1))"; }
+admin() { ctl allocations; }
+register() {
+    local before
+    before=$(inode)
+    start_plugin "bench.io/reg$1" 8
+    wait_checkpoint_after "$before"
+}
+flip() {
+    local before
+    before=$(inode)
+    kill -USR1 "$BIG_PID"
+    wait_checkpoint_after "$before"
+}
+alloc_held() { ctl allocate --pod "ph-$1" --container c --resource bench.io/held --count 1; }
+
+one_run() {
+    local run=$1
+    RESULTS=$WORK/results.$run
+    : >"$RESULTS"
+    echo "run $run" >&2
+
+    ROOT=$WORK/node-a.$run
+    mkdir -p "$ROOT"
+    CG_DIR=$WORK/cg-a.$run
+    start_daemon callgrind
+    start_plugin bench.io/r8 8
+    wait_allocatable bench.io/r8 8
+    for i in 0 1 2; do alloc8 "w$i"; release8 "w$i"; done
+    measure "allocate 1 of 8" 8 alloc8
+    measure "release" 8 release8
+    start_plugin bench.io/r1k 1024
+    wait_allocatable bench.io/r1k 1024
+    for i in 0 1 2; do alloc1024 "w$i"; release1024 "w$i"; done
+    measure "allocate 1 of 1,024" 16 alloc1024
+    for ((i = 0; i < 16; i++)); do release1024 "$i"; done
+    alloc_all w
+    ctl release --pod pall-w
+    ctl allocate --pod pall--1 --container c --resource bench.io/r1k --count 1
+    measure "allocate 1,024 of 1,024" 4 alloc_all release_previous_all
+    ctl release --pod pall-3
+    for i in 0 1 2; do admin; done
+    measure "admin round trip (allocations, empty)" 64 admin
+    register w
+    measure "kubelet.sock Register -> visible" 4 register
+    start_plugin bench.io/big 10000
+    BIG_PID=$PLUGIN_PID
+    wait_allocatable bench.io/big 10000
+    flip
+    flip
+    measure "10,000-device update -> visible" 4 flip
+    stop_daemon
+    stop_children
+
+    if [ "$HELD" -gt 0 ]; then
+        # Fill natively, then measure under callgrind on the restored node.
+        ROOT=$WORK/node-b.$run
+        mkdir -p "$ROOT"
+        start_daemon
+        start_plugin bench.io/held $((HELD + 64))
+        wait_allocatable bench.io/held $((HELD + 64))
+        echo "  filling the node with $HELD allocations (native daemon)" >&2
+        seq 0 $((HELD - 1)) | xargs -P 4 -I{} "$PLUGLET" ctl --root "$ROOT" --timeout 60s \
+            allocate --pod "fill-{}" --container c --resource bench.io/held --count 1 >/dev/null
+        stop_daemon
+        CG_DIR=$WORK/cg-b.$run
+        start_daemon callgrind
+        wait_allocatable bench.io/held $((HELD + 64))
+        for i in 0 1 2; do alloc_held "w$i"; ctl release --pod "ph-w$i"; done
+        measure "allocate 1 with $HELD held" 8 alloc_held
+        stop_daemon
+        stop_children
+    fi
+}
+
+for ((run = 1; run <= RUNS; run++)); do one_run "$run"; done
+
+echo
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d), $RUNS run(s)"
+echo "| row | N | all threads | of which the checkpoint writer | all but the writer | checkpoint rewrites; writer instructions per rewrite | spread (all / all but the writer) |"
+echo "|---|---|---|---|---|---|---|"
+paste "$WORK"/results.* | awk -F'\t' -v runs="$RUNS" '
+    function spread(lo, hi) { return lo > 0 ? sprintf("%.2f %%", 100 * (hi - lo) / lo) : "-" }
+    {
+        all = ""; w = ""; path = ""; rw = ""
+        for (r = 0; r < runs; r++) {
+            a = $(3 + 5 * r); b = $(4 + 5 * r); k = $(5 + 5 * r); c = a - b
+            sep = r ? " / " : ""
+            all = all sep a; w = w sep b; path = path sep c
+            rw = rw sep k "; " (k ? int(b * $2 / k) : "-")
+            if (!r || a < amin) amin = a
+            if (!r || a > amax) amax = a
+            if (!r || c < cmin) cmin = c
+            if (!r || c > cmax) cmax = c
+        }
+        printf "| %s | %s | %s | %s | %s | %s | %s / %s |\n", $1, $2, all, w, path, rw, spread(amin, amax), spread(cmin, cmax)
+    }'
