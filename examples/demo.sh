@@ -48,8 +48,8 @@ if [ -z "$bin" ]; then
         echo "error: could not add the wasm32-wasip2 target; run 'rustup target add wasm32-wasip2' and retry" >&2
         exit 1
     }
-    echo "==> cargo build -p pluglet --bin pluglet -p example-csi-plugin -p example-device-plugin"
-    cargo build -p pluglet --bin pluglet -p example-csi-plugin -p example-device-plugin
+    echo "==> cargo build --bins -p pluglet -p example-csi-plugin -p example-device-plugin"
+    cargo build --bins -p pluglet -p example-csi-plugin -p example-device-plugin
     bin="${CARGO_TARGET_DIR:-target}/debug"
 fi
 for name in "${binaries[@]}"; do
