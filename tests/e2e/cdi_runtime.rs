@@ -17,6 +17,17 @@ use crate::support::{Daemon, TestRoot};
 
 /// The directory podman reads specs made at run time from.
 const RUNTIME_CDI_DIR: &str = "/var/run/cdi";
+
+/// Held by each test that allocates into [`RUNTIME_CDI_DIR`] for as long as it runs: a spec one
+/// test's release removes while another test's podman scans the directory can make that scan
+/// see no device at all (docs/cdi.md, "The runtimes").
+static RUNTIME_CDI_DIR_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn runtime_cdi_dir_alone() -> std::sync::MutexGuard<'static, ()> {
+    RUNTIME_CDI_DIR_USERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 const WIDGET: &str = "example.com/widget";
 
 /// `podman ARGS` with its own image store under `root` (vfs: no overlay mounts, nothing left in
@@ -146,6 +157,7 @@ fn podman_injects_an_allocation_by_its_cdi_name_until_it_is_released() {
         text(&version)
     );
     let image = busybox_image(&root.path());
+    let _alone = runtime_cdi_dir_alone();
     // The plugin's mount source (read-only bind mount of the allocation).
     std::fs::create_dir_all(format!("/tmp/vendor/{}", WIDGET.replace('/', "_"))).unwrap();
 
@@ -213,6 +225,7 @@ fn identical_device_specs_are_one_node_and_run_in_podman() {
     );
     let root = TestRoot::new();
     let image = busybox_image(&root.path());
+    let _alone = runtime_cdi_dir_alone();
     let daemon = Daemon::start(&root.path(), &["--cdi-spec-dir", RUNTIME_CDI_DIR]);
     let _plugin = DevicePluginProcess::start(
         &root,

@@ -2,6 +2,12 @@
 //! all (a temporary file renamed over the old one, mode 0644) so that a runtime reading the
 //! directory at any moment sees either the old spec or the new one. Nothing else in the
 //! directory is read, changed or removed.
+//!
+//! The temporary files live in a subdirectory, [`TEMP_DIR`], never beside the specs: a runtime
+//! lists the directory and then looks at each name, and some CDI libraries (the one in podman
+//! 4.3) abandon the whole scan, seeing no device at all, when a listed name is gone by then, as
+//! a temporary file is once renamed. Runtimes skip subdirectories. A spec removed at a release
+//! can still vanish under such a scan; see docs/cdi.md.
 
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
@@ -15,8 +21,10 @@ use super::names::{DEVICE_PREFIX, Kind};
 pub const FILE_PREFIX: &str = "pluglet-";
 /// End of every spec file name (runtimes read `*.json` and `*.yaml`).
 pub const FILE_SUFFIX: &str = ".json";
-/// Start of a temporary file while it is written (never matched by a runtime's `*.json`).
-const TEMP_PREFIX: &str = ".pluglet-";
+/// The subdirectory holding a spec while it is written (runtimes read no subdirectory).
+pub const TEMP_DIR: &str = ".pluglet-tmp";
+/// Start of a temporary file left beside the specs by an older Pluglet (removed at start).
+const OLD_TEMP_PREFIX: &str = ".pluglet-";
 
 /// The file name of the spec of `device` of `kind`: `pluglet-<vendor>=<class>=<device>.json`
 /// with the device name's own `pluglet-` left out (`=` appears in no vendor, class or device
@@ -52,12 +60,17 @@ impl SpecDir {
         &self.path
     }
 
-    /// Creates the directory (mode 0755) unless it exists.
+    /// Creates the directory (mode 0755) and its temporary subdirectory (mode 0700) unless
+    /// they exist.
     pub fn create(&self) -> std::io::Result<()> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
-            .create(&self.path)
+            .create(&self.path)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(self.path.join(TEMP_DIR))
     }
 
     /// Writes `content` as `file`, replacing what was there in one step. No fsync: after a
@@ -65,9 +78,7 @@ impl SpecDir {
     /// The directory is made only when it is missing (start-up makes it; this covers its
     /// removal while the daemon runs), so an allocation pays no extra system call.
     pub fn write(&self, file: &str, content: &[u8]) -> std::io::Result<()> {
-        let temp = self
-            .path
-            .join(format!("{TEMP_PREFIX}{}.tmp", &file[FILE_PREFIX.len()..]));
+        let temp = self.path.join(TEMP_DIR).join(format!("{file}.tmp"));
         let open = || {
             std::fs::OpenOptions::new()
                 .write(true)
@@ -113,7 +124,8 @@ impl SpecDir {
     }
 
     /// Pluglet's spec files (`pluglet-*.json`) now in the directory, and its temporary files
-    /// left by a crash; none when the directory does not exist.
+    /// left by a crash (paths relative to the directory); none when the directory does not
+    /// exist.
     pub fn own_files(&self) -> std::io::Result<(Vec<String>, Vec<String>)> {
         let entries = match std::fs::read_dir(&self.path) {
             Ok(entries) => entries,
@@ -128,11 +140,23 @@ impl SpecDir {
             };
             if name.starts_with(FILE_PREFIX) && name.ends_with(FILE_SUFFIX) {
                 specs.push(name);
-            } else if name.starts_with(TEMP_PREFIX) && name.ends_with(".tmp") {
+            } else if name.starts_with(OLD_TEMP_PREFIX) && name.ends_with(".tmp") {
                 temps.push(name);
             }
         }
+        match std::fs::read_dir(self.path.join(TEMP_DIR)) {
+            Ok(entries) => {
+                for entry in entries {
+                    if let Ok(name) = entry?.file_name().into_string() {
+                        temps.push(format!("{TEMP_DIR}/{name}"));
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         specs.sort();
+        temps.sort();
         Ok((specs, temps))
     }
 }
@@ -177,6 +201,17 @@ mod tests {
         dir.write("pluglet-a.json", b"{\"x\":1}").unwrap();
         std::fs::write(tmp.path().join("cdi/vendor.json"), b"{}").unwrap();
         std::fs::write(tmp.path().join("cdi/.pluglet-b.json.tmp"), b"").unwrap();
+        std::fs::write(tmp.path().join("cdi/.pluglet-tmp/pluglet-c.json.tmp"), b"").unwrap();
+        let listed: Vec<String> = std::fs::read_dir(tmp.path().join("cdi"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|name| name.ends_with(".tmp"))
+            .collect();
+        assert_eq!(
+            listed,
+            [".pluglet-b.json.tmp"],
+            "no temporary file beside the specs"
+        );
         let meta = std::fs::metadata(tmp.path().join("cdi/pluglet-a.json")).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o644);
         assert_eq!(
@@ -187,7 +222,10 @@ mod tests {
             dir.own_files().unwrap(),
             (
                 vec!["pluglet-a.json".to_owned()],
-                vec![".pluglet-b.json.tmp".to_owned()]
+                vec![
+                    ".pluglet-b.json.tmp".to_owned(),
+                    ".pluglet-tmp/pluglet-c.json.tmp".to_owned()
+                ]
             )
         );
         dir.remove("pluglet-a.json").unwrap();
