@@ -10,10 +10,9 @@
 #                                               nothing; CI passes target/debug, which the test
 #                                               build made)
 #
-# The build is a debug one (`cargo build`) of the three binaries the demo runs: `pluglet`
-# (with the built-in handlers, built by its wasm-guests dependency), `example-csi-plugin` and
-# `example-device-plugin`. The demo measures nothing, so it skips release optimisation, and the
-# tests build the same profile.
+# The build is of the three binaries the demo runs, `pluglet` (with the built-in handlers, built
+# by its wasm-guests dependency), `example-csi-plugin` and `example-device-plugin`, with the
+# `demo` profile (Cargo.toml): the quickest to build from a fresh clone, into target/demo.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,7 +31,7 @@ while (($#)); do
         shift
         ;;
     -h | --help)
-        sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -48,9 +47,10 @@ if [ -z "$bin" ]; then
         echo "error: could not add the wasm32-wasip2 target; run 'rustup target add wasm32-wasip2' and retry" >&2
         exit 1
     }
-    echo "==> cargo build --bins -p pluglet -p example-csi-plugin -p example-device-plugin"
-    cargo build --bins -p pluglet -p example-csi-plugin -p example-device-plugin
-    bin="${CARGO_TARGET_DIR:-target}/debug"
+    build=(cargo build --profile demo --bins -p pluglet -p example-csi-plugin -p example-device-plugin)
+    echo "==> ${build[*]}"
+    "${build[@]}"
+    bin="${CARGO_TARGET_DIR:-target}/demo"
 fi
 for name in "${binaries[@]}"; do
     if [ ! -x "$bin/$name" ]; then

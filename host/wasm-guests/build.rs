@@ -3,57 +3,70 @@
 //!
 //! The inner build has its own target directory (sharing the outer one would deadlock on its
 //! lock) and a cleaned environment (no wrappers such as clippy-driver, no outer RUSTFLAGS or
-//! target). Guests whose crate is still a placeholder (no export macro in `src/lib.rs`, see
-//! `optional` below) are skipped rather than failing the build.
+//! target). The test guests are built only with the `test-guests` feature; an example whose
+//! crate is still a placeholder (no export macro in `src/lib.rs`) is skipped rather than failing
+//! the build.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// A guest crate: short name, package name, directory relative to the workspace root, and whether
-/// it is optional (built only once its `src/lib.rs` exports something).
-const GUESTS: &[(&str, &str, &str, bool)] = &[
-    ("csi", "pluglet-handler-csi", "handlers/csi", false),
+/// What a guest is for, which decides when it is built.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// A built-in handler, embedded in the daemon: always built.
+    BuiltIn,
+    /// An example handler: always built, once its `src/lib.rs` exports something (a
+    /// placeholder crate is skipped rather than failing the build).
+    Example,
+    /// A guest only tests load: built with the `test-guests` feature, which the test build
+    /// turns on (a build of the daemon alone skips them).
+    Test,
+}
+
+/// A guest crate: short name, package name, directory relative to the workspace root, kind.
+const GUESTS: &[(&str, &str, &str, Kind)] = &[
+    ("csi", "pluglet-handler-csi", "handlers/csi", Kind::BuiltIn),
     (
         "device-plugin",
         "pluglet-handler-device-plugin",
         "handlers/device-plugin",
-        false,
+        Kind::BuiltIn,
     ),
     (
         "misbehave",
         "test-guest-misbehave",
         "tests/guests/misbehave",
-        false,
+        Kind::Test,
     ),
     (
         "uses-fs",
         "test-guest-uses-fs",
         "tests/guests/uses-fs",
-        false,
+        Kind::Test,
     ),
     (
         "uses-tcp",
         "test-guest-uses-tcp",
         "tests/guests/uses-tcp",
-        false,
+        Kind::Test,
     ),
     (
         "contract-v1-0",
         "test-guest-contract-v1-0",
         "tests/guests/contract-v1-0",
-        false,
+        Kind::Test,
     ),
     (
         "contract-v1-1",
         "test-guest-contract-v1-1",
         "tests/guests/contract-v1-1",
-        false,
+        Kind::Test,
     ),
     (
         "spread-policy",
         "example-spread-policy",
         "examples/spread-policy",
-        true,
+        Kind::Example,
     ),
 ];
 
@@ -99,14 +112,18 @@ fn main() {
 
     let mut packages = Vec::new();
     let mut built = Vec::new();
-    for (name, package, dir, optional) in GUESTS {
+    let with_tests = std::env::var_os("CARGO_FEATURE_TEST_GUESTS").is_some();
+    for (name, package, dir, kind) in GUESTS {
+        if *kind == Kind::Test && !with_tests {
+            continue;
+        }
         let dir = root.join(dir);
         println!("cargo:rerun-if-changed={}", dir.join("src").display());
         println!(
             "cargo:rerun-if-changed={}",
             dir.join("Cargo.toml").display()
         );
-        if *optional {
+        if *kind == Kind::Example {
             let lib = std::fs::read_to_string(dir.join("src/lib.rs")).unwrap_or_default();
             if !lib.contains("export_handler!") && !lib.contains("export!(") {
                 println!(
