@@ -222,6 +222,9 @@ pub struct RunArgs {
     /// Refuse every configured handler module that is not signed by a trusted key.
     #[arg(long)]
     pub require_signatures: bool,
+    /// How the registries of `oci://` handler modules are reached.
+    #[command(flatten)]
+    pub registry: crate::handler_oci::RegistryArgs,
     /// Serve `/metrics`, `/healthz` and `/readyz` over HTTP on ADDR:PORT (off unless set; the
     /// shipped unit and config use 127.0.0.1:9810).
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]

@@ -26,6 +26,8 @@ use crate::reference::OciRef;
 pub struct Pulled {
     /// `sha256:HEX` of the module's manifest: what is in force.
     pub digest: String,
+    /// The manifest as the registry gave it (its sha256 is `digest`).
+    pub manifest: Vec<u8>,
     /// The component's bytes (checked against the layer digest).
     pub module: Vec<u8>,
     /// `sha256:HEX` of the component (the layer digest).
@@ -152,14 +154,14 @@ impl Registry {
     /// Resolves `reference` to the digest of its manifest (a digest reference is its own
     /// answer, after the manifest is fetched and checked against it).
     pub async fn resolve(&self, reference: &OciRef) -> Result<String, PullError> {
-        let (_, digest, _) = self.manifest(reference).await?;
+        let (_, digest, _, _) = self.manifest(reference).await?;
         Ok(digest)
     }
 
     async fn manifest(
         &self,
         reference: &OciRef,
-    ) -> Result<(Arc<Client>, String, OciDescriptor), PullError> {
+    ) -> Result<(Arc<Client>, String, OciDescriptor, Vec<u8>), PullError> {
         let client = self.client(reference.registry())?;
         let auth = self.auth(reference.registry())?;
         let image = reference.inner();
@@ -192,12 +194,12 @@ impl Registry {
                 source,
             }
         })?;
-        Ok((client, digest, layer))
+        Ok((client, digest, layer, raw.to_vec()))
     }
 
     /// Pulls the module `reference` names, and its signature and vectors referrers.
     pub async fn pull(&self, reference: &OciRef) -> Result<Pulled, PullError> {
-        let (client, digest, layer) = self.manifest(reference).await?;
+        let (client, digest, layer, manifest) = self.manifest(reference).await?;
         let pinned = reference.with_digest(&digest);
         let module = self
             .blob(
@@ -210,6 +212,7 @@ impl Registry {
             .await?;
         let mut pulled = Pulled {
             digest,
+            manifest,
             module,
             module_digest: layer.digest.clone(),
             signatures: Vec::new(),

@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     pub(super) probation_failed: ProbationFailed,
     /// Per slot: the calls running, whichever version of the slot runs them.
     pub(super) gates: Mutex<BTreeMap<SlotKey, Arc<CallGate>>>,
+    /// Where `oci://` modules are pulled from and kept.
+    pub(super) sources: crate::source::Sources,
 }
 
 impl Shared {
