@@ -98,12 +98,23 @@ fn a_pulled_policy_serves_swaps_and_outlives_its_registry() {
         )),
         "the module in force is the pulled one, kept by digest: {row}"
     );
+    assert_eq!(row["source"], v1.as_str(), "{row}");
+    assert_eq!(row["digest"], digest1.as_str(), "{row}");
     assert_eq!(allocate_ok(&daemon, "pod-0"), SPREAD);
 
     // handlers.toml names another tag: pulled, applied, the previous version kept warm.
     rename_into_place(&root, "handlers.toml", toml(&v2).as_bytes());
     let row = wait_gpu_sha(&daemon, &first_fit);
     assert_eq!(row["previous"]["sha256"], spread.as_str(), "{row}");
+    assert_eq!(row["previous"]["source"], v1.as_str(), "{row}");
+    assert_eq!(row["previous"]["digest"], digest1.as_str(), "{row}");
+    assert_eq!(row["last_change"]["source"], v2.as_str(), "{row}");
+    assert_eq!(row["last_change"]["digest"], digest2.as_str(), "{row}");
+    assert_eq!(
+        (&row["source"], &row["digest"]),
+        (&v2.clone().into(), &digest2.clone().into()),
+        "{row}"
+    );
     assert_eq!(allocate_ok(&daemon, "pod-1"), FIRST_FIT);
 
     // The registry goes away; a restart serves the digest in force without asking it.
@@ -124,6 +135,8 @@ fn a_pulled_policy_serves_swaps_and_outlives_its_registry() {
     });
     let why = row["last_change"]["reason"].as_str().unwrap();
     assert!(why.contains(&format!("cannot pull {v3}")), "{why}");
+    assert_eq!(row["last_change"]["source"], v3.as_str(), "{row}");
+    assert_eq!(row["digest"], digest2.as_str(), "{row}");
     assert_eq!(row["sha256"], first_fit.as_str(), "{row}");
     assert_eq!(allocate_ok(&daemon, "pod-3"), FIRST_FIT);
     drop(daemon);
