@@ -452,7 +452,7 @@ pub fn to_toml(config: &Config) -> String {
     );
     line(
         "registry_max_module_size",
-        Some(if r.max_module_size % (1 << 20) == 0 {
+        Some(if r.max_module_size.is_multiple_of(1 << 20) {
             string(&format!("{}MiB", r.max_module_size >> 20))
         } else {
             r.max_module_size.to_string()
