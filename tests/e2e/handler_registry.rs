@@ -121,10 +121,27 @@ fn a_pulled_policy_serves_swaps_and_outlives_its_registry() {
     registry.stop();
     let status = daemon.terminate();
     assert!(status.success());
-    let daemon = Daemon::start(&root.path(), &strs(&flags));
+    let metrics = crate::ops::free_addr();
+    let mut with_metrics = flags.clone();
+    with_metrics.extend(["--metrics-addr".into(), metrics.clone()]);
+    let daemon = Daemon::start(&root.path(), &strs(&with_metrics));
     wait_allocatable(&daemon, GPU, 4);
     wait_gpu_sha(&daemon, &first_fit);
     assert_eq!(allocate_ok(&daemon, "pod-2"), FIRST_FIT);
+    let pulls = |outcome: &str| {
+        let samples = crate::ops::scrape(&metrics);
+        samples
+            .iter()
+            .find(|(k, _)| {
+                k.starts_with("pluglet_handler_pulls_total")
+                    && k.contains(&format!("\"{outcome}\""))
+            })
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("no pulls sample for {outcome}: {samples:#?}"))
+    };
+    // The restart asked the registry nothing.
+    assert_eq!(pulls("pulled"), 0.0);
+    assert_eq!(pulls("unreachable"), 0.0);
 
     // A live change to a reference that cannot be pulled is refused with the registry's
     // error; the version in force keeps serving.
@@ -139,6 +156,14 @@ fn a_pulled_policy_serves_swaps_and_outlives_its_registry() {
     assert_eq!(row["digest"], digest2.as_str(), "{row}");
     assert_eq!(row["sha256"], first_fit.as_str(), "{row}");
     assert_eq!(allocate_ok(&daemon, "pod-3"), FIRST_FIT);
+    assert!(pulls("unreachable") >= 1.0);
+    let samples = crate::ops::scrape(&metrics);
+    assert!(
+        samples.iter().any(
+            |(k, v)| k.starts_with("pluglet_handler_pull_duration_seconds_count") && *v >= 1.0
+        ),
+        "{samples:#?}"
+    );
     drop(daemon);
 
     // A first start whose entry was never pulled and cannot be: exit 1, naming the entry and

@@ -64,7 +64,7 @@ pub use live::{
 pub use served::{MIN_SLOT_WAIT, Origin, PROBATION_CLEAN_CALLS, Served};
 pub use set::{HandlerSet, SlotState};
 pub use slot::SlotKey;
-pub use source::PullStats;
+pub use source::{PULL_BUCKETS, PullStats};
 pub use state::{Applied, Decision, StateStore, Version};
 pub use stats::{CallStats, FailureCounts, FailureKind, LastFailure, StatsSnapshot};
 pub use vectors::{

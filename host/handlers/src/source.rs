@@ -26,13 +26,34 @@ const MODULE_FILE: &str = "module.wasm";
 /// The manifest's file name inside a digest's folder.
 const MANIFEST_FILE: &str = "manifest.json";
 
-/// Pulls counted by outcome, and their durations.
+/// The upper bounds (seconds) of the pull duration histogram's buckets.
+pub const PULL_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// Pulls counted by outcome, and a histogram of their durations.
 #[derive(Clone, Debug, Default)]
 pub struct PullStats {
     /// Pulls by outcome label (`pulled`, `unreachable`, `unauthorized`, ...).
     pub by_outcome: BTreeMap<&'static str, u64>,
-    /// The duration of every pull since the last read (drained by the reader).
-    pub durations: Vec<Duration>,
+    /// Pulls per bucket of [`PULL_BUCKETS`] (each its own count, not cumulative), then the
+    /// pulls above the last bound.
+    pub buckets: [u64; PULL_BUCKETS.len() + 1],
+    /// The pulls' total time, seconds.
+    pub sum_seconds: f64,
+    /// Pulls timed.
+    pub count: u64,
+}
+
+impl PullStats {
+    fn observe(&mut self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        let bucket = PULL_BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(PULL_BUCKETS.len());
+        self.buckets[bucket] += 1;
+        self.sum_seconds += seconds;
+        self.count += 1;
+    }
 }
 
 /// The registries and the store the handler set pulls from and into.
@@ -55,14 +76,9 @@ impl Sources {
         }
     }
 
-    /// The pull counters and the durations since the last call.
-    pub(crate) fn take_stats(&self) -> PullStats {
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        let durations = std::mem::take(&mut stats.durations);
-        PullStats {
-            by_outcome: stats.by_outcome.clone(),
-            durations,
-        }
+    /// The pull counters and durations so far.
+    pub(crate) fn stats(&self) -> PullStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Gives each `oci://` entry of `file` its digest and its module's path in the store.
@@ -153,9 +169,7 @@ impl Sources {
         {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             *stats.by_outcome.entry(outcome.as_str()).or_default() += 1;
-            if stats.durations.len() < 10_000 {
-                stats.durations.push(started.elapsed());
-            }
+            stats.observe(started.elapsed());
         }
         match result {
             Ok((digest, module)) => {

@@ -306,9 +306,9 @@ impl Handlers {
         self.reload_file(true, which)
     }
 
-    /// Pulls of `oci://` modules by outcome, and the durations of the pulls since the last call.
-    pub fn take_pull_stats(&self) -> crate::source::PullStats {
-        self.shared.sources.take_stats()
+    /// Pulls of `oci://` modules by outcome, and their durations, since start.
+    pub fn pull_stats(&self) -> crate::source::PullStats {
+        self.shared.sources.stats()
     }
 
     /// Like [`Handlers::reload`], the caller knowing that `handlers.toml` is written whole (its
