@@ -306,6 +306,18 @@ pub enum HandlersAction {
         #[arg(long)]
         resource: Option<String>,
     },
+    /// Resolves the tags of `oci://` entries again (every one, or one slot's) and applies the
+    /// modules whose tag moved, through the same checks as any change; waits for the outcome
+    /// and exits 1 when it is refused.
+    #[command(group(clap::ArgGroup::new("slot").required(false).args(["plugin_type", "resource"])))]
+    Refresh {
+        /// Only this plugin type's slot, e.g. CSIPlugin.
+        #[arg(long)]
+        plugin_type: Option<String>,
+        /// Only this resource's slot, e.g. vendor.com/gpu.
+        #[arg(long)]
+        resource: Option<String>,
+    },
 }
 
 /// `pluglet ctl` subcommands.

@@ -271,3 +271,65 @@ fn required_signatures_apply_to_the_signature_in_the_registry() {
         );
     }
 }
+
+#[test]
+fn a_moved_tag_is_applied_on_refresh_and_only_then() {
+    let mut registry = OciRegistry::start(SECURE);
+    let root = TestRoot::new();
+    let flags = flags(&registry, &root.path());
+    let spread = sha256(&guest("spread-policy"));
+    let first_fit = sha256(&guest("misbehave"));
+    let stable = registry.reference("vendor/gpu-policy:stable");
+    let before = push(&flags, &stable, &guest("spread-policy"), None);
+    handlers_toml(&root, &[], &toml(&stable));
+    let daemon = Daemon::start(&root.path(), &strs(&flags));
+    wait_gpu_sha(&daemon, &spread);
+
+    let refresh = |args: &[&str]| {
+        let mut all = vec!["handlers", "refresh", "-o", "json"];
+        all.extend_from_slice(args);
+        let out = daemon.ctl(&all);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        assert_eq!(v["kind"], "HandlerRefresh", "{v}");
+        (out.status.code(), v)
+    };
+
+    // The tag has not moved: nothing changes, nothing is downloaded.
+    let (code, v) = refresh(&[]);
+    assert_eq!((code, &v["outcome"]), (Some(0), &"unchanged".into()), "{v}");
+
+    // The tag moves: the node keeps its digest until asked.
+    let after = push(&flags, &stable, &guest("misbehave"), None);
+    assert_ne!(before, after);
+    let row = crate::handler_swap::gpu_row(&daemon).unwrap();
+    assert_eq!(row["digest"], before.as_str(), "{row}");
+    let (code, v) = refresh(&["--resource", GPU]);
+    assert_eq!((code, &v["outcome"]), (Some(0), &"applied".into()), "{v}");
+    assert_eq!(v["items"][0]["digest"], after.as_str(), "{v}");
+    let row = wait_gpu_sha(&daemon, &first_fit);
+    assert_eq!(
+        row["previous"]["digest"],
+        before.as_str(),
+        "kept warm: {row}"
+    );
+
+    // The registry gone: the refresh is refused (exit 1) and the version in force serves on.
+    registry.stop();
+    let (code, v) = refresh(&[]);
+    assert_eq!((code, &v["outcome"]), (Some(1), &"refused".into()), "{v}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("cannot pull {stable}")),
+        "{v}"
+    );
+    let row = crate::handler_swap::gpu_row(&daemon).unwrap();
+    assert_eq!(row["sha256"], first_fit.as_str(), "{row}");
+}

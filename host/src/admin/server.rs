@@ -620,6 +620,55 @@ impl Admin for AdminService {
         }))
     }
 
+    async fn refresh_handlers(
+        &self,
+        request: Request<pb::RefreshHandlersRequest>,
+    ) -> Result<Response<pb::RefreshHandlersResponse>, Status> {
+        let request = request.into_inner();
+        let which = match (request.plugin_type.is_empty(), request.resource.is_empty()) {
+            (true, true) => None,
+            (false, true) => {
+                super::check_name("plugin_type", &request.plugin_type)?;
+                Some(SlotKey::PluginType(request.plugin_type))
+            }
+            (true, false) => {
+                super::check_name("resource", &request.resource)?;
+                Some(SlotKey::Resource(request.resource))
+            }
+            (false, false) => {
+                return Err(Status::invalid_argument(
+                    "name at most one of plugin_type and resource",
+                ));
+            }
+        };
+        let handlers = self.handlers.clone();
+        let selected = which.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            handlers.refresh(&|slot| selected.as_ref().is_none_or(|s| s == slot))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        let (outcome, reason) = match outcome {
+            pluglet_handlers::ReloadOutcome::Applied(_) => ("applied", String::new()),
+            pluglet_handlers::ReloadOutcome::Unchanged => ("unchanged", String::new()),
+            pluglet_handlers::ReloadOutcome::Refused(why)
+            | pluglet_handlers::ReloadOutcome::Waiting(why) => ("refused", why),
+        };
+        let status = self.handlers.status();
+        let handlers = status
+            .slots
+            .iter()
+            .filter(|s| which.as_ref().is_none_or(|w| *w == s.slot))
+            .filter(|s| s.current.entry().is_some_and(|e| e.source.is_some()))
+            .map(handler_to_wire)
+            .collect();
+        Ok(Response::new(pb::RefreshHandlersResponse {
+            outcome: outcome.to_owned(),
+            reason,
+            handlers,
+        }))
+    }
+
     async fn rollback_handler(
         &self,
         request: Request<pb::RollbackHandlerRequest>,

@@ -290,6 +290,21 @@ impl Kind for HandlersView {
     const KIND: &'static str = "HandlerList";
 }
 
+/// `ctl handlers refresh`: the outcome and the `oci://` slots after it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HandlerRefreshView {
+    /// `applied`, `unchanged` or `refused`.
+    pub outcome: String,
+    /// Why, when refused.
+    pub reason: Option<String>,
+    /// The `oci://` slots refreshed, after the refresh.
+    pub items: Vec<HandlerView>,
+}
+
+impl Kind for HandlerRefreshView {
+    const KIND: &'static str = "HandlerRefresh";
+}
+
 impl Kind for HandlerRollbackView {
     const KIND: &'static str = "HandlerRollback";
 }
