@@ -203,6 +203,7 @@ impl Handlers {
                 probation_failed,
                 gates: Mutex::new(BTreeMap::new()),
                 sources: crate::source::Sources::new(registry, state_dir),
+                pull_failed: std::sync::atomic::AtomicBool::new(false),
             }
         });
         let handlers = Handlers { shared };
@@ -304,6 +305,15 @@ impl Handlers {
     /// through the same transaction; an unmoved one changes nothing and downloads nothing.
     pub fn refresh(&self, which: &dyn Fn(&SlotKey) -> bool) -> ReloadOutcome {
         self.reload_file(true, which)
+    }
+
+    /// Whether the last change was refused because a module named by an OCI reference could
+    /// not be pulled: the watcher retries it with backoff until it applies or the entry
+    /// changes.
+    pub fn awaiting_pull(&self) -> bool {
+        self.shared
+            .pull_failed
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Pulls of `oci://` modules by outcome, and their durations, since start.
@@ -413,7 +423,9 @@ impl Shared {
         file: &mut HandlersFile,
         refresh: &dyn Fn(&SlotKey) -> bool,
     ) -> Result<(), Vec<EntryRefusal>> {
+        use std::sync::atomic::Ordering;
         if file.entries.values().all(|e| e.source.is_none()) {
+            self.pull_failed.store(false, Ordering::Relaxed);
             return Ok(());
         }
         let base = self.set.load_full();
@@ -424,9 +436,9 @@ impl Shared {
                 .and_then(|e| e.digest)
         };
         let unresolved = file.clone();
-        self.sources
-            .resolve(file, in_force, refresh)
-            .map_err(|unpulled| self.refuse_unpulled(&unresolved, unpulled))
+        let resolved = self.sources.resolve(file, in_force, refresh);
+        self.pull_failed.store(resolved.is_err(), Ordering::Relaxed);
+        resolved.map_err(|unpulled| self.refuse_unpulled(&unresolved, unpulled))
     }
 
     /// At start, before `handlers.toml` is read: puts each slot back on the configured version

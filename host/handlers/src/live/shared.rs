@@ -59,6 +59,9 @@ pub(crate) struct Shared {
     pub(super) gates: Mutex<BTreeMap<SlotKey, Arc<CallGate>>>,
     /// Where `oci://` modules are pulled from and kept.
     pub(super) sources: crate::source::Sources,
+    /// Whether the last change was refused because a module could not be pulled (the watcher
+    /// then retries it with backoff).
+    pub(super) pull_failed: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
