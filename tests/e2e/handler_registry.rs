@@ -344,3 +344,52 @@ fn a_moved_tag_is_applied_on_refresh_and_only_then() {
     let row = crate::handler_swap::gpu_row(&daemon).unwrap();
     assert_eq!(row["sha256"], first_fit.as_str(), "{row}");
 }
+
+#[test]
+fn bad_registry_answers_are_refused_with_their_reason() {
+    let registry = OciRegistry::start(SECURE);
+    let root = TestRoot::new();
+    let flags = flags(&registry, &root.path());
+    let spread = sha256(&guest("spread-policy"));
+    let good = registry.reference("p:good");
+    push(&flags, &good, &guest("spread-policy"), None);
+    let tampered = registry.reference("p:tampered");
+    push(&flags, &tampered, &guest("misbehave"), None);
+    let blob = registry.blob_file(&format!("sha256:{}", sha256(&guest("misbehave"))));
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&blob, &bytes).unwrap();
+
+    // Without credentials the first start fails with the registry's 401.
+    let anonymous = TestRoot::new();
+    handlers_toml(&anonymous, &[], &toml(&good));
+    let (status, log) =
+        Daemon::spawn(&anonymous.path(), &["--registry-ca", &registry.ca_arg()]).wait_exit();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("cannot pull {good} (unauthorized)")),
+        "{log}"
+    );
+
+    handlers_toml(&root, &[], &toml(&good));
+    let daemon = Daemon::start(&root.path(), &strs(&flags));
+    wait_gpu_sha(&daemon, &spread);
+    for (reference, reason) in [
+        (registry.reference("p:missing"), "(not_found)"),
+        (tampered.clone(), "(digest_mismatch)"),
+    ] {
+        rename_into_place(&root, "handlers.toml", toml(&reference).as_bytes());
+        let row = wait_gpu_row(&daemon, &format!("refusing {reference}"), |r| {
+            r["last_change"]["state"] == "refused"
+                && r["last_change"]["source"] == reference.as_str()
+        });
+        let why = row["last_change"]["reason"].as_str().unwrap();
+        assert!(
+            why.contains(&format!("cannot pull {reference} {reason}")),
+            "{why}"
+        );
+        assert_eq!(row["sha256"], spread.as_str(), "{row}");
+        assert!(daemon.log_text().contains(reason), "{}", daemon.log_text());
+    }
+}
