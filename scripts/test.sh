@@ -12,9 +12,12 @@ cd "$(dirname "$0")/.."
 # unit file; `mount` mounts the small tmpfs and read-only bind mounts of the state tests;
 # podman with runc runs a container given an allocation by its CDI name, in an image made of
 # busybox-static; `curl` reads the daemon's HTTP endpoints in the pages of docs/, whose
-# commands a test runs.
+# commands a test runs; `docker-registry` (distribution 2.8) is the real OCI registry handler
+# modules are pushed to and pulled from, with `htpasswd` (apache2-utils) making its password
+# file, `openssl` its TLS files, and `skopeo` reading what `pluglet handler push` wrote.
 packages=(minisign:minisign systemd:systemd-analyze mount:mount podman:podman runc:runc
-    busybox-static:busybox curl:curl)
+    busybox-static:busybox curl:curl docker-registry:docker-registry apache2-utils:htpasswd
+    openssl:openssl skopeo:skopeo)
 missing=()
 for entry in "${packages[@]}"; do
     command -v "${entry#*:}" >/dev/null 2>&1 || missing+=("${entry%%:*}")

@@ -222,6 +222,9 @@ pub struct RunArgs {
     /// Refuse every configured handler module that is not signed by a trusted key.
     #[arg(long)]
     pub require_signatures: bool,
+    /// How the registries of `oci://` handler modules are reached.
+    #[command(flatten)]
+    pub registry: crate::handler_oci::RegistryArgs,
     /// Serve `/metrics`, `/healthz` and `/readyz` over HTTP on ADDR:PORT (off unless set; the
     /// shipped unit and config use 127.0.0.1:9810).
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
@@ -300,6 +303,18 @@ pub enum HandlersAction {
         #[arg(long)]
         plugin_type: Option<String>,
         /// The resource's slot, e.g. vendor.com/gpu.
+        #[arg(long)]
+        resource: Option<String>,
+    },
+    /// Resolves the tags of `oci://` entries again (every one, or one slot's) and applies the
+    /// modules whose tag moved, through the same checks as any change; waits for the outcome
+    /// and exits 1 when it is refused.
+    #[command(group(clap::ArgGroup::new("slot").required(false).args(["plugin_type", "resource"])))]
+    Refresh {
+        /// Only this plugin type's slot, e.g. CSIPlugin.
+        #[arg(long)]
+        plugin_type: Option<String>,
+        /// Only this resource's slot, e.g. vendor.com/gpu.
         #[arg(long)]
         resource: Option<String>,
     },

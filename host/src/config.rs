@@ -251,6 +251,8 @@ pub struct Config {
     /// Handler module signatures: the trusted public key files and whether a signature is
     /// required.
     pub signatures: Signatures,
+    /// How the registries of `oci://` handler modules are reached.
+    pub registry: pluglet_oci::RegistryOptions,
     /// Where `/metrics`, `/healthz` and `/readyz` are served; `None`: not served.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The group the admin socket is given after binding; `None`: the daemon's own.
@@ -478,6 +480,7 @@ impl Config {
                 trusted_keys: args.trusted_key.clone(),
                 require: args.require_signatures,
             },
+            registry: args.registry.options(),
             metrics_addr: args.metrics_addr,
             admin_socket_group: args
                 .admin_socket_group

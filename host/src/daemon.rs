@@ -152,6 +152,7 @@ pub async fn load_handlers(
     state_dir: Option<&Path>,
     trust: Trust,
     pool_size: u32,
+    registry: pluglet_oci::RegistryOptions,
 ) -> anyhow::Result<Handlers> {
     let dir = dir.to_owned();
     let state_dir = state_dir.map(Path::to_path_buf);
@@ -160,8 +161,15 @@ pub async fn load_handlers(
         let runtime =
             runtime(state_dir.as_deref(), pool_size).context("cannot start the WASM runtime")?;
         let builtins = Builtins::embedded(&runtime).context("built-in handler failed to load")?;
-        let handlers = Handlers::load(runtime.clone(), &dir, state_dir.as_deref(), builtins, trust)
-            .with_context(|| format!("cannot load handlers from {}", dir.display()))?;
+        let handlers = Handlers::load_with_registry(
+            runtime.clone(),
+            &dir,
+            state_dir.as_deref(),
+            builtins,
+            trust,
+            registry,
+        )
+        .with_context(|| format!("cannot load handlers from {}", dir.display()))?;
         let ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3);
         match runtime.cache_stats() {
             Some(cache) => info!(
@@ -259,6 +267,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(&paths.state_dir),
         trust,
         config.handler_pool_size,
+        config.registry.clone(),
     )
     .await?
     .with_events(events.clone());

@@ -14,13 +14,15 @@
 //! - `pluglet handler verify MODULE --key PUB [--signature FILE]`: verifies the module's detached
 //!   minisign signature (`MODULE.minisig` unless given) with the public key, as the daemon does
 //!   with `--trusted-key`; prints the key id and the trusted comment, or fails with the reason.
+//! - `pluglet handler push` / `pluglet handler pull`: a module to and from an OCI registry
+//!   ([`crate::handler_oci`]).
 //!
 //! `MODULE` is a `.wasm` path, or `builtin:csi` / `builtin:device-plugin` for the handlers
 //! embedded in this binary. The event JSON is [`pluglet_handlers::Event`]'s: a plugin as an item
 //! of `pluglet ctl plugins -o json` (validate/register/deregister, plus `"existing"`), or an
 //! allocation request with devices as an item of `pluglet ctl resources -o json` has them
 //! (allocate). With `-o json` (before or after the subcommand) each subcommand prints one object
-//! in the envelope of [`crate::admin::view`] (kinds `HandlerCheck`, `HandlerTest`,
+//! in the envelope of [`crate::admin::view`] (kinds `HandlerCheck`, `HandlerTest`, `HandlerPush`, `HandlerPull`,
 //! `HandlerVectors`, `HandlerVerify`).
 //!
 //! A bad event file ([`EventError`]) and a failing handler ([`HandlerRunError`]: refused at load,
@@ -63,6 +65,11 @@ pub enum HandlerCommand {
     /// Verify a module's minisign signature with a public key; print the key id and the
     /// trusted comment.
     Verify(VerifyArgs),
+    /// Push a module to an OCI registry (the wasm artifact layout), with its signature and
+    /// vectors attached as referrers; print the digests.
+    Push(crate::handler_oci::PushArgs),
+    /// Pull a module and what is attached to it from an OCI registry into a directory.
+    Pull(crate::handler_oci::PullArgs),
 }
 
 /// Arguments of `pluglet handler verify`.
@@ -155,6 +162,8 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
         HandlerCommand::Check(check_args) => check(check_args, args.output),
         HandlerCommand::Test(test_args) => test(test_args, args.output),
         HandlerCommand::Verify(verify_args) => verify(verify_args, args.output),
+        HandlerCommand::Push(push_args) => crate::handler_oci::push(push_args, args.output),
+        HandlerCommand::Pull(pull_args) => crate::handler_oci::pull(pull_args, args.output),
     }
 }
 

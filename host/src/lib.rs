@@ -27,7 +27,7 @@
 //!
 //! Modules: [`cli`] (clap types), [`config`] (paths and timings), [`daemon`] (wiring, lock,
 //! signals), [`admin`], [`ops`] (metrics, health, supervision), [`fleet`], [`handler_cmd`]
-//! (`pluglet handler`). The stages are crates of their own: `pluglet-plugin-manager`,
+//! (`pluglet handler`), [`handler_oci`] (`pluglet handler push` and `pull`). The stages are crates of their own: `pluglet-plugin-manager`,
 //! `pluglet-registration`, `pluglet-csi`, `pluglet-device-manager`, `pluglet-handlers`.
 
 pub mod admin;
@@ -37,4 +37,5 @@ pub mod config;
 pub mod daemon;
 pub mod fleet;
 pub mod handler_cmd;
+pub mod handler_oci;
 pub mod ops;

@@ -118,7 +118,7 @@ fn run_page(page: &str, min_blocks: usize) -> String {
         "{page}: {} blocks run, expected at least {min_blocks}: {blocks:?}",
         blocks.run.len()
     );
-    for program in ["minisign", "curl"] {
+    for program in ["minisign", "curl", "docker-registry"] {
         assert!(
             Command::new(program).arg("--version").output().is_ok(),
             "the pages need the `{program}` program (Debian package `{program}`); run the tests \

@@ -32,6 +32,7 @@ mod devices;
 mod docs_pages;
 mod fleet;
 mod handler_integrity;
+mod handler_registry;
 mod handler_restart;
 mod handler_rewrites;
 mod handler_swap;

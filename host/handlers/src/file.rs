@@ -110,6 +110,14 @@ pub struct SlotEntry {
     pub rollback_after: u32,
     /// What a failed call means.
     pub on_failure: OnFailure,
+    /// For a module named by an OCI reference: the reference as written in `handlers.toml`
+    /// (`module` is then the pulled file in the state directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// For a module named by an OCI reference: the manifest digest (`sha256:HEX`) in force,
+    /// resolved when the entry was applied; `None` until it is resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 impl SlotEntry {
@@ -297,12 +305,21 @@ fn check(
         .map(parse_pin)
         .transpose()
         .map_err(|e| invalid(e.to_string()))?;
-    let module = if entry.module.is_absolute() {
+    let written = entry.module.to_string_lossy();
+    let source = if pluglet_oci::is_oci(&written) {
+        let reference = pluglet_oci::OciRef::parse(&written).map_err(|e| invalid(e.to_string()))?;
+        Some(reference.to_string())
+    } else {
+        None
+    };
+    let module = if source.is_some() || entry.module.is_absolute() {
         entry.module
     } else {
         dir.join(entry.module)
     };
     Ok(SlotEntry {
+        source,
+        digest: None,
         module,
         sha256,
         deadline_ms: entry.deadline_ms,

@@ -6,6 +6,9 @@
 //!
 //! ```text
 //! handlers dir ─ watch (inotify, debounced) ─▶ live: Handlers::reload
+//!   source: each `oci://` entry given its digest (the one in force, or resolved and pulled
+//!     into <state>/handlers/oci/<hex>/, checked when read); an entry that cannot be pulled
+//!     is refused like the transaction refuses one
 //!   live::transaction, all or nothing:
 //!     file (handlers.toml read and parsed; pins checked to be digests by integrity)
 //!     ─▶ each module read and hashed; its pin and signature checked (integrity's checks)
@@ -21,7 +24,7 @@
 //! Below `live` and `watch` no module uses one above it: `slot`, `stats`, `integrity` and
 //! `event` use none of the others; `file` uses `slot` and `integrity`; `served` uses `file`,
 //! `integrity`, `slot` and `stats`; `set` uses `served`; `state` uses `file`, `integrity`
-//! and `slot`; `vectors` uses `event` (`scripts/check-module-cycles.py` checks for circles).
+//! and `slot`; `vectors` uses `event`; `source` uses `file`, `integrity`, `slot` and `vectors` (`scripts/check-module-cycles.py` checks for circles).
 //!
 //! Callers take a [`Served`] from [`Handlers`] and keep it for the whole of their work, so one
 //! registration or one allocation is decided by one version; the next call sees the next set.
@@ -37,6 +40,7 @@ mod live;
 mod served;
 mod set;
 mod slot;
+mod source;
 mod state;
 mod stats;
 mod vectors;
@@ -60,6 +64,7 @@ pub use live::{
 pub use served::{MIN_SLOT_WAIT, Origin, PROBATION_CLEAN_CALLS, Served};
 pub use set::{HandlerSet, SlotState};
 pub use slot::SlotKey;
+pub use source::{PULL_BUCKETS, PullStats};
 pub use state::{Applied, Decision, StateStore, Version};
 pub use stats::{CallStats, FailureCounts, FailureKind, LastFailure, StatsSnapshot};
 pub use vectors::{

@@ -244,6 +244,8 @@ mod tests {
                 settings: Default::default(),
                 rollback_after: 3,
                 on_failure: OnFailure::Fail,
+                source: None,
+                digest: None,
             },
         }
     }

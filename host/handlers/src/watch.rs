@@ -128,6 +128,8 @@ async fn run(
     // is read again as written whole.
     let mut recheck: Option<tokio::time::Instant> = None;
     let toml = handlers.dir().join(HANDLERS_FILE);
+    // The next retry of a change refused because a module could not be pulled.
+    let mut pull_retry = PULL_RETRY_FIRST;
     loop {
         // Wait for a change (reads, ours included, are not changes).
         let mut writing = Writing::default();
@@ -147,6 +149,10 @@ async fn run(
             }
         }
         recheck = None;
+        if !written {
+            // A change of the directory: a new entry gets a fresh backoff.
+            pull_retry = PULL_RETRY_FIRST;
+        }
         // Then for the files to settle.
         let quiet = |writing: &Writing| {
             tokio::time::Instant::now()
@@ -188,6 +194,14 @@ async fn run(
             Ok(ReloadOutcome::Unchanged) => {
                 tracing::debug!("handlers directory changed; nothing that serves calls did")
             }
+            Ok(ReloadOutcome::Refused(_)) if handlers.awaiting_pull() => {
+                tracing::info!(
+                    retry_in = ?pull_retry,
+                    "a module could not be pulled; the change is tried again"
+                );
+                recheck = Some(tokio::time::Instant::now() + pull_retry);
+                pull_retry = (pull_retry * 2).min(PULL_RETRY_MAX);
+            }
             Ok(ReloadOutcome::Refused(_)) => {}
             Ok(ReloadOutcome::Waiting(_)) => {
                 recheck = Some(tokio::time::Instant::now() + WRITING_QUIET);
@@ -196,6 +210,11 @@ async fn run(
         }
     }
 }
+
+/// The first retry of a change refused because a module could not be pulled; it doubles.
+pub const PULL_RETRY_FIRST: Duration = Duration::from_millis(500);
+/// The longest wait between two retries of a pull.
+pub const PULL_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// Sleeps until `at`; forever when `None`.
 async fn sleep_until_some(at: Option<tokio::time::Instant>) {

@@ -13,9 +13,9 @@ use pluglet_uds::Channel;
 use serde::Serialize;
 
 use crate::admin::view::{
-    self, AllocateResultView, AllocationView, EventView, HandlerRollbackView, HandlerView,
-    HandlersView, Kind, Listed, PluginView, ReleaseResultView, ResourceView, SocketView,
-    StatusView, SyncPodsView,
+    self, AllocateResultView, AllocationView, EventView, HandlerRefreshView, HandlerRollbackView,
+    HandlerView, HandlersView, Kind, Listed, PluginView, ReleaseResultView, ResourceView,
+    SocketView, StatusView, SyncPodsView,
 };
 use crate::cli::{CtlArgs, CtlCommand, HandlersAction, OutputFormat, UsageError};
 use crate::config::{ADMIN_SOCKET_NAME, DEFAULT_ADMIN_SOCKET};
@@ -97,6 +97,7 @@ enum Request {
     Sockets,
     Handlers,
     RollbackHandler(pb::RollbackHandlerRequest),
+    RefreshHandlers(pb::RefreshHandlersRequest),
     Resources,
     Allocate(pb::AllocateRequest),
     Release(pb::ReleaseRequest),
@@ -120,6 +121,16 @@ impl Request {
                         resource,
                     }),
             } => Request::RollbackHandler(pb::RollbackHandlerRequest {
+                plugin_type: plugin_type.clone().unwrap_or_default(),
+                resource: resource.clone().unwrap_or_default(),
+            }),
+            CtlCommand::Handlers {
+                action:
+                    Some(HandlersAction::Refresh {
+                        plugin_type,
+                        resource,
+                    }),
+            } => Request::RefreshHandlers(pb::RefreshHandlersRequest {
                 plugin_type: plugin_type.clone().unwrap_or_default(),
                 resource: resource.clone().unwrap_or_default(),
             }),
@@ -229,6 +240,37 @@ impl Request {
                     }),
                     OutputFormat::Table => format!("rolled back\n{}", view::table(&rows)),
                 }
+            }
+            Request::RefreshHandlers(request) => {
+                let answer = client
+                    .refresh_handlers(request)
+                    .await
+                    .map_err(|s| refused("refresh of the oci:// handlers", &s))?
+                    .into_inner();
+                let view = HandlerRefreshView {
+                    outcome: answer.outcome.clone(),
+                    reason: (!answer.reason.is_empty()).then(|| answer.reason.clone()),
+                    items: answer.handlers.iter().map(HandlerView::from).collect(),
+                };
+                let text = match output {
+                    OutputFormat::Json => view::json_of(&view),
+                    OutputFormat::Table => {
+                        let mut text = format!("refresh: {}\n", view.outcome);
+                        if let Some(reason) = &view.reason {
+                            text.push_str(&format!("reason: {reason}\n"));
+                        }
+                        text.push_str(&view::table(&view.items));
+                        text
+                    }
+                };
+                if view.outcome == "refused" {
+                    print!("{text}");
+                    anyhow::bail!(
+                        "refresh refused; the handlers in force keep serving: {}",
+                        view.reason.as_deref().unwrap_or("")
+                    );
+                }
+                text
             }
             Request::Resources => {
                 let answer = client

@@ -260,14 +260,35 @@ fn publishing_to_wire(publisher: &pluglet_fleet::Publisher) -> pb::Publishing {
     }
 }
 
-/// Wire form of a change record.
-fn change_to_wire(c: &ChangeRecord) -> pb::HandlerChange {
+/// Wire form of a change record. A change of an `oci://` module names the reference (a pull
+/// refused names it as its module) or the pulled file in the store, whose folder is the
+/// manifest digest; `entries` are the slot's versions that may tell the reference.
+fn change_to_wire(c: &ChangeRecord, entries: &[&pluglet_handlers::SlotEntry]) -> pb::HandlerChange {
+    let module = c.module.clone().unwrap_or_default();
+    let (source, digest) = if pluglet_oci::is_oci(&module) {
+        (module.clone(), String::new())
+    } else {
+        let digest = std::path::Path::new(&module)
+            .parent()
+            .filter(|dir| dir.parent().is_some_and(|p| p.ends_with("handlers/oci")))
+            .and_then(|dir| dir.file_name())
+            .map(|hex| format!("sha256:{}", hex.to_string_lossy()))
+            .unwrap_or_default();
+        let source = entries
+            .iter()
+            .find(|e| !digest.is_empty() && e.digest.as_deref() == Some(digest.as_str()))
+            .and_then(|e| e.source.clone())
+            .unwrap_or_default();
+        (source, digest)
+    };
     pb::HandlerChange {
         state: c.state.to_string(),
         at: rfc3339(c.at),
         reason: c.reason.clone(),
-        module: c.module.clone().unwrap_or_default(),
+        module,
         sha256: c.sha256.clone().unwrap_or_default(),
+        source,
+        digest,
     }
 }
 
@@ -276,6 +297,7 @@ pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
     let handler = s.current.handler();
     let stats = s.current.stats().snapshot();
     let entry = s.current.entry();
+    let previous_entry = s.previous.as_ref().and_then(|p| p.entry());
     pb::HandlerInfo {
         plugin_type: s.slot.plugin_type().unwrap_or_default().to_owned(),
         resource: s.slot.resource().unwrap_or_default().to_owned(),
@@ -311,7 +333,13 @@ pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
             kind: f.kind.as_str().to_owned(),
             message: f.message,
         }),
-        last_change: s.last_change.as_ref().map(change_to_wire),
+        last_change: s.last_change.as_ref().map(|c| {
+            let entries: Vec<_> = std::iter::once(&s.current)
+                .chain(s.previous.iter())
+                .filter_map(|v| v.entry())
+                .collect();
+            change_to_wire(c, &entries)
+        }),
         rollback_after: entry.map_or(0, |e| e.rollback_after),
         on_failure: entry.map(|e| e.on_failure.to_string()).unwrap_or_default(),
         on_probation: s.current.on_probation(),
@@ -322,6 +350,14 @@ pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
         running_calls: s.current.concurrency().map_or(0, |(running, _)| running),
         max_concurrent_calls: s.current.concurrency().map_or(0, |(_, limit)| limit),
         settings_sha256: entry.and_then(|e| e.settings_hash()).unwrap_or_default(),
+        source: entry.and_then(|e| e.source.clone()).unwrap_or_default(),
+        digest: entry.and_then(|e| e.digest.clone()).unwrap_or_default(),
+        previous_source: previous_entry
+            .and_then(|e| e.source.clone())
+            .unwrap_or_default(),
+        previous_digest: previous_entry
+            .and_then(|e| e.digest.clone())
+            .unwrap_or_default(),
     }
 }
 
@@ -580,7 +616,56 @@ impl Admin for AdminService {
         let status = self.handlers.status();
         Ok(Response::new(pb::ListHandlersResponse {
             handlers: status.slots.iter().map(handler_to_wire).collect(),
-            last_change: status.last_change.as_ref().map(change_to_wire),
+            last_change: status.last_change.as_ref().map(|c| change_to_wire(c, &[])),
+        }))
+    }
+
+    async fn refresh_handlers(
+        &self,
+        request: Request<pb::RefreshHandlersRequest>,
+    ) -> Result<Response<pb::RefreshHandlersResponse>, Status> {
+        let request = request.into_inner();
+        let which = match (request.plugin_type.is_empty(), request.resource.is_empty()) {
+            (true, true) => None,
+            (false, true) => {
+                super::check_name("plugin_type", &request.plugin_type)?;
+                Some(SlotKey::PluginType(request.plugin_type))
+            }
+            (true, false) => {
+                super::check_name("resource", &request.resource)?;
+                Some(SlotKey::Resource(request.resource))
+            }
+            (false, false) => {
+                return Err(Status::invalid_argument(
+                    "name at most one of plugin_type and resource",
+                ));
+            }
+        };
+        let handlers = self.handlers.clone();
+        let selected = which.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            handlers.refresh(&|slot| selected.as_ref().is_none_or(|s| s == slot))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        let (outcome, reason) = match outcome {
+            pluglet_handlers::ReloadOutcome::Applied(_) => ("applied", String::new()),
+            pluglet_handlers::ReloadOutcome::Unchanged => ("unchanged", String::new()),
+            pluglet_handlers::ReloadOutcome::Refused(why)
+            | pluglet_handlers::ReloadOutcome::Waiting(why) => ("refused", why),
+        };
+        let status = self.handlers.status();
+        let handlers = status
+            .slots
+            .iter()
+            .filter(|s| which.as_ref().is_none_or(|w| *w == s.slot))
+            .filter(|s| s.current.entry().is_some_and(|e| e.source.is_some()))
+            .map(handler_to_wire)
+            .collect();
+        Ok(Response::new(pb::RefreshHandlersResponse {
+            outcome: outcome.to_owned(),
+            reason,
+            handlers,
         }))
     }
 

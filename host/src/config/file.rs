@@ -44,6 +44,11 @@ pub const KEYS: &[&str] = &[
     "handler_pool_size",
     "trusted_key",
     "require_signatures",
+    "registry_auth",
+    "registry_ca",
+    "insecure_registries",
+    "registry_max_module_size",
+    "registry_timeout",
     "metrics_addr",
     "log_format",
     "log_level",
@@ -96,6 +101,15 @@ pub struct ConfigFile {
     #[serde(default, deserialize_with = "one_or_many")]
     trusted_key: Option<Vec<PathBuf>>,
     require_signatures: Option<bool>,
+    registry_auth: Option<PathBuf>,
+    #[serde(default, deserialize_with = "registry_cas")]
+    registry_ca: Option<Vec<pluglet_oci::RegistryCa>>,
+    #[serde(default, deserialize_with = "insecure_registries")]
+    insecure_registries: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "size")]
+    registry_max_module_size: Option<u64>,
+    #[serde(default, deserialize_with = "duration")]
+    registry_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "socket_addr")]
     metrics_addr: Option<SocketAddr>,
     log_format: Option<LogFormat>,
@@ -115,6 +129,42 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Erro
             "{text:?} is not a duration ({e}); write one such as \"500ms\", \"2m2s\" or \"10s\""
         ))
     })
+}
+
+fn registry_cas<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<pluglet_oci::RegistryCa>>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|text| text.parse().map_err(serde::de::Error::custom))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+fn insecure_registries<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|text| {
+            pluglet_oci::options::parse_insecure_registry(text).map_err(serde::de::Error::custom)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// A size: a number of bytes, or a string with a unit (`"64MiB"`).
+fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Bytes(n) => Ok(Some(n)),
+        Size::Text(text) => crate::handler_oci::parse_size(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+    }
 }
 
 /// One path, or a list of them.
@@ -219,6 +269,32 @@ impl ConfigFile {
             node_labels,
             removed_resource_linger,
         );
+        let registry = &mut args.registry;
+        if let Some(v) = self.registry_auth
+            && !given("registry_auth")
+        {
+            registry.registry_auth = Some(v);
+        }
+        if let Some(v) = self.registry_ca
+            && !given("registry_ca")
+        {
+            registry.registry_ca = v;
+        }
+        if let Some(v) = self.insecure_registries
+            && !given("insecure_registries")
+        {
+            registry.insecure_registries = v;
+        }
+        if let Some(v) = self.registry_max_module_size
+            && !given("registry_max_module_size")
+        {
+            registry.registry_max_module_size = Some(v);
+        }
+        if let Some(v) = self.registry_timeout
+            && !given("registry_timeout")
+        {
+            registry.registry_timeout = Some(v);
+        }
     }
 }
 
@@ -352,6 +428,38 @@ pub fn to_toml(config: &Config) -> String {
         Some(config.signatures.require.to_string()),
         "",
     );
+    let r = &config.registry;
+    line(
+        "registry_auth",
+        r.auth_file.as_deref().map(path),
+        "not set, registries are asked anonymously",
+    );
+    let list = |items: Vec<String>| format!("[{}]", items.join(", "));
+    line(
+        "registry_ca",
+        Some(list(
+            r.cas
+                .iter()
+                .map(|ca| string(&format!("{}={}", ca.registry, ca.file.display())))
+                .collect(),
+        )),
+        "",
+    );
+    line(
+        "insecure_registries",
+        Some(list(r.insecure.iter().map(|h| string(h)).collect())),
+        "",
+    );
+    line(
+        "registry_max_module_size",
+        Some(if r.max_module_size.is_multiple_of(1 << 20) {
+            string(&format!("{}MiB", r.max_module_size >> 20))
+        } else {
+            r.max_module_size.to_string()
+        }),
+        "",
+    );
+    line("registry_timeout", Some(duration(r.timeout)), "");
     line(
         "metrics_addr",
         config.metrics_addr.map(|a| string(&a.to_string())),
@@ -633,6 +741,7 @@ mod tests {
             "node_name",
             "metrics_addr",
             "kubeconfig",
+            "registry_auth",
         ];
         for key in KEYS.iter().filter(|k| !without_default.contains(k)) {
             assert!(shown.contains(*key), "no `# {key} = <default>` line");

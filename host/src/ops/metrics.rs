@@ -330,6 +330,58 @@ impl Collector for HandlerCalls {
     }
 }
 
+/// Pulls of `oci://` handler modules at scrape time: by outcome, and how long each took.
+#[derive(Debug)]
+struct HandlerPulls(Handlers);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PullLabels {
+    outcome: &'static str,
+}
+
+impl Collector for HandlerPulls {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats = self.0.pull_stats();
+        let mut family = encoder.encode_descriptor(
+            "pluglet_handler_pulls",
+            "Pulls of handler modules from OCI registries, by outcome (pulled, unreachable, \
+             timeout, unauthorized, not_found, wrong_artifact, too_large, digest_mismatch, \
+             bad_referrer, error).",
+            None,
+            MetricType::Counter,
+        )?;
+        for outcome in pluglet_oci::Outcome::ALL {
+            let n = stats.by_outcome.get(outcome.as_str()).copied().unwrap_or(0);
+            ConstCounter::new(n).encode(family.encode_family(&PullLabels {
+                outcome: outcome.as_str(),
+            })?)?;
+        }
+        let mut buckets: Vec<(f64, u64)> = pluglet_handlers::PULL_BUCKETS
+            .iter()
+            .copied()
+            .zip(stats.buckets)
+            .collect();
+        buckets.push((
+            f64::INFINITY,
+            stats.buckets[pluglet_handlers::PULL_BUCKETS.len()],
+        ));
+        encoder
+            .encode_descriptor(
+                "pluglet_handler_pull_duration_seconds",
+                "Time of one pull of a handler module (resolve, manifest, layer, referrers).",
+                None,
+                MetricType::Histogram,
+            )?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                stats.sum_seconds,
+                stats.count,
+                &buckets,
+                None,
+            )?;
+        Ok(())
+    }
+}
+
 /// The daemon process (`/proc/self`), its version and readiness.
 #[derive(Debug)]
 struct Process(Health);
@@ -534,6 +586,7 @@ pub fn registry(sources: Sources<'_>) -> Registry {
     sources.handler_changes.register(&mut registry);
     registry.register_collector(Box::new(Resources(sources.devices.clone())));
     registry.register_collector(Box::new(HandlerCalls(sources.handlers.clone())));
+    registry.register_collector(Box::new(HandlerPulls(sources.handlers.clone())));
     registry.register_collector(Box::new(Process(sources.health.clone())));
     if let Some(publisher) = sources.publisher {
         registry.register_collector(Box::new(Publishing(publisher.clone())));

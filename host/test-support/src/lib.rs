@@ -6,7 +6,7 @@
 //!   device manager tested without the others;
 //! - [`e2e`]: the end-to-end harness: a temporary root, the real `pluglet` daemon built with the
 //!   test hooks, the example plugins as separate processes, `pluglet ctl`, a Kubernetes API
-//!   server, and condition waits with deadlines.
+//!   server, an OCI registry, and condition waits with deadlines.
 
 pub mod e2e;
 pub mod pipeline;

@@ -118,6 +118,28 @@ impl Handlers {
         builtins: Builtins,
         trust: Trust,
     ) -> Result<Handlers, StartError> {
+        Handlers::load_with_registry(
+            runtime,
+            dir,
+            state_dir,
+            builtins,
+            trust,
+            pluglet_oci::RegistryOptions::default(),
+        )
+    }
+
+    /// [`Handlers::load`], with `registry`: how the registries of `oci://` modules are reached.
+    /// A module named by an OCI reference is pulled when its entry is first applied and kept by
+    /// digest in `<state_dir>/handlers/oci/`; a restart serves the digest in force without
+    /// asking the registry.
+    pub fn load_with_registry(
+        runtime: Runtime,
+        dir: &Path,
+        state_dir: Option<&Path>,
+        builtins: Builtins,
+        trust: Trust,
+        registry: pluglet_oci::RegistryOptions,
+    ) -> Result<Handlers, StartError> {
         let store = state_dir
             .map(|state| {
                 StateStore::open(state).map_err(|source| StartError::State {
@@ -180,13 +202,15 @@ impl Handlers {
                 had_text: std::sync::atomic::AtomicBool::new(false),
                 probation_failed,
                 gates: Mutex::new(BTreeMap::new()),
+                sources: crate::source::Sources::new(registry, state_dir),
+                pull_failed: std::sync::atomic::AtomicBool::new(false),
             }
         });
         let handlers = Handlers { shared };
         if let Some(applied) = &applied {
             handlers.shared.restore_applied(applied);
         }
-        let file = match handlers.shared.read_file() {
+        let mut file = match handlers.shared.read_file() {
             Ok(file) => file,
             // Applied before: the file is refused as a live change of it would be.
             Err(err) if applied.is_some() => {
@@ -195,7 +219,11 @@ impl Handlers {
             }
             Err(err) => return Err(err.into()),
         };
-        match handlers.shared.transaction(file, true) {
+        let resolved = handlers
+            .shared
+            .resolve_sources(&mut file, &|_| false)
+            .map_err(TransactionError::Entries);
+        match resolved.and_then(|()| handlers.shared.transaction(file, true)) {
             Ok(_) => {
                 handlers.shared.rollbacks_in_force();
                 Ok(handlers)
@@ -269,16 +297,37 @@ impl Handlers {
     /// as caught between its truncation and its write: nothing is decided
     /// ([`ReloadOutcome::Waiting`]). Compiles: call it off the async reactor.
     pub fn reload(&self) -> ReloadOutcome {
-        self.reload_file(false)
+        self.reload_file(false, &|_| false)
+    }
+
+    /// Like [`Handlers::reload`], resolving the tag of every `oci://` entry whose slot `which`
+    /// selects again (a digest in force is otherwise kept): a moved tag is pulled and applied
+    /// through the same transaction; an unmoved one changes nothing and downloads nothing.
+    pub fn refresh(&self, which: &dyn Fn(&SlotKey) -> bool) -> ReloadOutcome {
+        self.reload_file(true, which)
+    }
+
+    /// Whether the last change was refused because a module named by an OCI reference could
+    /// not be pulled: the watcher retries it with backoff until it applies or the entry
+    /// changes.
+    pub fn awaiting_pull(&self) -> bool {
+        self.shared
+            .pull_failed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Pulls of `oci://` modules by outcome, and their durations, since start.
+    pub fn pull_stats(&self) -> crate::source::PullStats {
+        self.shared.sources.stats()
     }
 
     /// Like [`Handlers::reload`], the caller knowing that `handlers.toml` is written whole (its
     /// writer is done): an empty file is a file without entries.
     pub fn reload_written(&self) -> ReloadOutcome {
-        self.reload_file(true)
+        self.reload_file(true, &|_| false)
     }
 
-    fn reload_file(&self, written: bool) -> ReloadOutcome {
+    fn reload_file(&self, written: bool, refresh: &dyn Fn(&SlotKey) -> bool) -> ReloadOutcome {
         use std::sync::atomic::Ordering;
         let path = self.shared.dir.join(HANDLERS_FILE);
         let text = match file::read_text(&path) {
@@ -298,13 +347,17 @@ impl Handlers {
             text.as_deref().is_some_and(|t| !t.trim().is_empty()),
             Ordering::Relaxed,
         );
-        let file = match text.map_or(Ok(HandlersFile::default()), |t| {
+        let mut file = match text.map_or(Ok(HandlersFile::default()), |t| {
             file::parse(&self.shared.dir, &path, &t)
         }) {
             Ok(file) => file,
             Err(err) => return ReloadOutcome::Refused(self.shared.file_refused(&err)),
         };
-        match self.shared.transaction(file, false) {
+        let resolved = self
+            .shared
+            .resolve_sources(&mut file, refresh)
+            .map_err(TransactionError::Entries);
+        match resolved.and_then(|()| self.shared.transaction(file, false)) {
             Ok(slots) if slots.is_empty() => ReloadOutcome::Unchanged,
             Ok(slots) => ReloadOutcome::Applied(slots),
             Err(TransactionError::Entries(refusals)) => ReloadOutcome::Refused(
@@ -362,6 +415,32 @@ impl Handlers {
 }
 
 impl Shared {
+    /// Gives every `oci://` entry of `file` its digest and pulled module (see
+    /// [`crate::source`]); the entries that cannot be pulled are refused as a transaction
+    /// refuses them.
+    fn resolve_sources(
+        &self,
+        file: &mut HandlersFile,
+        refresh: &dyn Fn(&SlotKey) -> bool,
+    ) -> Result<(), Vec<EntryRefusal>> {
+        use std::sync::atomic::Ordering;
+        if file.entries.values().all(|e| e.source.is_none()) {
+            self.pull_failed.store(false, Ordering::Relaxed);
+            return Ok(());
+        }
+        let base = self.set.load_full();
+        let in_force = |slot: &SlotKey, source: &str| {
+            base.slot(slot)
+                .and_then(|s| s.current.entry().cloned())
+                .filter(|e| e.source.as_deref() == Some(source))
+                .and_then(|e| e.digest)
+        };
+        let unresolved = file.clone();
+        let resolved = self.sources.resolve(file, in_force, refresh);
+        self.pull_failed.store(resolved.is_err(), Ordering::Relaxed);
+        resolved.map_err(|unpulled| self.refuse_unpulled(&unresolved, unpulled))
+    }
+
     /// At start, before `handlers.toml` is read: puts each slot back on the configured version
     /// last applied to it, from the bytes kept by digest. A version that cannot be loaded, or
     /// whose signature the daemon no longer trusts, is left out (the slot starts on its

@@ -57,6 +57,11 @@ pub(crate) struct Shared {
     pub(super) probation_failed: ProbationFailed,
     /// Per slot: the calls running, whichever version of the slot runs them.
     pub(super) gates: Mutex<BTreeMap<SlotKey, Arc<CallGate>>>,
+    /// Where `oci://` modules are pulled from and kept.
+    pub(super) sources: crate::source::Sources,
+    /// Whether the last change was refused because a module could not be pulled (the watcher
+    /// then retries it with backoff).
+    pub(super) pull_failed: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {

@@ -462,6 +462,32 @@ impl Shared {
         (next, changed)
     }
 
+    /// Refuses the entries whose module could not be pulled, as a transaction refuses entries.
+    pub(super) fn refuse_unpulled(
+        &self,
+        file: &HandlersFile,
+        unpulled: Vec<crate::source::Unpulled>,
+    ) -> Vec<EntryRefusal> {
+        let path = self.dir.join(HANDLERS_FILE);
+        let refusals: Vec<EntryRefusal> = unpulled
+            .into_iter()
+            .map(|(slot, reason)| EntryRefusal {
+                file: path.clone(),
+                module: file
+                    .entries
+                    .get(&slot)
+                    .and_then(|e| e.source.clone())
+                    .unwrap_or_default()
+                    .into(),
+                slot,
+                sha256: None,
+                reason,
+            })
+            .collect();
+        self.refused(&refusals);
+        refusals
+    }
+
     fn refused(&self, refusals: &[EntryRefusal]) {
         let mut changes = self.lock_changes();
         // The file itself parsed: a refusal of it as a whole is over.
@@ -717,6 +743,8 @@ mod tests {
             settings: Default::default(),
             rollback_after: 3,
             on_failure: Default::default(),
+            source: None,
+            digest: None,
         }
     }
 }

@@ -65,6 +65,12 @@ pub struct HandlerView {
     /// without settings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settings_sha256: Option<String>,
+    /// For a module named by an OCI reference: the reference as written in handlers.toml.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// For a module named by an OCI reference: the manifest digest in force (`sha256:HEX`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// A minisign signature that verified.
@@ -83,6 +89,12 @@ pub struct ModuleRef {
     pub module: String,
     /// sha256, hex.
     pub sha256: String,
+    /// The `oci://` reference as written in handlers.toml (absent for a file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The manifest digest of an `oci://` module (`sha256:HEX`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// Failed calls by kind.
@@ -124,6 +136,12 @@ pub struct ChangeView {
     pub module: Option<String>,
     /// Its sha256.
     pub sha256: Option<String>,
+    /// The `oci://` reference concerned (absent for a file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Its manifest digest, when it was resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 impl From<&pb::HandlerChange> for ChangeView {
@@ -134,6 +152,8 @@ impl From<&pb::HandlerChange> for ChangeView {
             reason: c.reason.clone(),
             module: non_empty(&c.module),
             sha256: non_empty(&c.sha256),
+            source: non_empty(&c.source),
+            digest: non_empty(&c.digest),
         }
     }
 }
@@ -157,7 +177,11 @@ impl From<&pb::HandlerInfo> for HandlerView {
             previous: (!h.previous_module.is_empty()).then(|| ModuleRef {
                 module: h.previous_module.clone(),
                 sha256: h.previous_sha256.clone(),
+                source: non_empty(&h.previous_source),
+                digest: non_empty(&h.previous_digest),
             }),
+            source: non_empty(&h.source),
+            digest: non_empty(&h.digest),
             calls: h.calls,
             refusals: h.refusals,
             failures: FailuresView {
@@ -264,6 +288,21 @@ pub struct HandlerRollbackView {
 
 impl Kind for HandlersView {
     const KIND: &'static str = "HandlerList";
+}
+
+/// `ctl handlers refresh`: the outcome and the `oci://` slots after it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HandlerRefreshView {
+    /// `applied`, `unchanged` or `refused`.
+    pub outcome: String,
+    /// Why, when refused.
+    pub reason: Option<String>,
+    /// The `oci://` slots refreshed, after the refresh.
+    pub items: Vec<HandlerView>,
+}
+
+impl Kind for HandlerRefreshView {
+    const KIND: &'static str = "HandlerRefresh";
 }
 
 impl Kind for HandlerRollbackView {

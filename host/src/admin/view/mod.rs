@@ -26,8 +26,8 @@ pub use devices::{
 };
 pub use events::EventView;
 pub use handlers::{
-    ChangeView, FailureView, FailuresView, HandlerRollbackView, HandlerView, HandlersView,
-    ModuleRef, SignatureView,
+    ChangeView, FailureView, FailuresView, HandlerRefreshView, HandlerRollbackView, HandlerView,
+    HandlersView, ModuleRef, SignatureView,
 };
 pub use plugins::{PluginView, SocketView};
 pub use status::{

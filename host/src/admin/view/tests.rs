@@ -97,6 +97,7 @@ fn handlers() -> Vec<HandlerView> {
             reason: "the module file is missing".into(),
             module: "/h/spread.wasm".into(),
             sha256: String::new(),
+            ..Default::default()
         }),
         rollback_after: 3,
         on_failure: "fail".into(),

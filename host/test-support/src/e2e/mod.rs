@@ -11,6 +11,7 @@ pub mod devices;
 pub mod grpcio;
 pub mod hooks;
 pub mod kube;
+pub mod oci_registry;
 pub mod plugins;
 pub mod process;
 
@@ -18,6 +19,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub use daemon::Daemon;
+pub use oci_registry::{OciRegistry, RegistryConfig};
 pub use plugins::{CsiPlugin, DevicePlugin};
 
 /// How long a condition may take before a test fails. Generous: the machine is shared.
