@@ -592,9 +592,10 @@ impl Allocator {
             .collect()
     }
 
-    /// A copy of the records, for the checkpoint writer.
+    /// A copy of the records (entries only, shared: see [`PodDevices::without_index`]), for
+    /// the checkpoint writer.
     pub fn snapshot(&self) -> PodDevices {
-        self.lock().clone()
+        self.lock().without_index()
     }
 
     /// Reuse, or the candidates: the registry's devices now, minus what someone holds.
@@ -609,14 +610,11 @@ impl Allocator {
         }
         let offer = self.inner.registry.offer(&key.resource)?;
         let available = {
-            let pods = self.lock();
-            let held = pods.held_of(key.resource.as_str());
-            let healthy = offer.devices.allocatable();
-            let mut available = Candidates::with_capacity(healthy, healthy * ID_BYTES_GUESS);
-            for d in offer.devices.iter() {
-                if d.health == Health::Healthy && !held.is_held(d.id.as_str()) {
-                    available.push(d.id.as_str(), &d.numa);
-                }
+            let mut pods = self.lock();
+            let (free, devices) = pods.free_devices(&key.resource, &offer.devices);
+            let mut available = Candidates::with_capacity(free, free * ID_BYTES_GUESS);
+            for d in devices {
+                available.push(d.id.as_str(), &d.numa);
             }
             available
         };
@@ -1142,7 +1140,7 @@ mod alone {
         assert!(allocator.allocations().is_empty(), "nothing held");
 
         *stub.state.allocate_answer.lock().unwrap() = None;
-        std::fs::remove_dir(&cdi_dir).unwrap();
+        std::fs::remove_dir_all(&cdi_dir).unwrap();
         std::fs::write(&cdi_dir, "not a directory").unwrap();
         let err = allocator
             .allocate(HolderKey::new("pod-c", "ctr", GPU), 1, None)

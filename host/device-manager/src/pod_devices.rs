@@ -15,7 +15,7 @@ use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
 use crate::device_id::DeviceId;
-use crate::devices::IdHasher;
+use crate::devices::{DeviceSet, Health, IdHasher, ListedDevice};
 
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -138,10 +138,16 @@ pub struct PodDevices {
     /// resource → device id → number of entries holding it (more than 1 only after restoring a
     /// checkpoint that says so).
     held: HashMap<ResourceName, HashMap<DeviceId, u32, IdHasher>>,
+    /// resource → its healthy devices no one holds, as of the device set it was built from
+    /// (see [`PodDevices::for_each_free`]); kept up to date by every change of what is held.
+    free: HashMap<ResourceName, FreeDevices>,
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
     /// No index kept: a copy made to be encoded ([`PodDevices::without_index`]).
     unindexed: bool,
+    /// In a copy without index: the keys its changes touched, in order (see
+    /// [`PodDevices::take_touched`]).
+    touched: Vec<HolderKey>,
 }
 
 impl PodDevices {
@@ -164,8 +170,43 @@ impl PodDevices {
         PodDevices {
             entries: self.entries.clone(),
             held: HashMap::new(),
+            free: HashMap::new(),
             version: self.version,
             unindexed: true,
+            touched: Vec::new(),
+        }
+    }
+
+    /// The keys changed since the copy was made ([`PodDevices::without_index`]), each once,
+    /// sorted; empty for the state itself, which does not keep them. A journal change record
+    /// is made of these: what the change touched, not the whole state.
+    pub fn take_touched(&mut self) -> Vec<HolderKey> {
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        touched
+    }
+
+    fn touch(&mut self, key: &HolderKey) {
+        if self.unindexed {
+            self.touched.push(key.clone());
+        }
+    }
+
+    /// The bytes `encode` gives `key`'s entry if it is allocated (kept with it like those of
+    /// [`PodDevices::encoded`]); `None` when `key` has no entry or a reserved one.
+    pub fn encoded_entry(
+        &self,
+        key: &HolderKey,
+        encode: impl Fn(&HolderKey, &Holding) -> Vec<u8>,
+    ) -> Option<&[u8]> {
+        let kept = self.entries.get(key)?;
+        match kept.entry.state {
+            HoldingState::Allocated { .. } => Some(
+                kept.encoded
+                    .get_or_init(|| encode(key, &kept.entry).into_boxed_slice()),
+            ),
+            HoldingState::Reserved { .. } => None,
         }
     }
 
@@ -179,6 +220,39 @@ impl PodDevices {
         HeldIds(self.held.get(resource))
     }
 
+    /// The healthy devices of `devices` (the resource's devices now) that no one holds, in
+    /// plugin order, and how many they are. The view of what is free is kept between calls and
+    /// changed by each change of what is held, so a call costs the free devices (and a word per
+    /// 64 devices), not every device of the resource; it is built again, once, after the
+    /// devices or their health change.
+    pub fn free_devices(
+        &mut self,
+        resource: &ResourceName,
+        devices: &DeviceSet,
+    ) -> (usize, impl Iterator<Item = &ListedDevice>) {
+        let current = self
+            .free
+            .get(resource)
+            .is_some_and(|f| f.devices.generation() == devices.generation());
+        if !current {
+            let held = HeldIds(self.held.get(resource.as_str()));
+            let free = FreeDevices::new(devices.clone(), |id| held.is_held(id));
+            self.free.insert(resource.clone(), free);
+        }
+        let free = &self.free[resource];
+        let positions = free.bits.iter().enumerate().flat_map(|(w, &word)| {
+            let mut word = word;
+            std::iter::from_fn(move || {
+                (word != 0).then(|| {
+                    let bit = word.trailing_zeros() as usize;
+                    word &= word - 1;
+                    w * 64 + bit
+                })
+            })
+        });
+        (free.count, positions.filter_map(|at| free.devices.at(at)))
+    }
+
     /// Number of devices of `resource` held or reserved.
     pub fn held_count(&self, resource: &str) -> usize {
         self.held.get(resource).map_or(0, HashMap::len)
@@ -187,10 +261,15 @@ impl PodDevices {
     /// Adds an entry; the caller has checked that `key` has none and its devices are free.
     pub fn insert(&mut self, key: HolderKey, entry: Holding) {
         self.version += 1;
+        self.touch(&key);
         if !self.unindexed {
             let held = self.held.entry(key.resource.clone()).or_default();
+            let mut free = self.free.get_mut(&key.resource);
             for id in &entry.devices {
                 *held.entry(id.clone()).or_default() += 1;
+                if let Some(free) = &mut free {
+                    free.take(id.as_str());
+                }
             }
         }
         if let Some(old) = self.entries.insert(key.clone(), Kept::new(entry)) {
@@ -213,6 +292,7 @@ impl PodDevices {
                 kept.entry.state = HoldingState::Allocated { response };
                 kept.encoded = OnceLock::new();
                 self.version += 1;
+                self.touch(key);
                 true
             }
             _ => false,
@@ -278,6 +358,7 @@ impl PodDevices {
         let mut removed = Vec::with_capacity(keys.len());
         for key in keys {
             if let Some(kept) = self.entries.remove(&key) {
+                self.touch(&key);
                 self.unhold(key.resource.as_str(), &kept.entry.devices);
                 let entry =
                     Arc::try_unwrap(kept).map_or_else(|kept| kept.entry.clone(), |k| k.entry);
@@ -335,23 +416,79 @@ impl PodDevices {
     pub fn release_key(&mut self, key: &HolderKey) {
         if let Some(kept) = self.entries.remove(key) {
             self.version += 1;
+            self.touch(key);
             self.unhold(key.resource.as_str(), &kept.entry.devices);
         }
     }
 
     fn unhold(&mut self, resource: &str, devices: &[DeviceId]) {
         if let Some(held) = self.held.get_mut(resource) {
+            let mut free = self.free.get_mut(resource);
             for id in devices {
                 if let Some(count) = held.get_mut(id.as_str()) {
                     *count -= 1;
                     if *count == 0 {
                         held.remove(id.as_str());
+                        if let Some(free) = &mut free {
+                            free.give_back(id.as_str());
+                        }
                     }
                 }
             }
             if held.is_empty() {
                 self.held.remove(resource);
             }
+        }
+    }
+}
+
+/// The healthy devices of one resource that no one holds: a bit per device of `devices`, by
+/// position in plugin order.
+#[derive(Clone, Debug)]
+struct FreeDevices {
+    devices: DeviceSet,
+    bits: Vec<u64>,
+    count: usize,
+}
+
+impl FreeDevices {
+    /// The healthy devices of `devices` that `held` does not say are held.
+    fn new(devices: DeviceSet, held: impl Fn(&str) -> bool) -> FreeDevices {
+        let mut free = FreeDevices {
+            bits: vec![0; devices.capacity().div_ceil(64)],
+            devices,
+            count: 0,
+        };
+        for (at, device) in free.devices.iter().enumerate() {
+            if device.health == Health::Healthy && !held(device.id.as_str()) {
+                free.bits[at / 64] |= 1 << (at % 64);
+                free.count += 1;
+            }
+        }
+        free
+    }
+
+    /// `id` is held now.
+    fn take(&mut self, id: &str) {
+        if let Some(at) = self.devices.position(id)
+            && self.bits[at / 64] & (1 << (at % 64)) != 0
+        {
+            self.bits[at / 64] &= !(1 << (at % 64));
+            self.count -= 1;
+        }
+    }
+
+    /// No one holds `id` any more: free again if it is healthy.
+    fn give_back(&mut self, id: &str) {
+        if let Some(at) = self.devices.position(id)
+            && self.bits[at / 64] & (1 << (at % 64)) == 0
+            && self
+                .devices
+                .at(at)
+                .is_some_and(|d| d.health == Health::Healthy)
+        {
+            self.bits[at / 64] |= 1 << (at % 64);
+            self.count += 1;
         }
     }
 }
