@@ -470,7 +470,7 @@ impl Allocator {
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         let span = tracing::info_span!("release", pod = pod_uid, container);
         self.release_where(
-            Some(pod_uid),
+            Select::Pod(pod_uid),
             |key| key.pod_uid == pod_uid && container.is_none_or(|c| key.container == c),
             "",
         )
@@ -494,19 +494,20 @@ impl Allocator {
                 .collect());
         }
         self.release_where(
-            None,
+            Select::NotKept(keep),
             |key| !keep.contains(&key.pod_uid),
             " (sync of pods: the pod is no longer active)",
         )
         .await
     }
 
-    /// Removes the entries `gone` selects (among those of `pod` only, when given) in one change
-    /// once that is durable (nothing is removed when it cannot be made durable); each entry
-    /// released is recorded in the event log, its message ending with `why`.
+    /// Removes the entries `select` selects (those of one pod that `gone` selects, or those of
+    /// every pod not kept, which `gone` also says) in one change once that is durable (nothing
+    /// is removed when it cannot be made durable); each entry released is recorded in the
+    /// event log, its message ending with `why`.
     async fn release_where(
         &self,
-        pod: Option<&str>,
+        select: Select<'_>,
         mut gone: impl FnMut(&HolderKey) -> bool,
         why: &str,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
@@ -515,9 +516,9 @@ impl Allocator {
             .inner
             .persistence
             .change(&self.inner.pods, |pods| {
-                let removed = match pod {
-                    Some(pod) => pods.release_pod_where(pod, &mut gone),
-                    None => pods.release_where(&mut gone),
+                let removed = match select {
+                    Select::Pod(pod) => pods.release_pod_where(pod, &mut gone),
+                    Select::NotKept(keep) => pods.release_not_kept(keep),
                 };
                 removed
                     .iter()
@@ -832,6 +833,15 @@ fn devices_text(ids: &[DeviceId]) -> String {
 /// Bytes per device id to make room for when collecting candidates (a guess: too small only
 /// costs a few regrowths of one string).
 const ID_BYTES_GUESS: usize = 16;
+
+/// Which entries a release removes.
+#[derive(Clone, Copy)]
+enum Select<'a> {
+    /// Among the entries of this pod only.
+    Pod(&'a str),
+    /// Every entry of a pod not in this set.
+    NotKept(&'a BTreeSet<PodUid>),
+}
 
 /// What the records say before the policy runs.
 enum Plan {

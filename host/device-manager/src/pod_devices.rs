@@ -43,6 +43,17 @@ impl HolderKey {
     }
 }
 
+/// A key as the map keeps it: shared, so that copying a node of the map (each change copies the
+/// nodes on its path, up to 64 keys each) costs a reference count per key, not three strings.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct SharedKey(Arc<HolderKey>);
+
+impl std::borrow::Borrow<HolderKey> for SharedKey {
+    fn borrow(&self) -> &HolderKey {
+        &self.0
+    }
+}
+
 /// Where an entry stands.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HoldingState {
@@ -134,7 +145,7 @@ pub struct PodDevices {
     /// A persistent map: a copy shares its tree and copies only the nodes a change touches, so
     /// the copy every durable change is made from costs the same on an empty node and on one
     /// holding 10,000 allocations.
-    entries: OrdMap<HolderKey, Arc<Kept>>,
+    entries: OrdMap<SharedKey, Arc<Kept>>,
     /// resource → device id → number of entries holding it (more than 1 only after restoring a
     /// checkpoint that says so).
     held: HashMap<ResourceName, HashMap<DeviceId, u32, IdHasher>>,
@@ -272,7 +283,10 @@ impl PodDevices {
                 }
             }
         }
-        if let Some(old) = self.entries.insert(key.clone(), Kept::new(entry)) {
+        if let Some(old) = self
+            .entries
+            .insert(SharedKey(Arc::new(key.clone())), Kept::new(entry))
+        {
             self.unhold(key.resource.as_str(), &old.entry.devices);
         }
     }
@@ -326,7 +340,33 @@ impl PodDevices {
         &mut self,
         mut gone: impl FnMut(&HolderKey) -> bool,
     ) -> Vec<(HolderKey, Holding)> {
-        let keys: Vec<HolderKey> = self.entries.keys().filter(|k| gone(k)).cloned().collect();
+        let keys: Vec<HolderKey> = self
+            .entries
+            .keys()
+            .map(|k| &*k.0)
+            .filter(|k| gone(k))
+            .cloned()
+            .collect();
+        self.remove_keys(keys)
+    }
+
+    /// Removes, as one change, every entry of a pod not in `keep`; returns the removed entries
+    /// sorted by pod, container and resource. The entries and `keep` are both sorted by pod
+    /// UID, so they are walked side by side: a comparison per entry and per kept pod, not a
+    /// lookup in `keep` per entry.
+    pub fn release_not_kept(
+        &mut self,
+        keep: &std::collections::BTreeSet<PodUid>,
+    ) -> Vec<(HolderKey, Holding)> {
+        let mut kept = keep.iter().peekable();
+        let mut keys = Vec::new();
+        for key in self.entries.keys() {
+            let pod = &key.0.pod_uid;
+            while kept.next_if(|k| *k < pod).is_some() {}
+            if kept.peek() != Some(&pod) {
+                keys.push(HolderKey::clone(&key.0));
+            }
+        }
         self.remove_keys(keys)
     }
 
@@ -341,7 +381,7 @@ impl PodDevices {
         let keys: Vec<HolderKey> = self
             .entries
             .range(from..)
-            .map(|(key, _)| key)
+            .map(|(key, _)| &*key.0)
             .take_while(|key| key.pod_uid == pod_uid)
             .filter(|key| gone(key))
             .cloned()
@@ -373,13 +413,15 @@ impl PodDevices {
         let from = HolderKey::new(pod_uid, "", "");
         self.entries
             .range(from..)
-            .take_while(|(key, _)| key.pod_uid == pod_uid)
+            .take_while(|(key, _)| key.0.pod_uid == pod_uid)
             .find_map(|(_, kept)| kept.entry.pod.as_ref())
     }
 
     /// Every entry, sorted by pod, container and resource.
     pub fn iter(&self) -> impl Iterator<Item = (&HolderKey, &Holding)> {
-        self.entries.iter().map(|(key, kept)| (key, &kept.entry))
+        self.entries
+            .iter()
+            .map(|(key, kept)| (&*key.0, &kept.entry))
     }
 
     /// The allocated entries (reserved ones are left out), each as `encode` turns it into
@@ -396,7 +438,7 @@ impl PodDevices {
                 HoldingState::Allocated { .. } => Some(
                     &**kept
                         .encoded
-                        .get_or_init(|| encode(key, &kept.entry).into_boxed_slice()),
+                        .get_or_init(|| encode(&key.0, &kept.entry).into_boxed_slice()),
                 ),
                 HoldingState::Reserved { .. } => None,
             })
@@ -587,8 +629,14 @@ mod tests {
         pods.insert(nic.clone(), allocated(&["n0"]));
         let keep = BTreeSet::from([PodUid::from("keep"), PodUid::from("not-holding-anything")]);
 
+        let mut walked = pods.clone();
         let before = pods.version();
         let removed = pods.release_where(|k| !keep.contains(&k.pod_uid));
+        assert_eq!(
+            walked.release_not_kept(&keep),
+            removed,
+            "walking side by side frees the same"
+        );
         assert_eq!(pods.version(), before + 1, "one change");
         let keys: Vec<HolderKey> = removed.iter().map(|(k, _)| k.clone()).collect();
         assert_eq!(
