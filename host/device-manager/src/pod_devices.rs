@@ -352,17 +352,30 @@ impl PodDevices {
 
     /// Removes, as one change, every entry of a pod not in `keep`; returns the removed entries
     /// sorted by pod, container and resource. The entries and `keep` are both sorted by pod
-    /// UID, so they are walked side by side: a comparison per entry and per kept pod, not a
-    /// lookup in `keep` per entry.
+    /// UID, so they are walked side by side: a comparison per entry and per kept pod passed,
+    /// not a lookup in `keep` per entry; where the kept pods run far ahead of the entries (a
+    /// node holding little), the walk jumps instead of stepping.
     pub fn release_not_kept(
         &mut self,
         keep: &std::collections::BTreeSet<PodUid>,
     ) -> Vec<(HolderKey, Holding)> {
-        let mut kept = keep.iter().peekable();
+        use std::ops::Bound;
+        /// Steps over kept pods before jumping with a lookup.
+        const STEPS: usize = 8;
+        let mut kept = keep.range::<PodUid, _>(..).peekable();
         let mut keys = Vec::new();
         for key in self.entries.keys() {
             let pod = &key.0.pod_uid;
-            while kept.next_if(|k| *k < pod).is_some() {}
+            let mut steps = 0;
+            while kept.next_if(|k| *k < pod).is_some() {
+                steps += 1;
+                if steps == STEPS {
+                    kept = keep
+                        .range::<PodUid, _>((Bound::Included(pod), Bound::Unbounded))
+                        .peekable();
+                    break;
+                }
+            }
             if kept.peek() != Some(&pod) {
                 keys.push(HolderKey::clone(&key.0));
             }
@@ -668,6 +681,25 @@ mod tests {
         assert_eq!(pods.version(), version, "nothing to free changes nothing");
         assert_eq!(pods.release_where(|_| true).len(), 1);
         assert!(pods.is_empty());
+    }
+
+    #[test]
+    fn release_not_kept_jumps_over_long_runs_of_kept_pods() {
+        let keep: BTreeSet<PodUid> = (0..100).map(|i| PodUid::from(format!("k{i:03}"))).collect();
+        let mut pods = PodDevices::default();
+        for (i, pod) in ["a", "k005", "k050", "k050x", "k099", "z"]
+            .iter()
+            .enumerate()
+        {
+            pods.insert(key(pod, "c"), allocated(&[&format!("d{i}")]));
+        }
+        let freed: Vec<String> = pods
+            .release_not_kept(&keep)
+            .into_iter()
+            .map(|(k, _)| k.pod_uid.to_string())
+            .collect();
+        assert_eq!(freed, ["a", "k050x", "z"]);
+        assert_eq!(pods.len(), 3);
     }
 
     #[test]
