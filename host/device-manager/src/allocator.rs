@@ -512,13 +512,19 @@ impl Allocator {
         why: &str,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         let mut clock = StageClock::start(&self.inner.metrics, "release");
+        // The change runs on the copy the journal record is made from, then on the state: both
+        // hold the same entries, so the pods not kept are looked for once.
+        let mut not_kept: Option<Vec<HolderKey>> = None;
         let released = self
             .inner
             .persistence
             .change(&self.inner.pods, |pods| {
                 let removed = match select {
                     Select::Pod(pod) => pods.release_pod_where(pod, &mut gone),
-                    Select::NotKept(keep) => pods.release_not_kept(keep),
+                    Select::NotKept(keep) => {
+                        let keys = not_kept.get_or_insert_with(|| pods.not_kept(keep)).clone();
+                        pods.release_keys(keys)
+                    }
                 };
                 removed
                     .iter()

@@ -359,6 +359,13 @@ impl PodDevices {
         &mut self,
         keep: &std::collections::BTreeSet<PodUid>,
     ) -> Vec<(HolderKey, Holding)> {
+        let keys = self.not_kept(keep);
+        self.remove_keys(keys)
+    }
+
+    /// The keys of the entries of pods not in `keep`, sorted (see
+    /// [`PodDevices::release_not_kept`]).
+    pub fn not_kept(&self, keep: &std::collections::BTreeSet<PodUid>) -> Vec<HolderKey> {
         use std::ops::Bound;
         /// Steps over kept pods before jumping with a lookup.
         const STEPS: usize = 8;
@@ -380,6 +387,12 @@ impl PodDevices {
                 keys.push(HolderKey::clone(&key.0));
             }
         }
+        keys
+    }
+
+    /// Removes the entries of `keys` as one change (keys without an entry are skipped);
+    /// returns the entries removed.
+    pub fn release_keys(&mut self, keys: Vec<HolderKey>) -> Vec<(HolderKey, Holding)> {
         self.remove_keys(keys)
     }
 
