@@ -157,6 +157,9 @@ impl Persistence {
         self.inner
             .metrics
             .journal_write(result.is_ok(), started.elapsed());
+        if result.is_ok() && self.inner.durability == Durability::Fsync {
+            self.inner.metrics.journal_sync();
+        }
         match result {
             Ok(()) => {
                 let out = change(&mut lock(pods));
