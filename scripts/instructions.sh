@@ -18,8 +18,12 @@
 # repeats run to run; what still differs is the daemon's timers while it waits (a settle, a
 # plugin starting), which is the spread printed for two runs or more.
 #
-# "1 with 10,000 held": a native daemon first fills the node through `pluglet ctl`, then stops;
-# the daemon under callgrind restores those allocations from disk and is measured on them.
+# "with 10,000 held": a native daemon first fills the node through `pluglet ctl`, then stops;
+# the daemon under callgrind restores those allocations from disk and is measured on them. The
+# same three rows (allocate 1 of the 64 free devices, release it, sync-pods freeing one pod) are
+# measured first on a node with one plugin of 64 devices and nothing held, so that the two can
+# be compared: what an operation costs more on a full node. Both sync-pods rows send the same
+# keep list (the full node's 10,000 pod UIDs), so they differ only by what the node holds.
 #
 # Usage: scripts/instructions.sh [RUNS]   (default 1; with 2 or more, prints every run and the
 #        spread: (max − min) / min per row)
@@ -27,7 +31,9 @@
 #   `cargo build --release -p pluglet --bin pluglet -p example-device-plugin`),
 #   HELD (allocations held for the "held" row, default 10000; 0 skips that row),
 #   SETTLE (seconds to let the daemon settle before a dump, default 1.5),
-#   KEEP=1 (keep the work directory: the daemon's and the plugins' logs, the nodes' files).
+#   KEEP=1 (keep the work directory: the daemon's and the plugins' logs, the nodes' files, and
+#   every counted window's callgrind files in cg-*/<row>/ for callgrind_annotate),
+#   ROWS=held (only the rows of the nothing-held and the full node; default all).
 set -euo pipefail
 shopt -s extglob
 
@@ -35,6 +41,7 @@ RUNS=${1:-1}
 BIN_DIR=${BIN_DIR:-target/release}
 HELD=${HELD:-10000}
 SETTLE=${SETTLE:-1.5}
+ROWS=${ROWS:-all}
 
 for tool in valgrind callgrind_control; do
     command -v "$tool" >/dev/null || {
@@ -158,7 +165,12 @@ dump() {
     awk '/^(summary|totals):/ { n[FILENAME] = $2 }
         /^fn=.*pluglet_checkpoint::checksum::checksum/ { writer[FILENAME] = 1 }
         END { for (f in n) { all += n[f]; if (f in writer) w += n[f] }; print all + 0, w + 0 }' "${files[@]}"
-    rm -f "${files[@]}"
+    if [ -n "${KEEP:-}" ] && [ -n "${1:-}" ]; then
+        mkdir -p "$CG_DIR/$1"
+        mv "${files[@]}" "$CG_DIR/$1/"
+    else
+        rm -f "${files[@]}"
+    fi
 }
 
 settle() { sleep "$SETTLE"; }
@@ -171,7 +183,7 @@ measure() {
         dump >/dev/null
         for ((i = 0; i < n; i++)); do "$op" "$i"; done
         settle
-        read -r total writer < <(dump)
+        read -r total writer < <(dump "${row//[^A-Za-z0-9,]/_}")
         written=$(($(rewrites) - before))
     else
         for ((i = 0; i < n; i++)); do
@@ -181,7 +193,7 @@ measure() {
             dump >/dev/null
             "$op" "$i"
             settle
-            read -r all w < <(dump)
+            read -r all w < <(dump "${row//[^A-Za-z0-9,]/_}.$i")
             written=$((written + $(rewrites) - before))
             total=$((total + all))
             writer=$((writer + w))
@@ -212,6 +224,19 @@ flip() {
     wait_checkpoint_after "$before"
 }
 alloc_held() { ctl allocate --pod "ph-$1" --container c --resource bench.io/held --count 1; }
+release_held() { ctl release --pod "ph-$1"; }
+alloc_sync() { ctl allocate --pod "ps-$1" --container c --resource bench.io/held --count 1; }
+sync_one() { ctl sync-pods --keep-file "$KEEP_FILE"; }
+
+# The rows compared between a node holding nothing and one holding $HELD allocations: the
+# daemon under callgrind serves bench.io/held with 64 devices free.
+held_rows() {
+    local label=$1
+    for i in 0 1 2; do alloc_held "w$i"; release_held "w$i"; done
+    measure "allocate 1 of 64 free, $label" 8 alloc_held
+    measure "release, $label" 8 release_held
+    measure "sync-pods freeing 1 pod, $label" 4 sync_one alloc_sync
+}
 
 one_run() {
     local run=$1
@@ -219,35 +244,50 @@ one_run() {
     : >"$RESULTS"
     echo "run $run" >&2
 
-    ROOT=$WORK/node-a.$run
+    if [ "$ROWS" = all ]; then
+        ROOT=$WORK/node-a.$run
+        mkdir -p "$ROOT"
+        CG_DIR=$WORK/cg-a.$run
+        start_daemon callgrind
+        start_plugin bench.io/r8 8
+        wait_allocatable bench.io/r8 8
+        for i in 0 1 2; do alloc8 "w$i"; release8 "w$i"; done
+        measure "allocate 1 of 8" 8 alloc8
+        measure "release" 8 release8
+        start_plugin bench.io/r1k 1024
+        wait_allocatable bench.io/r1k 1024
+        for i in 0 1 2; do alloc1024 "w$i"; release1024 "w$i"; done
+        measure "allocate 1 of 1,024" 16 alloc1024
+        for ((i = 0; i < 16; i++)); do release1024 "$i"; done
+        alloc_all w
+        ctl release --pod pall-w
+        ctl allocate --pod pall--1 --container c --resource bench.io/r1k --count 1
+        measure "allocate 1,024 of 1,024" 4 alloc_all release_previous_all
+        ctl release --pod pall-3
+        for i in 0 1 2; do admin; done
+        measure "admin round trip (allocations, empty)" 64 admin
+        register w
+        measure "kubelet.sock Register -> visible" 4 register
+        start_plugin bench.io/big 10000
+        BIG_PID=$PLUGIN_PID
+        wait_allocatable bench.io/big 10000
+        flip
+        flip
+        measure "10,000-device update -> visible" 4 flip
+        stop_daemon
+        stop_children
+    fi
+
+    # Every sync-pods row keeps the full node's pods (none of them exists on the empty node).
+    KEEP_FILE=$WORK/keep
+    { echo kept; seq 0 $((HELD - 1)) | sed 's/^/fill-/'; } >"$KEEP_FILE"
+    ROOT=$WORK/node-c.$run
     mkdir -p "$ROOT"
-    CG_DIR=$WORK/cg-a.$run
+    CG_DIR=$WORK/cg-c.$run
     start_daemon callgrind
-    start_plugin bench.io/r8 8
-    wait_allocatable bench.io/r8 8
-    for i in 0 1 2; do alloc8 "w$i"; release8 "w$i"; done
-    measure "allocate 1 of 8" 8 alloc8
-    measure "release" 8 release8
-    start_plugin bench.io/r1k 1024
-    wait_allocatable bench.io/r1k 1024
-    for i in 0 1 2; do alloc1024 "w$i"; release1024 "w$i"; done
-    measure "allocate 1 of 1,024" 16 alloc1024
-    for ((i = 0; i < 16; i++)); do release1024 "$i"; done
-    alloc_all w
-    ctl release --pod pall-w
-    ctl allocate --pod pall--1 --container c --resource bench.io/r1k --count 1
-    measure "allocate 1,024 of 1,024" 4 alloc_all release_previous_all
-    ctl release --pod pall-3
-    for i in 0 1 2; do admin; done
-    measure "admin round trip (allocations, empty)" 64 admin
-    register w
-    measure "kubelet.sock Register -> visible" 4 register
-    start_plugin bench.io/big 10000
-    BIG_PID=$PLUGIN_PID
-    wait_allocatable bench.io/big 10000
-    flip
-    flip
-    measure "10,000-device update -> visible" 4 flip
+    start_plugin bench.io/held 64
+    wait_allocatable bench.io/held 64
+    held_rows "nothing held (64 devices)"
     stop_daemon
     stop_children
 
@@ -265,8 +305,7 @@ one_run() {
         CG_DIR=$WORK/cg-b.$run
         start_daemon callgrind
         wait_allocatable bench.io/held $((HELD + 64))
-        for i in 0 1 2; do alloc_held "w$i"; ctl release --pod "ph-w$i"; done
-        measure "allocate 1 with $HELD held" 8 alloc_held
+        held_rows "$HELD held ($((HELD + 64)) devices)"
         stop_daemon
         stop_children
     fi

@@ -248,6 +248,7 @@ fn metrics_count_registrations_allocations_and_handler_calls() {
     }
     assert!(!s.contains_key(&stage("allocate", "preferred")));
     assert!(value(&s, "pluglet_journal_writes_total{outcome=\"ok\"}") >= 1.0);
+    assert!(value(&s, "pluglet_journal_syncs_total{}") >= 1.0);
     assert!(value(&s, "pluglet_checkpoint_writes_total{outcome=\"ok\"}") >= 1.0);
     // The default policy chose once; the CSI type's hooks ran validate and register.
     let calls = |slot: &str| -> f64 {

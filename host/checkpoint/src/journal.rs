@@ -10,8 +10,19 @@
 //! Each slot starts with a header (magic, sequence number, length, CRC-32 of sequence, length
 //! and payload). A write torn by a crash breaks only the slot being written; the other still
 //! holds the previous record, so [`Journal::open`] always finds the newest complete record.
-//! A record larger than a slot grows the file: a new file with larger slots is written and
+//! A record larger than half a slot grows the file: a new file with larger slots is written and
 //! renamed over the old one (temporary file, fsync, rename, directory fsync), once.
+//!
+//! Changes: a record ([`Journal::append`]) holds a whole state, so its cost grows with the
+//! state. A change to it ([`Journal::append_change`]) is written instead right after the newest
+//! record and the changes before it, in the same slot (its own header: another magic, the next
+//! sequence number, its own CRC), with the same `fdatasync`: its cost is the change's, however
+//! large the state. When the slot has no room left, the caller writes a whole record again,
+//! into the other slot. A change torn by a crash ends the chain there: the record and the
+//! changes before it still stand (the torn one was never acknowledged). Reading a slot follows
+//! the chain while each change carries the next sequence number and an intact CRC, so what is
+//! left of older chains in a reused slot (smaller sequence numbers) is never taken for part of
+//! it. A reader that knows only whole records (before changes existed) reads the record alone.
 //!
 //! What a record means is the caller's business (the device manager keeps its allocations
 //! here, ahead of the kubelet-format checkpoint).
@@ -27,6 +38,9 @@ use crate::store::{Durability, set_aside};
 /// The first bytes of every slot.
 const MAGIC: &[u8; 8] = b"PLGJRNL1";
 
+/// The first bytes of every change written after a slot's record.
+const CHANGE_MAGIC: &[u8; 8] = b"PLGJCHG1";
+
 /// Header: magic (8), sequence (8), payload length (4), CRC-32 (4), reserved (8).
 const HEADER: usize = 32;
 
@@ -36,10 +50,13 @@ pub const INITIAL_SLOT_SIZE: usize = 64 << 10;
 /// The newest complete record of a journal.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JournalRecord {
-    /// Its sequence number (1 for the first record ever written).
+    /// The sequence number of its newest change, or its own when it has none (1 for the first
+    /// record ever written).
     pub seq: u64,
-    /// What the caller wrote.
+    /// What the caller wrote with [`Journal::append`].
     pub payload: Vec<u8>,
+    /// What the caller wrote after it with [`Journal::append_change`], oldest first.
+    pub changes: Vec<Vec<u8>>,
 }
 
 /// What [`Journal::open`] found.
@@ -64,6 +81,10 @@ pub struct Journal {
     slot_size: usize,
     seq: u64,
     durability: Durability,
+    /// The slot holding the newest record, and where its chain of changes ends in it (`0`:
+    /// no record yet, so no change can be written).
+    slot: usize,
+    tail: usize,
 }
 
 impl Journal {
@@ -82,8 +103,12 @@ impl Journal {
             Ok(mut file) => {
                 let mut bytes = Vec::new();
                 file.read_to_end(&mut bytes).map_err(read_error)?;
-                if let Some((slot_size, record)) = parse_file(&bytes) {
-                    let seq = record.as_ref().map_or(0, |r| r.seq);
+                if let Some((slot_size, newest)) = parse_file(&bytes) {
+                    let seq = newest.as_ref().map_or(0, |(_, r, _)| r.seq);
+                    let (slot, tail) = newest
+                        .as_ref()
+                        .map_or((0, 0), |(slot, _, tail)| (*slot, *tail));
+                    let record = newest.map(|(_, r, _)| r);
                     let file = OpenOptions::new()
                         .read(true)
                         .write(true)
@@ -100,6 +125,8 @@ impl Journal {
                             slot_size,
                             seq,
                             durability,
+                            slot,
+                            tail,
                         },
                         record,
                         set_aside: None,
@@ -108,18 +135,19 @@ impl Journal {
                 }
                 let salvaged = salvage(&bytes);
                 let moved_to = set_aside(path)?;
-                let mut slot_size = INITIAL_SLOT_SIZE;
-                if let Some(r) = &salvaged {
-                    while HEADER + r.payload.len() > slot_size {
-                        slot_size *= 2;
+                // The new journal starts from the salvaged record and its changes, as one chain.
+                let journal = match &salvaged {
+                    None => Journal::create(path, INITIAL_SLOT_SIZE, None, durability)?,
+                    Some(r) => {
+                        let chain = chain_bytes(r);
+                        Journal::create(
+                            path,
+                            slot_size_for(INITIAL_SLOT_SIZE, chain.len()),
+                            Some((r.seq, &chain)),
+                            durability,
+                        )?
                     }
-                }
-                let journal = Journal::create(
-                    path,
-                    slot_size,
-                    salvaged.as_ref().map(|r| (r.seq, r.payload.as_slice())),
-                    durability,
-                )?;
+                };
                 return Ok(Opened {
                     journal,
                     salvaged: salvaged.is_some(),
@@ -146,7 +174,7 @@ impl Journal {
     pub fn read(path: &Path) -> Result<Option<JournalRecord>, CheckpointError> {
         match std::fs::read(path) {
             Ok(bytes) => Ok(match parse_file(&bytes) {
-                Some((_, record)) => record,
+                Some((_, newest)) => newest.map(|(_, r, _)| r),
                 None => salvage(&bytes),
             }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -167,38 +195,66 @@ impl Journal {
         self.seq
     }
 
-    /// Writes `payload` as the newest record and waits until it is on disk (`fdatasync`,
-    /// skipped with [`Durability::NoFsync`]). On error the previous record stays the newest.
+    /// Writes `payload` as the newest record (a whole state: the changes before it no longer
+    /// count) and waits until it is on disk (`fdatasync`, skipped with [`Durability::NoFsync`]).
+    /// On error the previous record and its changes stay the newest.
     pub fn append(&mut self, payload: &[u8]) -> Result<(), CheckpointError> {
         let seq = self.seq + 1;
-        if HEADER + payload.len() > self.slot_size {
-            let mut slot_size = self.slot_size;
-            while HEADER + payload.len() > slot_size {
-                slot_size *= 2;
-            }
-            *self = Journal::create(&self.path, slot_size, Some((seq, payload)), self.durability)?;
+        let record = encode_record(MAGIC, seq, payload);
+        if 2 * record.len() > self.slot_size {
+            // Room for changes after it: at least as much as the record takes.
+            let slot_size = slot_size_for(self.slot_size, record.len());
+            *self = Journal::create(&self.path, slot_size, Some((seq, &record)), self.durability)?;
             return Ok(());
         }
-        let slot = (seq % 2) as usize;
-        let record = encode_record(seq, payload);
+        let slot = if self.tail == 0 {
+            (seq % 2) as usize
+        } else {
+            1 - self.slot
+        };
+        self.write_synced(&record, slot * self.slot_size)?;
+        self.seq = seq;
+        self.slot = slot;
+        self.tail = record.len();
+        Ok(())
+    }
+
+    /// Writes `change` after the newest record and its changes, in the same slot, and waits
+    /// until it is on disk. `Ok(false)` (nothing written) when there is no record yet or no room
+    /// left in the slot: write a whole record with [`Journal::append`] instead. On error the
+    /// change does not count (a reader stops before it).
+    pub fn append_change(&mut self, change: &[u8]) -> Result<bool, CheckpointError> {
+        if self.tail == 0 || self.tail + HEADER + change.len() > self.slot_size {
+            return Ok(false);
+        }
+        let seq = self.seq + 1;
+        let record = encode_record(CHANGE_MAGIC, seq, change);
+        self.write_synced(&record, self.slot * self.slot_size + self.tail)?;
+        self.seq = seq;
+        self.tail += record.len();
+        Ok(true)
+    }
+
+    /// Writes `bytes` at `offset` and waits until they are on disk.
+    fn write_synced(&mut self, bytes: &[u8], offset: usize) -> Result<(), CheckpointError> {
         let fail = |step: &'static str| {
             let path = self.path.clone();
             move |source| CheckpointError::Write { path, step, source }
         };
         self.file
-            .write_all_at(&record, (slot * self.slot_size) as u64)
+            .write_all_at(bytes, offset as u64)
             .map_err(fail("write a journal slot"))?;
         if self.durability == Durability::Fsync {
             self.file
                 .sync_data()
                 .map_err(fail("fdatasync the journal"))?;
         }
-        self.seq = seq;
         Ok(())
     }
 
-    /// Writes a new journal file with two slots of `slot_size` bytes (the first record in its
-    /// slot when given) beside `path` and renames it over `path`.
+    /// Writes a new journal file with two slots of `slot_size` bytes (slot 0 holding `first`,
+    /// already encoded records ending with sequence number `seq`, when given) beside `path` and
+    /// renames it over `path`.
     fn create(
         path: &Path,
         slot_size: usize,
@@ -206,10 +262,8 @@ impl Journal {
         durability: Durability,
     ) -> Result<Journal, CheckpointError> {
         let mut bytes = vec![0u8; 2 * slot_size];
-        if let Some((seq, payload)) = first {
-            let record = encode_record(seq, payload);
-            let at = (seq % 2) as usize * slot_size;
-            bytes[at..at + record.len()].copy_from_slice(&record);
+        if let Some((_, records)) = first {
+            bytes[..records.len()].copy_from_slice(records);
         }
         crate::store::write_atomic(path, &bytes, durability)?;
         let file = OpenOptions::new()
@@ -228,15 +282,37 @@ impl Journal {
             slot_size,
             seq: first.map_or(0, |(seq, _)| seq),
             durability,
+            slot: 0,
+            tail: first.map_or(0, |(_, records)| records.len()),
         })
     }
 }
 
-/// Header and payload of one record.
-fn encode_record(seq: u64, payload: &[u8]) -> Vec<u8> {
+/// The slot size, from `at_least` up by doubling, that leaves room for changes after
+/// `records` bytes of records: at least as much again.
+fn slot_size_for(at_least: usize, records: usize) -> usize {
+    let mut slot_size = at_least;
+    while 2 * records > slot_size {
+        slot_size *= 2;
+    }
+    slot_size
+}
+
+/// A record and its changes encoded again as one chain (to start a new journal from it).
+fn chain_bytes(record: &JournalRecord) -> Vec<u8> {
+    let first = record.seq - record.changes.len() as u64;
+    let mut out = encode_record(MAGIC, first, &record.payload);
+    for (seq, change) in (first + 1..).zip(&record.changes) {
+        out.extend_from_slice(&encode_record(CHANGE_MAGIC, seq, change));
+    }
+    out
+}
+
+/// Header and payload of one record (`MAGIC`) or change (`CHANGE_MAGIC`).
+fn encode_record(magic: &[u8; 8], seq: u64, payload: &[u8]) -> Vec<u8> {
     let len = u32::try_from(payload.len()).expect("journal records are far below 4 GiB");
     let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(magic);
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&crc(seq, len, payload).to_le_bytes());
@@ -245,25 +321,30 @@ fn encode_record(seq: u64, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The slot size and newest record of a whole journal file; `None` when it is not a journal
-/// (wrong size, or no valid slot while not all zeros).
-fn parse_file(bytes: &[u8]) -> Option<(usize, Option<JournalRecord>)> {
+/// The slot size and newest record of a whole journal file, with the slot it is in and where
+/// its chain of changes ends; `None` when it is not a journal (wrong size, or no valid slot
+/// while not all zeros).
+#[allow(clippy::type_complexity)]
+fn parse_file(bytes: &[u8]) -> Option<(usize, Option<(usize, JournalRecord, usize)>)> {
     let slot_size = slot_size_of(bytes)?;
-    let record = [0, 1]
+    let newest = [0, 1]
         .into_iter()
-        .filter_map(|slot| parse_slot(&bytes[slot * slot_size..][..slot_size]))
-        .max_by_key(|r| r.seq);
-    (record.is_some() || bytes.iter().all(|&b| b == 0)).then_some((slot_size, record))
+        .filter_map(|slot| {
+            parse_chain(&bytes[slot * slot_size..][..slot_size]).map(|(r, tail)| (slot, r, tail))
+        })
+        .max_by_key(|(_, r, _)| r.seq);
+    (newest.is_some() || bytes.iter().all(|&b| b == 0)).then_some((slot_size, newest))
 }
 
 /// The newest intact record in a file that is not a whole journal (cut short by a copy or a
 /// full disk, or grown by something else): slot 0 starts at offset 0 whatever the slot size,
-/// slot 1 at one of the sizes a journal can have; a record counts only if its CRC holds.
+/// slot 1 at one of the sizes a journal can have; a record counts only if its CRC holds, and
+/// brings the intact changes that follow it.
 pub fn salvage(bytes: &[u8]) -> Option<JournalRecord> {
-    let mut found = parse_slot(bytes);
+    let mut found = parse_chain(bytes).map(|(r, _)| r);
     let mut slot_size = INITIAL_SLOT_SIZE;
     while slot_size < bytes.len() {
-        if let Some(record) = parse_slot(&bytes[slot_size..])
+        if let Some((record, _)) = parse_chain(&bytes[slot_size..])
             && found.as_ref().is_none_or(|f| record.seq > f.seq)
         {
             found = Some(record);
@@ -273,19 +354,38 @@ pub fn salvage(bytes: &[u8]) -> Option<JournalRecord> {
     found
 }
 
-/// The record in one slot, if it is complete and intact.
-fn parse_slot(slot: &[u8]) -> Option<JournalRecord> {
-    if slot.len() < HEADER || &slot[..8] != MAGIC {
-        return None;
-    }
-    let seq = u64::from_le_bytes(slot[8..16].try_into().ok()?);
-    let len = u32::from_le_bytes(slot[16..20].try_into().ok()?);
-    let stored = u32::from_le_bytes(slot[20..24].try_into().ok()?);
-    let payload = slot.get(HEADER..HEADER + len as usize)?;
-    (seq > 0 && crc(seq, len, payload) == stored).then(|| JournalRecord {
+/// The record at the start of `slot` and the changes after it, if the record is complete and
+/// intact, with the offset where the chain ends.
+fn parse_chain(slot: &[u8]) -> Option<(JournalRecord, usize)> {
+    let (seq, payload) = parse_one(slot, MAGIC)?;
+    let mut record = JournalRecord {
         seq,
         payload: payload.to_vec(),
-    })
+        changes: Vec::new(),
+    };
+    let mut at = HEADER + payload.len();
+    while let Some((seq, change)) = parse_one(&slot[at..], CHANGE_MAGIC) {
+        if seq != record.seq + 1 {
+            break;
+        }
+        record.seq = seq;
+        record.changes.push(change.to_vec());
+        at += HEADER + change.len();
+    }
+    Some((record, at))
+}
+
+/// The sequence number and payload of the record or change (by `magic`) at the start of
+/// `bytes`, if it is complete and intact.
+fn parse_one<'a>(bytes: &'a [u8], magic: &[u8; 8]) -> Option<(u64, &'a [u8])> {
+    if bytes.len() < HEADER || &bytes[..8] != magic {
+        return None;
+    }
+    let seq = u64::from_le_bytes(bytes[8..16].try_into().ok()?);
+    let len = u32::from_le_bytes(bytes[16..20].try_into().ok()?);
+    let stored = u32::from_le_bytes(bytes[20..24].try_into().ok()?);
+    let payload = bytes.get(HEADER..HEADER + len as usize)?;
+    (seq > 0 && crc(seq, len, payload) == stored).then_some((seq, payload))
 }
 
 /// The slot size of a journal file: half its length, if that is a power of two of at least
@@ -347,7 +447,8 @@ mod tests {
             opened.record,
             Some(JournalRecord {
                 seq: 1,
-                payload: b"first".to_vec()
+                payload: b"first".to_vec(),
+                changes: Vec::new(),
             })
         );
         // Appending goes on from there and overwrites the torn slot.
@@ -447,5 +548,89 @@ mod tests {
         let moved = opened.set_aside.expect("set aside");
         assert_eq!(std::fs::read(&moved).unwrap(), b"not a journal");
         assert!(open(&path).set_aside.is_none(), "the new journal is valid");
+    }
+
+    #[test]
+    fn changes_follow_their_record_and_a_torn_one_ends_the_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut journal = open(&path).journal;
+        assert!(!journal.append_change(b"early").unwrap(), "no record yet");
+        journal.append(b"whole-1").unwrap();
+        assert!(journal.append_change(b"c2").unwrap());
+        assert!(journal.append_change(b"c3").unwrap());
+        let record = open(&path).record.unwrap();
+        assert_eq!(record.seq, 3);
+        assert_eq!(record.payload, b"whole-1");
+        assert_eq!(record.changes, [b"c2".to_vec(), b"c3".to_vec()]);
+
+        // A new whole record goes to the other slot; its changes follow it there.
+        journal.append(b"whole-4").unwrap();
+        assert!(journal.append_change(b"c5").unwrap());
+        let record = open(&path).record.unwrap();
+        assert_eq!(
+            (record.seq, record.payload.as_slice()),
+            (5, &b"whole-4"[..])
+        );
+        assert_eq!(record.changes, [b"c5".to_vec()]);
+
+        // Change 5 torn by a crash: the chain ends before it, and the next change takes its place.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = HEADER + b"whole-4".len() + HEADER;
+        bytes[at] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let opened = open(&path);
+        let record = opened.record.unwrap();
+        assert_eq!((record.seq, record.changes.len()), (4, 0));
+        let mut journal = opened.journal;
+        assert!(journal.append_change(b"c5-again").unwrap());
+        let record = open(&path).record.unwrap();
+        assert_eq!(record.seq, 5);
+        assert_eq!(record.changes, [b"c5-again".to_vec()]);
+
+        // A torn whole record leaves the other slot's record and all its changes.
+        journal.append(b"whole-6").unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        // Whole records alternate slots: 1 (seq 1), 0 (seq 4), 1 (seq 6).
+        let at = INITIAL_SLOT_SIZE + HEADER + 1;
+        bytes[at] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let record = open(&path).record.unwrap();
+        assert_eq!(
+            (record.seq, record.payload.as_slice()),
+            (5, &b"whole-4"[..])
+        );
+        assert_eq!(record.changes, [b"c5-again".to_vec()]);
+    }
+
+    #[test]
+    fn a_full_slot_asks_for_a_whole_record_and_a_salvaged_chain_is_kept_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut journal = open(&path).journal;
+        journal.append(b"whole").unwrap();
+        let change = vec![9u8; 1000];
+        let mut written = 0;
+        while journal.append_change(&change).unwrap() {
+            written += 1;
+        }
+        assert!(
+            written > 10 && written < INITIAL_SLOT_SIZE / 1000,
+            "{written}"
+        );
+        let record = open(&path).record.unwrap();
+        assert_eq!(record.changes.len(), written);
+
+        // Cut short: set aside, and the new journal starts from the whole chain.
+        let whole = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &whole[..whole.len() - 1]).unwrap();
+        let opened = open(&path);
+        assert!(opened.salvaged);
+        let mut journal = opened.journal;
+        assert_eq!(open(&path).record.unwrap().changes.len(), written);
+        assert!(journal.append_change(b"next").unwrap());
+        let record = open(&path).record.unwrap();
+        assert_eq!(record.changes.len(), written + 1);
+        assert_eq!(record.seq, 1 + written as u64 + 1);
     }
 }

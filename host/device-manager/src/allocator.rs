@@ -470,7 +470,7 @@ impl Allocator {
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         let span = tracing::info_span!("release", pod = pod_uid, container);
         self.release_where(
-            Some(pod_uid),
+            Select::Pod(pod_uid),
             |key| key.pod_uid == pod_uid && container.is_none_or(|c| key.container == c),
             "",
         )
@@ -494,30 +494,37 @@ impl Allocator {
                 .collect());
         }
         self.release_where(
-            None,
+            Select::NotKept(keep),
             |key| !keep.contains(&key.pod_uid),
             " (sync of pods: the pod is no longer active)",
         )
         .await
     }
 
-    /// Removes the entries `gone` selects (among those of `pod` only, when given) in one change
-    /// once that is durable (nothing is removed when it cannot be made durable); each entry
-    /// released is recorded in the event log, its message ending with `why`.
+    /// Removes the entries `select` selects (those of one pod that `gone` selects, or those of
+    /// every pod not kept, which `gone` also says) in one change once that is durable (nothing
+    /// is removed when it cannot be made durable); each entry released is recorded in the
+    /// event log, its message ending with `why`.
     async fn release_where(
         &self,
-        pod: Option<&str>,
+        select: Select<'_>,
         mut gone: impl FnMut(&HolderKey) -> bool,
         why: &str,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         let mut clock = StageClock::start(&self.inner.metrics, "release");
+        // The change runs on the copy the journal record is made from, then on the state: both
+        // hold the same entries, so the pods not kept are looked for once.
+        let mut not_kept: Option<Vec<HolderKey>> = None;
         let released = self
             .inner
             .persistence
             .change(&self.inner.pods, |pods| {
-                let removed = match pod {
-                    Some(pod) => pods.release_pod_where(pod, &mut gone),
-                    None => pods.release_where(&mut gone),
+                let removed = match select {
+                    Select::Pod(pod) => pods.release_pod_where(pod, &mut gone),
+                    Select::NotKept(keep) => {
+                        let keys = not_kept.get_or_insert_with(|| pods.not_kept(keep)).clone();
+                        pods.release_keys(keys)
+                    }
                 };
                 removed
                     .iter()
@@ -592,9 +599,10 @@ impl Allocator {
             .collect()
     }
 
-    /// A copy of the records, for the checkpoint writer.
+    /// A copy of the records (entries only, shared: see [`PodDevices::without_index`]), for
+    /// the checkpoint writer.
     pub fn snapshot(&self) -> PodDevices {
-        self.lock().clone()
+        self.lock().without_index()
     }
 
     /// Reuse, or the candidates: the registry's devices now, minus what someone holds.
@@ -609,14 +617,11 @@ impl Allocator {
         }
         let offer = self.inner.registry.offer(&key.resource)?;
         let available = {
-            let pods = self.lock();
-            let held = pods.held_of(key.resource.as_str());
-            let healthy = offer.devices.allocatable();
-            let mut available = Candidates::with_capacity(healthy, healthy * ID_BYTES_GUESS);
-            for d in offer.devices.iter() {
-                if d.health == Health::Healthy && !held.is_held(d.id.as_str()) {
-                    available.push(d.id.as_str(), &d.numa);
-                }
+            let mut pods = self.lock();
+            let (free, devices) = pods.free_devices(&key.resource, &offer.devices);
+            let mut available = Candidates::with_capacity(free, free * ID_BYTES_GUESS);
+            for d in devices {
+                available.push(d.id.as_str(), &d.numa);
             }
             available
         };
@@ -834,6 +839,15 @@ fn devices_text(ids: &[DeviceId]) -> String {
 /// Bytes per device id to make room for when collecting candidates (a guess: too small only
 /// costs a few regrowths of one string).
 const ID_BYTES_GUESS: usize = 16;
+
+/// Which entries a release removes.
+#[derive(Clone, Copy)]
+enum Select<'a> {
+    /// Among the entries of this pod only.
+    Pod(&'a str),
+    /// Every entry of a pod not in this set.
+    NotKept(&'a BTreeSet<PodUid>),
+}
 
 /// What the records say before the policy runs.
 enum Plan {
@@ -1142,7 +1156,7 @@ mod alone {
         assert!(allocator.allocations().is_empty(), "nothing held");
 
         *stub.state.allocate_answer.lock().unwrap() = None;
-        std::fs::remove_dir(&cdi_dir).unwrap();
+        std::fs::remove_dir_all(&cdi_dir).unwrap();
         std::fs::write(&cdi_dir, "not a directory").unwrap();
         let err = allocator
             .allocate(HolderKey::new("pod-c", "ctr", GPU), 1, None)

@@ -83,6 +83,16 @@ pub struct DeviceSet {
     /// Positions in `devices`, ordered by id (Go's string order, as the checkpoint lists them).
     by_id: Arc<Vec<usize>>,
     healthy: usize,
+    /// Changes with every change of the devices or their health (unique across sets; `0` for
+    /// an empty set never changed), so a view built from the set can tell it is still current.
+    generation: u64,
+}
+
+/// The source of [`DeviceSet`] generations.
+static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// What [`DeviceSet::replace_checked`] did with a list.
@@ -146,6 +156,7 @@ impl DeviceSet {
                 .filter(|d| d.health == Health::Healthy)
                 .count();
             self.devices = Arc::new(devices);
+            self.generation = next_generation();
             return Replaced {
                 changed: true,
                 ..Replaced::default()
@@ -182,6 +193,7 @@ impl DeviceSet {
         self.devices = Arc::new(list);
         self.index = Arc::new(index);
         self.by_id = Arc::new(by_id);
+        self.generation = next_generation();
         refused.changed = true;
         refused
     }
@@ -206,6 +218,7 @@ impl DeviceSet {
         if changes.is_empty() {
             return Some(false);
         }
+        self.generation = next_generation();
         let devices = Arc::make_mut(&mut self.devices);
         for (at, device) in changes {
             devices[at] = device;
@@ -219,6 +232,7 @@ impl DeviceSet {
 
     /// Turns every device unhealthy at once (the plugin's stream ended or its socket went).
     pub fn mark_all_unhealthy(&mut self) {
+        self.generation = next_generation();
         for device in Arc::make_mut(&mut self.devices) {
             device.health = Health::Unhealthy;
         }
@@ -238,6 +252,21 @@ impl DeviceSet {
     /// The devices in plugin order.
     pub fn iter(&self) -> impl Iterator<Item = &ListedDevice> {
         self.devices.iter()
+    }
+
+    /// See the field: equal generations mean the same devices with the same health.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The device at `position` in plugin order.
+    pub fn at(&self, position: usize) -> Option<&ListedDevice> {
+        self.devices.get(position)
+    }
+
+    /// The position in plugin order of the device with this id.
+    pub fn position(&self, id: &str) -> Option<usize> {
+        self.index.get(id).copied()
     }
 
     /// The device with this id.

@@ -106,6 +106,7 @@ pub struct Metrics {
     released: Family<ResourceLabel, Counter>,
     journal_writes: Family<WriteOutcome, Counter>,
     journal_duration: Histogram,
+    journal_syncs: Counter,
     checkpoint_writes: Family<WriteOutcome, Counter>,
     checkpoint_duration: Histogram,
     stage_duration: Histograms<StageLabel>,
@@ -136,6 +137,7 @@ impl Default for Metrics {
             released: Family::default(),
             journal_writes: Family::default(),
             journal_duration: disk_histogram(),
+            journal_syncs: Counter::default(),
             checkpoint_writes: Family::default(),
             checkpoint_duration: disk_histogram(),
             stage_duration: Family::new_with_constructor(stage_histogram),
@@ -170,6 +172,11 @@ impl Metrics {
             "pluglet_journal_writes",
             "Allocation journal records written, by outcome",
             self.journal_writes.clone(),
+        );
+        registry.register(
+            "pluglet_journal_syncs",
+            "fdatasync calls that made allocation journal records durable (one per record today)",
+            self.journal_syncs.clone(),
         );
         registry.register(
             "pluglet_journal_write_duration_seconds",
@@ -227,6 +234,11 @@ impl Metrics {
                 resource_name: resource_name.to_owned(),
             })
             .inc();
+    }
+
+    /// One `fdatasync` made journal records durable.
+    pub(crate) fn journal_sync(&self) {
+        self.journal_syncs.inc();
     }
 
     pub(crate) fn journal_write(&self, ok: bool, elapsed: Duration) {

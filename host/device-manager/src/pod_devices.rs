@@ -15,7 +15,7 @@ use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
 use crate::device_id::DeviceId;
-use crate::devices::IdHasher;
+use crate::devices::{DeviceSet, Health, IdHasher, ListedDevice};
 
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,6 +40,17 @@ impl HolderKey {
             container: container.into(),
             resource: resource.into(),
         }
+    }
+}
+
+/// A key as the map keeps it: shared, so that copying a node of the map (each change copies the
+/// nodes on its path, up to 64 keys each) costs a reference count per key, not three strings.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct SharedKey(Arc<HolderKey>);
+
+impl std::borrow::Borrow<HolderKey> for SharedKey {
+    fn borrow(&self) -> &HolderKey {
+        &self.0
     }
 }
 
@@ -134,14 +145,20 @@ pub struct PodDevices {
     /// A persistent map: a copy shares its tree and copies only the nodes a change touches, so
     /// the copy every durable change is made from costs the same on an empty node and on one
     /// holding 10,000 allocations.
-    entries: OrdMap<HolderKey, Arc<Kept>>,
+    entries: OrdMap<SharedKey, Arc<Kept>>,
     /// resource → device id → number of entries holding it (more than 1 only after restoring a
     /// checkpoint that says so).
     held: HashMap<ResourceName, HashMap<DeviceId, u32, IdHasher>>,
+    /// resource → its healthy devices no one holds, as of the device set it was built from
+    /// (see [`PodDevices::for_each_free`]); kept up to date by every change of what is held.
+    free: HashMap<ResourceName, FreeDevices>,
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
     /// No index kept: a copy made to be encoded ([`PodDevices::without_index`]).
     unindexed: bool,
+    /// In a copy without index: the keys its changes touched, in order (see
+    /// [`PodDevices::take_touched`]).
+    touched: Vec<HolderKey>,
 }
 
 impl PodDevices {
@@ -164,8 +181,43 @@ impl PodDevices {
         PodDevices {
             entries: self.entries.clone(),
             held: HashMap::new(),
+            free: HashMap::new(),
             version: self.version,
             unindexed: true,
+            touched: Vec::new(),
+        }
+    }
+
+    /// The keys changed since the copy was made ([`PodDevices::without_index`]), each once,
+    /// sorted; empty for the state itself, which does not keep them. A journal change record
+    /// is made of these: what the change touched, not the whole state.
+    pub fn take_touched(&mut self) -> Vec<HolderKey> {
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        touched
+    }
+
+    fn touch(&mut self, key: &HolderKey) {
+        if self.unindexed {
+            self.touched.push(key.clone());
+        }
+    }
+
+    /// The bytes `encode` gives `key`'s entry if it is allocated (kept with it like those of
+    /// [`PodDevices::encoded`]); `None` when `key` has no entry or a reserved one.
+    pub fn encoded_entry(
+        &self,
+        key: &HolderKey,
+        encode: impl Fn(&HolderKey, &Holding) -> Vec<u8>,
+    ) -> Option<&[u8]> {
+        let kept = self.entries.get(key)?;
+        match kept.entry.state {
+            HoldingState::Allocated { .. } => Some(
+                kept.encoded
+                    .get_or_init(|| encode(key, &kept.entry).into_boxed_slice()),
+            ),
+            HoldingState::Reserved { .. } => None,
         }
     }
 
@@ -179,6 +231,39 @@ impl PodDevices {
         HeldIds(self.held.get(resource))
     }
 
+    /// The healthy devices of `devices` (the resource's devices now) that no one holds, in
+    /// plugin order, and how many they are. The view of what is free is kept between calls and
+    /// changed by each change of what is held, so a call costs the free devices (and a word per
+    /// 64 devices), not every device of the resource; it is built again, once, after the
+    /// devices or their health change.
+    pub fn free_devices(
+        &mut self,
+        resource: &ResourceName,
+        devices: &DeviceSet,
+    ) -> (usize, impl Iterator<Item = &ListedDevice>) {
+        let current = self
+            .free
+            .get(resource)
+            .is_some_and(|f| f.devices.generation() == devices.generation());
+        if !current {
+            let held = HeldIds(self.held.get(resource.as_str()));
+            let free = FreeDevices::new(devices.clone(), |id| held.is_held(id));
+            self.free.insert(resource.clone(), free);
+        }
+        let free = &self.free[resource];
+        let positions = free.bits.iter().enumerate().flat_map(|(w, &word)| {
+            let mut word = word;
+            std::iter::from_fn(move || {
+                (word != 0).then(|| {
+                    let bit = word.trailing_zeros() as usize;
+                    word &= word - 1;
+                    w * 64 + bit
+                })
+            })
+        });
+        (free.count, positions.filter_map(|at| free.devices.at(at)))
+    }
+
     /// Number of devices of `resource` held or reserved.
     pub fn held_count(&self, resource: &str) -> usize {
         self.held.get(resource).map_or(0, HashMap::len)
@@ -187,13 +272,21 @@ impl PodDevices {
     /// Adds an entry; the caller has checked that `key` has none and its devices are free.
     pub fn insert(&mut self, key: HolderKey, entry: Holding) {
         self.version += 1;
+        self.touch(&key);
         if !self.unindexed {
             let held = self.held.entry(key.resource.clone()).or_default();
+            let mut free = self.free.get_mut(&key.resource);
             for id in &entry.devices {
                 *held.entry(id.clone()).or_default() += 1;
+                if let Some(free) = &mut free {
+                    free.take(id.as_str());
+                }
             }
         }
-        if let Some(old) = self.entries.insert(key.clone(), Kept::new(entry)) {
+        if let Some(old) = self
+            .entries
+            .insert(SharedKey(Arc::new(key.clone())), Kept::new(entry))
+        {
             self.unhold(key.resource.as_str(), &old.entry.devices);
         }
     }
@@ -213,6 +306,7 @@ impl PodDevices {
                 kept.entry.state = HoldingState::Allocated { response };
                 kept.encoded = OnceLock::new();
                 self.version += 1;
+                self.touch(key);
                 true
             }
             _ => false,
@@ -246,7 +340,59 @@ impl PodDevices {
         &mut self,
         mut gone: impl FnMut(&HolderKey) -> bool,
     ) -> Vec<(HolderKey, Holding)> {
-        let keys: Vec<HolderKey> = self.entries.keys().filter(|k| gone(k)).cloned().collect();
+        let keys: Vec<HolderKey> = self
+            .entries
+            .keys()
+            .map(|k| &*k.0)
+            .filter(|k| gone(k))
+            .cloned()
+            .collect();
+        self.remove_keys(keys)
+    }
+
+    /// Removes, as one change, every entry of a pod not in `keep`; returns the removed entries
+    /// sorted by pod, container and resource. The entries and `keep` are both sorted by pod
+    /// UID, so they are walked side by side: a comparison per entry and per kept pod passed,
+    /// not a lookup in `keep` per entry; where the kept pods run far ahead of the entries (a
+    /// node holding little), the walk jumps instead of stepping.
+    pub fn release_not_kept(
+        &mut self,
+        keep: &std::collections::BTreeSet<PodUid>,
+    ) -> Vec<(HolderKey, Holding)> {
+        let keys = self.not_kept(keep);
+        self.remove_keys(keys)
+    }
+
+    /// The keys of the entries of pods not in `keep`, sorted (see
+    /// [`PodDevices::release_not_kept`]).
+    pub fn not_kept(&self, keep: &std::collections::BTreeSet<PodUid>) -> Vec<HolderKey> {
+        use std::ops::Bound;
+        /// Steps over kept pods before jumping with a lookup.
+        const STEPS: usize = 8;
+        let mut kept = keep.range::<PodUid, _>(..).peekable();
+        let mut keys = Vec::new();
+        for key in self.entries.keys() {
+            let pod = &key.0.pod_uid;
+            let mut steps = 0;
+            while kept.next_if(|k| *k < pod).is_some() {
+                steps += 1;
+                if steps == STEPS {
+                    kept = keep
+                        .range::<PodUid, _>((Bound::Included(pod), Bound::Unbounded))
+                        .peekable();
+                    break;
+                }
+            }
+            if kept.peek() != Some(&pod) {
+                keys.push(HolderKey::clone(&key.0));
+            }
+        }
+        keys
+    }
+
+    /// Removes the entries of `keys` as one change (keys without an entry are skipped);
+    /// returns the entries removed.
+    pub fn release_keys(&mut self, keys: Vec<HolderKey>) -> Vec<(HolderKey, Holding)> {
         self.remove_keys(keys)
     }
 
@@ -261,7 +407,7 @@ impl PodDevices {
         let keys: Vec<HolderKey> = self
             .entries
             .range(from..)
-            .map(|(key, _)| key)
+            .map(|(key, _)| &*key.0)
             .take_while(|key| key.pod_uid == pod_uid)
             .filter(|key| gone(key))
             .cloned()
@@ -278,6 +424,7 @@ impl PodDevices {
         let mut removed = Vec::with_capacity(keys.len());
         for key in keys {
             if let Some(kept) = self.entries.remove(&key) {
+                self.touch(&key);
                 self.unhold(key.resource.as_str(), &kept.entry.devices);
                 let entry =
                     Arc::try_unwrap(kept).map_or_else(|kept| kept.entry.clone(), |k| k.entry);
@@ -292,13 +439,15 @@ impl PodDevices {
         let from = HolderKey::new(pod_uid, "", "");
         self.entries
             .range(from..)
-            .take_while(|(key, _)| key.pod_uid == pod_uid)
+            .take_while(|(key, _)| key.0.pod_uid == pod_uid)
             .find_map(|(_, kept)| kept.entry.pod.as_ref())
     }
 
     /// Every entry, sorted by pod, container and resource.
     pub fn iter(&self) -> impl Iterator<Item = (&HolderKey, &Holding)> {
-        self.entries.iter().map(|(key, kept)| (key, &kept.entry))
+        self.entries
+            .iter()
+            .map(|(key, kept)| (&*key.0, &kept.entry))
     }
 
     /// The allocated entries (reserved ones are left out), each as `encode` turns it into
@@ -315,7 +464,7 @@ impl PodDevices {
                 HoldingState::Allocated { .. } => Some(
                     &**kept
                         .encoded
-                        .get_or_init(|| encode(key, &kept.entry).into_boxed_slice()),
+                        .get_or_init(|| encode(&key.0, &kept.entry).into_boxed_slice()),
                 ),
                 HoldingState::Reserved { .. } => None,
             })
@@ -335,23 +484,79 @@ impl PodDevices {
     pub fn release_key(&mut self, key: &HolderKey) {
         if let Some(kept) = self.entries.remove(key) {
             self.version += 1;
+            self.touch(key);
             self.unhold(key.resource.as_str(), &kept.entry.devices);
         }
     }
 
     fn unhold(&mut self, resource: &str, devices: &[DeviceId]) {
         if let Some(held) = self.held.get_mut(resource) {
+            let mut free = self.free.get_mut(resource);
             for id in devices {
                 if let Some(count) = held.get_mut(id.as_str()) {
                     *count -= 1;
                     if *count == 0 {
                         held.remove(id.as_str());
+                        if let Some(free) = &mut free {
+                            free.give_back(id.as_str());
+                        }
                     }
                 }
             }
             if held.is_empty() {
                 self.held.remove(resource);
             }
+        }
+    }
+}
+
+/// The healthy devices of one resource that no one holds: a bit per device of `devices`, by
+/// position in plugin order.
+#[derive(Clone, Debug)]
+struct FreeDevices {
+    devices: DeviceSet,
+    bits: Vec<u64>,
+    count: usize,
+}
+
+impl FreeDevices {
+    /// The healthy devices of `devices` that `held` does not say are held.
+    fn new(devices: DeviceSet, held: impl Fn(&str) -> bool) -> FreeDevices {
+        let mut free = FreeDevices {
+            bits: vec![0; devices.capacity().div_ceil(64)],
+            devices,
+            count: 0,
+        };
+        for (at, device) in free.devices.iter().enumerate() {
+            if device.health == Health::Healthy && !held(device.id.as_str()) {
+                free.bits[at / 64] |= 1 << (at % 64);
+                free.count += 1;
+            }
+        }
+        free
+    }
+
+    /// `id` is held now.
+    fn take(&mut self, id: &str) {
+        if let Some(at) = self.devices.position(id)
+            && self.bits[at / 64] & (1 << (at % 64)) != 0
+        {
+            self.bits[at / 64] &= !(1 << (at % 64));
+            self.count -= 1;
+        }
+    }
+
+    /// No one holds `id` any more: free again if it is healthy.
+    fn give_back(&mut self, id: &str) {
+        if let Some(at) = self.devices.position(id)
+            && self.bits[at / 64] & (1 << (at % 64)) == 0
+            && self
+                .devices
+                .at(at)
+                .is_some_and(|d| d.health == Health::Healthy)
+        {
+            self.bits[at / 64] |= 1 << (at % 64);
+            self.count += 1;
         }
     }
 }
@@ -450,8 +655,14 @@ mod tests {
         pods.insert(nic.clone(), allocated(&["n0"]));
         let keep = BTreeSet::from([PodUid::from("keep"), PodUid::from("not-holding-anything")]);
 
+        let mut walked = pods.clone();
         let before = pods.version();
         let removed = pods.release_where(|k| !keep.contains(&k.pod_uid));
+        assert_eq!(
+            walked.release_not_kept(&keep),
+            removed,
+            "walking side by side frees the same"
+        );
         assert_eq!(pods.version(), before + 1, "one change");
         let keys: Vec<HolderKey> = removed.iter().map(|(k, _)| k.clone()).collect();
         assert_eq!(
@@ -483,6 +694,25 @@ mod tests {
         assert_eq!(pods.version(), version, "nothing to free changes nothing");
         assert_eq!(pods.release_where(|_| true).len(), 1);
         assert!(pods.is_empty());
+    }
+
+    #[test]
+    fn release_not_kept_jumps_over_long_runs_of_kept_pods() {
+        let keep: BTreeSet<PodUid> = (0..100).map(|i| PodUid::from(format!("k{i:03}"))).collect();
+        let mut pods = PodDevices::default();
+        for (i, pod) in ["a", "k005", "k050", "k050x", "k099", "z"]
+            .iter()
+            .enumerate()
+        {
+            pods.insert(key(pod, "c"), allocated(&[&format!("d{i}")]));
+        }
+        let freed: Vec<String> = pods
+            .release_not_kept(&keep)
+            .into_iter()
+            .map(|(k, _)| k.pod_uid.to_string())
+            .collect();
+        assert_eq!(freed, ["a", "k050x", "z"]);
+        assert_eq!(pods.len(), 3);
     }
 
     #[test]

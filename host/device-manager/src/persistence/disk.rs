@@ -28,6 +28,11 @@ pub(crate) struct Disk {
     pub on_disk: Vec<u64>,
     /// Renames since the last directory fsync.
     pub unsynced: usize,
+    /// Whether the journal's newest record and its changes hold the state as it is now, so a
+    /// change can be written as what it changed. False until a whole record is written by this
+    /// process (at start the state may come from a checkpoint newer than the journal) and
+    /// after any failed write (what reached the disk is then unknown).
+    pub based: bool,
 }
 
 /// What a journal record names for "no checkpoint file in place" (a kubelet checksum is a
@@ -55,15 +60,43 @@ impl Disk {
         self.unsynced >= DIR_SYNC_AFTER
     }
 
-    /// Writes `payload` as the journal's newest record, opening the journal first if it is not
-    /// open (it could not be at start, or a previous attempt failed).
+    /// Writes `payload` as the journal's newest record (a whole state), opening the journal
+    /// first if it is not open (it could not be at start, or a previous attempt failed).
     pub(super) fn append(
         &mut self,
         path: &Path,
         durability: Durability,
         payload: &[u8],
     ) -> Result<(), CheckpointError> {
+        let written = self.journal(path, durability)?.append(payload);
+        self.based = written.is_ok();
+        written
+    }
+
+    /// Writes `change` after the journal's newest record (see
+    /// [`Journal::append_change`]); `Ok(false)` when a whole record must be written instead.
+    pub(super) fn append_change(
+        &mut self,
+        path: &Path,
+        durability: Durability,
+        change: &[u8],
+    ) -> Result<bool, CheckpointError> {
+        if !self.based {
+            return Ok(false);
+        }
+        let written = self.journal(path, durability)?.append_change(change);
+        self.based = written.is_ok();
+        written
+    }
+
+    /// The journal, opened first if it is not open.
+    fn journal(
+        &mut self,
+        path: &Path,
+        durability: Durability,
+    ) -> Result<&mut Journal, CheckpointError> {
         if self.journal.is_none() {
+            self.based = false;
             let opened = Journal::open(path, durability)?;
             if let Some(moved_to) = &opened.set_aside {
                 tracing::warn!(
@@ -75,10 +108,7 @@ impl Disk {
             tracing::info!(path = %path.display(), "allocation journal open for writing again");
             self.journal = Some(opened.journal);
         }
-        match &mut self.journal {
-            Some(journal) => journal.append(payload),
-            None => unreachable!("opened above"),
-        }
+        Ok(self.journal.as_mut().expect("opened above"))
     }
 }
 
@@ -97,6 +127,7 @@ mod tests {
             ),
             on_disk: Vec::new(),
             unsynced: 0,
+            based: false,
         };
         disk.writing(1);
         disk.written(1);

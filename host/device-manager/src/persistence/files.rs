@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use pluglet_checkpoint::{CheckpointData, CheckpointError, Durability, PodDevicesEntry};
+use pluglet_checkpoint::{
+    CheckpointData, CheckpointError, Durability, JournalRecord, PodDevicesEntry,
+};
 use pluglet_core::ResourceName;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
@@ -207,17 +209,139 @@ pub fn encode_journal(on_disk: &[u64], pods: &PodDevices) -> Vec<u8> {
     out
 }
 
+/// A journal change record ([`pluglet_checkpoint::Journal::append_change`]): what a change
+/// did to the state of the record before it, so its cost is the change's, not the state's.
+/// The checksums it names as in [`encode_journal`], then the keys of `touched` that have no
+/// allocated entry in `pods` any more (released, or only reserved) as a JSON list of
+/// `[pod UID, container, resource]` preceded by its length (4 bytes, little-endian), then the
+/// allocated entries of the others, as in [`encode_journal`] (a kubelet checkpoint file).
+pub fn encode_change(on_disk: &[u64], pods: &PodDevices, touched: &[HolderKey]) -> Vec<u8> {
+    let mut removed: Vec<(&str, &str, &str)> = Vec::new();
+    let mut put: Vec<&[u8]> = Vec::new();
+    for key in touched {
+        match pods.encoded_entry(key, encode_entry) {
+            Some(bytes) => put.push(bytes),
+            None => removed.push((
+                key.pod_uid.as_str(),
+                key.container.as_str(),
+                key.resource.as_str(),
+            )),
+        }
+    }
+    let removed = serde_json::to_vec(&removed).expect("strings encode");
+    let size = 1
+        + 8 * on_disk.len()
+        + 4
+        + removed.len()
+        + put.iter().map(|e| e.len() + 1).sum::<usize>()
+        + 128;
+    let mut out = Vec::with_capacity(size);
+    out.push(u8::try_from(on_disk.len()).unwrap_or(u8::MAX));
+    for checksum in on_disk.iter().take(usize::from(u8::MAX)) {
+        out.extend_from_slice(&checksum.to_le_bytes());
+    }
+    let len = u32::try_from(removed.len()).expect("far below 4 GiB");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&removed);
+    CheckpointData::put_entries_without_checksum(&mut out, put);
+    out
+}
+
 /// Parses [`encode_journal`]'s record: the named checksums, the allocations and the names of
 /// their pods.
 pub fn decode_journal(payload: &[u8]) -> Option<(Vec<u64>, CheckpointData, PodNames)> {
+    let (sums, file) = split_sums(payload)?;
+    let data = CheckpointData::decode_unverified(file).ok()?;
+    Some((sums, data, decode_pod_names(file)))
+}
+
+/// The checksums a record or change names, and the rest of it.
+fn split_sums(payload: &[u8]) -> Option<(Vec<u64>, &[u8])> {
     let (&count, rest) = payload.split_first()?;
-    let (sums, file) = rest.split_at_checked(8 * usize::from(count))?;
+    let (sums, rest) = rest.split_at_checked(8 * usize::from(count))?;
     let sums = sums
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
         .collect();
+    Some((sums, rest))
+}
+
+/// Key of an entry: pod UID, container, resource.
+type EntryKey = (String, String, String);
+
+/// Parses [`encode_change`]'s change: the named checksums, the keys removed, the entries put
+/// and the names of their pods.
+#[allow(clippy::type_complexity)]
+fn decode_change(
+    payload: &[u8],
+) -> Option<(Vec<u64>, Vec<EntryKey>, Vec<PodDevicesEntry>, PodNames)> {
+    let (sums, rest) = split_sums(payload)?;
+    let (len, rest) = rest.split_at_checked(4)?;
+    let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+    let (removed, file) = rest.split_at_checked(len)?;
+    let removed: Vec<EntryKey> = serde_json::from_slice(removed).ok()?;
     let data = CheckpointData::decode_unverified(file).ok()?;
-    Some((sums, data, decode_pod_names(file)))
+    Some((
+        sums,
+        removed,
+        data.pod_device_entries.unwrap_or_default(),
+        decode_pod_names(file),
+    ))
+}
+
+/// The state a journal holds: its newest record with every change after it applied, and the
+/// checksums the newest of them names. A change that cannot be read ends it there (its CRC
+/// held, so only a bug writes one; what came before it stands).
+pub fn decode_journal_record(
+    record: &JournalRecord,
+) -> Option<(Vec<u64>, CheckpointData, PodNames)> {
+    let (mut sums, mut data, mut names) = decode_journal(&record.payload)?;
+    if record.changes.is_empty() {
+        return Some((sums, data, names));
+    }
+    let mut entries: BTreeMap<EntryKey, PodDevicesEntry> = data
+        .pod_device_entries
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| {
+            (
+                (
+                    e.pod_uid.clone(),
+                    e.container_name.clone(),
+                    e.resource_name.clone(),
+                ),
+                e,
+            )
+        })
+        .collect();
+    for change in &record.changes {
+        let Some((named, removed, put, put_names)) = decode_change(change) else {
+            tracing::warn!("a journal change could not be read; the changes after it are ignored");
+            break;
+        };
+        sums = named;
+        for key in removed {
+            entries.remove(&key);
+        }
+        for e in put {
+            entries.insert(
+                (
+                    e.pod_uid.clone(),
+                    e.container_name.clone(),
+                    e.resource_name.clone(),
+                ),
+                e,
+            );
+        }
+        names.extend(put_names);
+    }
+    let held: std::collections::HashSet<&str> =
+        entries.keys().map(|(pod, _, _)| pod.as_str()).collect();
+    names.retain(|pod, _| held.contains(pod.as_str()));
+    // The kubelet writes a nil slice (`null`) when no pod holds devices.
+    data.pod_device_entries = (!entries.is_empty()).then(|| entries.into_values().collect());
+    Some((sums, data, names))
 }
 
 /// Writes the kubelet checkpoint (`data`: an encoded file), and the side file when given, each

@@ -9,7 +9,11 @@
 //! - a side file in the state directory for what that format cannot hold (every device with
 //!   its health and NUMA nodes, the policy in force): [`files::SideState`];
 //! - an allocation journal in the state directory ([`pluglet_checkpoint::Journal`]: one
-//!   in-place write and an `fdatasync`).
+//!   in-place write and an `fdatasync`). A change is written as what it changed (the entries
+//!   it put and the keys it removed: [`files::encode_change`]) after the newest whole record,
+//!   so its cost does not grow with the allocations held; a whole record of the state
+//!   ([`files::encode_journal`]) is written only when the journal's slot has no room left for
+//!   changes, about once per slot-size of changes.
 //!
 //! Two ways to disk:
 //! - the checkpoint and the side file are written by one writer on a thread of its own
@@ -121,7 +125,7 @@ impl Persistence {
         mut change: impl FnMut(&mut PodDevices) -> T,
     ) -> Result<T, Arc<CheckpointError>> {
         let mut disk = self.inner.disk.lock().await;
-        let (payload, next) = {
+        let (change_payload, next) = {
             let mut current = lock(pods);
             let mut next = current.without_index();
             let version = next.version();
@@ -130,15 +134,32 @@ impl Persistence {
                 // Nothing changes: nothing to record.
                 return Ok(change(&mut current));
             }
-            (files::encode_journal(&disk.on_disk, &next), next)
+            let touched = next.take_touched();
+            (files::encode_change(&disk.on_disk, &next, &touched), next)
         };
         // On the caller's thread: one small in-place write and an `fdatasync` (~0.2 ms)
         // cost less than handing the runtime worker to another thread around them.
         let started = Instant::now();
-        let result = disk.append(&self.inner.paths.journal, self.inner.durability, &payload);
+        let result = disk
+            .append_change(
+                &self.inner.paths.journal,
+                self.inner.durability,
+                &change_payload,
+            )
+            .and_then(|written| {
+                if written {
+                    return Ok(());
+                }
+                // No room left after the newest whole record: a whole record of the state.
+                let whole = files::encode_journal(&disk.on_disk, &next);
+                disk.append(&self.inner.paths.journal, self.inner.durability, &whole)
+            });
         self.inner
             .metrics
             .journal_write(result.is_ok(), started.elapsed());
+        if result.is_ok() && self.inner.durability == Durability::Fsync {
+            self.inner.metrics.journal_sync();
+        }
         match result {
             Ok(()) => {
                 let out = change(&mut lock(pods));
@@ -250,5 +271,74 @@ pub(crate) mod tests {
             .map(|(k, _)| k.pod_uid.to_string())
             .collect();
         assert_eq!(held, ["pod-1", "pod-2"]);
+    }
+
+    fn held(pods: &PodDevices) -> Vec<String> {
+        pods.iter().map(|(k, _)| k.pod_uid.to_string()).collect()
+    }
+
+    /// Changes are written as what they changed, after a whole record; a start from a
+    /// checkpoint newer than the journal writes a whole record first, so the journal never
+    /// applies a change to a state that is not the one it was made on.
+    #[tokio::test]
+    async fn changes_after_a_whole_record_restore_the_state_they_were_made_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || {
+            Persistence::open(paths(dir.path()), Durability::NoFsync, Metrics::default()).unwrap()
+        };
+        let journal = || pluglet_checkpoint::Journal::read(&paths(dir.path()).journal).unwrap();
+        let (persistence, _) = open();
+        let pods = Mutex::new(PodDevices::default());
+        for (pod, device) in [("pod-1", "d0"), ("pod-2", "d1"), ("pod-3", "d2")] {
+            persistence
+                .change(&pods, |p| allocate(p, pod, device))
+                .await
+                .unwrap();
+        }
+        persistence
+            .change(&pods, |p| p.release("pod-1", None))
+            .await
+            .unwrap();
+        let record = journal().unwrap();
+        assert_eq!(
+            (record.seq, record.changes.len()),
+            (4, 3),
+            "a whole record, then three changes"
+        );
+        drop(persistence);
+        let (_, restored) = open();
+        assert!(restored.report.from_journal);
+        assert_eq!(held(&restored.pods), ["pod-2", "pod-3"]);
+
+        // A checkpoint the journal does not name (a kubelet's, say) wins at the next start.
+        let foreign = {
+            let mut p = PodDevices::default();
+            allocate(&mut p, "pod-9", "d9");
+            files::kubelet_data(std::iter::empty(), &p).encode()
+        };
+        std::fs::write(paths(dir.path()).checkpoint, foreign).unwrap();
+        let (persistence, restored) = open();
+        assert!(!restored.report.from_journal);
+        assert_eq!(held(&restored.pods), ["pod-9"]);
+        let pods = Mutex::new(restored.pods);
+        persistence
+            .change(&pods, |p| allocate(p, "pod-4", "d3"))
+            .await
+            .unwrap();
+        let record = journal().unwrap();
+        assert!(
+            record.changes.is_empty(),
+            "the first change of a start is a whole record"
+        );
+        persistence
+            .change(&pods, |p| p.release("pod-9", None))
+            .await
+            .unwrap();
+        assert_eq!(journal().unwrap().changes.len(), 1);
+        drop(persistence);
+        // The journal names that checkpoint and holds what was answered since.
+        let (_, restored) = open();
+        assert!(restored.report.from_journal);
+        assert_eq!(held(&restored.pods), ["pod-4"]);
     }
 }

@@ -77,6 +77,7 @@ impl Persistence {
                     journal,
                     on_disk,
                     unsynced: 0,
+                    based: false,
                 }),
                 requests: WriteRequests::new(),
             }),

@@ -29,7 +29,7 @@ use pluglet_proto::v1beta1::ContainerAllocateResponse;
 use prost::Message as _;
 
 use super::NO_CHECKPOINT;
-use super::files::{SideState, decode_journal};
+use super::files::{SideState, decode_journal_record};
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, ListedDevice};
 use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices};
@@ -197,7 +197,7 @@ pub fn restore(files: Files) -> Restored {
         .journal
         .into_loaded(&mut report)
         .flatten()
-        .and_then(|r| decode_journal(&r.payload));
+        .and_then(|r| decode_journal_record(&r));
     // A pod's name never changes, and the newest record names every pod Pluglet's own
     // checkpoint holds (each record holds every allocation, and no checkpoint holds a change
     // the journal did not hold first): names come from it whichever file wins.
@@ -399,6 +399,7 @@ mod tests {
         Found::Loaded(Some(JournalRecord {
             seq: 3,
             payload: encode_journal(sums, &pods(holders)),
+            changes: Vec::new(),
         }))
     }
 
@@ -683,6 +684,7 @@ mod tests {
             Found::Loaded(Some(JournalRecord {
                 seq: 3,
                 payload: encode_journal(&[NO_CHECKPOINT], &named),
+                changes: Vec::new(),
             }))
         };
         let written_later = checkpoint(&[("pod-a", "d0"), ("pod-b", "d1")]);
