@@ -321,7 +321,7 @@ impl Table for HandlerView {
             + self.failures.other;
         vec![
             self.key(),
-            self.module.clone(),
+            module_cell(&self.module, self.source.as_deref(), self.digest.as_deref()),
             {
                 let mut version: String = self.sha256.chars().take(12).collect();
                 if let Some(sig) = &self.signature {
@@ -348,7 +348,7 @@ impl Table for HandlerView {
                 |p| {
                     format!(
                         "{} ({})",
-                        p.module,
+                        module_cell(&p.module, p.source.as_deref(), p.digest.as_deref()),
                         p.sha256.chars().take(12).collect::<String>()
                     )
                 },
@@ -357,5 +357,21 @@ impl Table for HandlerView {
                 .as_ref()
                 .map_or_else(|| "-".to_owned(), |c| c.state.clone()),
         ]
+    }
+}
+
+/// The MODULE cell: the file, or for a module pulled from a registry the reference as written
+/// in handlers.toml with the manifest digest in force, shortened (`REF@sha256:` and 12 hex
+/// digits; a reference by digest is shown as written).
+fn module_cell(module: &str, source: Option<&str>, digest: Option<&str>) -> String {
+    match (source, digest) {
+        (Some(source), _) if source.contains('@') => source.to_owned(),
+        (Some(source), Some(digest)) => {
+            let (algorithm, hex) = digest.split_once(':').unwrap_or(("sha256", digest));
+            let short: String = hex.chars().take(12).collect();
+            format!("{source}@{algorithm}:{short}")
+        }
+        (Some(source), None) => source.to_owned(),
+        (None, _) => module.to_owned(),
     }
 }

@@ -508,6 +508,35 @@ fn handler_table_names_what_each_module_is_for() {
 }
 
 #[test]
+fn an_oci_slot_shows_its_reference_and_short_digest_as_its_module() {
+    let pulled = pb::HandlerInfo {
+        resource: "vendor.com/gpu".into(),
+        module: "/state/handlers/oci/1234/module.wasm".into(),
+        sha256: "cd".repeat(32),
+        source: "oci://registry.example:5000/vendor/gpu-policy:v2".into(),
+        digest: format!("sha256:{}", "12".repeat(32)),
+        previous_module: "/state/handlers/oci/5678/module.wasm".into(),
+        previous_sha256: "ef".repeat(32),
+        previous_source: "oci://registry.example:5000/vendor/gpu-policy@sha256:5678".into(),
+        previous_digest: "sha256:5678".into(),
+        ..Default::default()
+    };
+    let view = HandlerView::from(&pulled);
+    let row = view.row();
+    assert_eq!(
+        row[1],
+        "oci://registry.example:5000/vendor/gpu-policy:v2@sha256:121212121212"
+    );
+    assert_eq!(
+        row[7],
+        "oci://registry.example:5000/vendor/gpu-policy@sha256:5678 (efefefefefef)"
+    );
+    check_list(vec![view]);
+    // A file keeps its path.
+    assert_eq!(handlers()[1].row()[1], "/h/spread.wasm");
+}
+
+#[test]
 fn a_verified_signature_shows_its_key_id_and_trusted_comment() {
     let signed = pb::HandlerInfo {
         resource: "vendor.com/gpu".into(),
