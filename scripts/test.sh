@@ -49,6 +49,22 @@ kube_log=target/kube-apiserver-setup.log
 bash scripts/kube-apiserver.sh >target/kube-apiserver-setup.path 2>"$kube_log" &
 kube_setup=$!
 
+# wkg, the Bytecode Alliance's registry client (wasm-pkg-tools), which the registry
+# interoperability tests push and pull with: a pinned version, built once per machine with
+# `cargo install` into a cache (several minutes the first time on 2 cores; nothing after that),
+# in the background beside the Rust build. Keep the version in step with WKG_VERSION in
+# host/test-support/src/e2e/oci_registry.rs.
+wkg_version=0.16.1
+wkg_root=${PLUGLET_WKG_CACHE:-$HOME/.cache/pluglet}/wkg-$wkg_version
+wkg_log=target/wkg-install.log
+wkg_setup=
+if [[ ! -x $wkg_root/bin/wkg ]]; then
+    echo "installing wkg $wkg_version into $wkg_root (needed by the tests; log: $wkg_log)"
+    env -u CARGO_TARGET_DIR cargo install --locked wkg --version "$wkg_version" \
+        --root "$wkg_root" >"$wkg_log" 2>&1 &
+    wkg_setup=$!
+fi
+
 rustup target add wasm32-wasip2
 
 # The test build turns on the daemon's test hooks (`pluglet/test-hooks`: environment variables
@@ -64,6 +80,16 @@ if ! wait "$kube_setup"; then
     tail -n 40 "$kube_log" >&2
     exit 1
 fi
+if [[ -n $wkg_setup ]] && ! wait "$wkg_setup"; then
+    echo "error: installing wkg $wkg_version for the registry tests failed" >&2
+    echo "       (cargo install --locked wkg --version $wkg_version --root $wkg_root);" >&2
+    echo "       the end of $wkg_log:" >&2
+    tail -n 40 "$wkg_log" >&2
+    exit 1
+fi
+PLUGLET_WKG=$wkg_root/bin/wkg
+export PLUGLET_WKG
+echo "wkg: $PLUGLET_WKG"
 PLUGLET_KUBE_APISERVER=$(tail -n 1 target/kube-apiserver-setup.path)
 PLUGLET_ETCD=$(command -v etcd)
 export PLUGLET_KUBE_APISERVER PLUGLET_ETCD

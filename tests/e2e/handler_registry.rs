@@ -3,12 +3,15 @@
 //! `oci://…`, and the daemon pulls, checks and serves it: allocations follow the pulled policy,
 //! a change of the reference swaps it, a restart with the registry stopped serves the digest in
 //! force, a first start that cannot pull fails naming the entry and the registry's error, and
-//! `--require-signatures` applies to the signature attached in the registry.
+//! `--require-signatures` applies to the signature attached in the registry. A tool no one here
+//! wrote, `wkg` (the Bytecode Alliance's wasm-pkg-tools, the pinned version `scripts/test.sh`
+//! installs), reads what `pluglet handler push` wrote and writes what the daemon serves, over
+//! plain HTTP (it cannot be given a CA).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use pluglet_test_support::e2e::oci_registry::{PASSWORD, USER};
+use pluglet_test_support::e2e::oci_registry::{PASSWORD, USER, wkg};
 use pluglet_test_support::e2e::{OciRegistry, RegistryConfig};
 
 use crate::device_support::{DevicePluginProcess, FLOWS, wait_allocatable};
@@ -23,6 +26,29 @@ const SECURE: RegistryConfig = RegistryConfig {
     tls: true,
     auth: true,
 };
+
+/// Plain HTTP, no credentials: what `wkg` can reach.
+const PLAIN: RegistryConfig = RegistryConfig {
+    tls: false,
+    auth: false,
+};
+
+/// Runs the pinned `wkg` with `args` (no Docker credentials: `DOCKER_CONFIG` is the empty `dir`)
+/// and returns what it printed.
+fn run_wkg(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(wkg())
+        .args(args)
+        .env("DOCKER_CONFIG", dir)
+        .output()
+        .expect("run wkg");
+    assert!(
+        out.status.success(),
+        "wkg {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
 
 /// `--registry-auth` and `--registry-ca` for `registry`, the credentials file in `dir`.
 fn flags(registry: &OciRegistry, dir: &Path) -> Vec<String> {
@@ -392,4 +418,98 @@ fn bad_registry_answers_are_refused_with_their_reason() {
         assert_eq!(row["sha256"], spread.as_str(), "{row}");
         assert!(daemon.log_text().contains(reason), "{}", daemon.log_text());
     }
+}
+
+#[test]
+fn wkg_and_pluglet_read_what_the_other_pushed() {
+    let wkg_binary = wkg();
+    assert!(wkg_binary.is_file());
+    let registry = OciRegistry::start(PLAIN);
+    let root = TestRoot::new();
+    let host = registry.host();
+    let flags = vec!["--insecure-registry".to_owned(), host.clone()];
+    let docker = root.side("docker");
+    std::fs::create_dir_all(&docker).unwrap();
+    let spread = sha256(&guest("spread-policy"));
+
+    // wkg pushes over plain HTTP; the daemon pulls and serves it (unsigned).
+    let by_wkg = format!("{host}/vendor/wkg-policy:v1");
+    let module = guest("spread-policy");
+    let printed = run_wkg(
+        &docker,
+        &[
+            "oci",
+            "push",
+            "--insecure",
+            &host,
+            &by_wkg,
+            module.to_str().unwrap(),
+        ],
+    );
+    let digest = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("digest: "))
+        .unwrap_or_else(|| panic!("wkg printed no digest: {printed}"))
+        .trim()
+        .to_owned();
+    let reference = format!("oci://{by_wkg}");
+    handlers_toml(&root, &[], &toml(&reference));
+    let daemon = Daemon::start(&root.path(), &strs(&flags));
+    let plugin = DevicePluginProcess::start(&root, FLOWS[0], GPU, &["--preferred", "--reregister"]);
+    wait_allocatable(&daemon, GPU, 4);
+    let row = wait_gpu_sha(&daemon, &spread);
+    assert_eq!(row["source"], reference.as_str(), "{row}");
+    assert_eq!(row["digest"], digest.as_str(), "{row}");
+    assert!(row["signature"].is_null(), "{row}");
+    assert_eq!(allocate_ok(&daemon, "pod-0"), SPREAD);
+    drop(plugin);
+    drop(daemon);
+
+    // Under --require-signatures the same unsigned module is refused, saying why.
+    let keys = root.side("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    let (trusted_pub, _, _) = key_pair(&keys, "trusted");
+    let strict = TestRoot::new();
+    handlers_toml(&strict, &[], &toml(&reference));
+    let mut args = flags.clone();
+    args.extend([
+        "--require-signatures".into(),
+        "--trusted-key".into(),
+        trusted_pub.display().to_string(),
+    ]);
+    let (status, log) = Daemon::spawn(&strict.path(), &strs(&args)).wait_exit();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("no signature"), "{log}");
+
+    // pluglet pushes (with a signature attached as a referrer); wkg pulls the module byte for
+    // byte.
+    let signed = copy_guest(&keys, "misbehave");
+    let vendor_keys = root.side("vendor-keys");
+    std::fs::create_dir_all(&vendor_keys).unwrap();
+    let (_, secret, _) = key_pair(&vendor_keys, "vendor");
+    sign(&secret, &signed, "misbehave by vendor");
+    let by_pluglet = registry.reference("vendor/pluglet-policy:v1");
+    push(
+        &flags,
+        &by_pluglet,
+        &signed,
+        Some(&signed.with_extension("wasm.minisig")),
+    );
+    let pulled = root.side("pulled-by-wkg.wasm");
+    run_wkg(
+        &docker,
+        &[
+            "oci",
+            "pull",
+            "--insecure",
+            &host,
+            by_pluglet.trim_start_matches("oci://"),
+            "-o",
+            pulled.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        std::fs::read(&pulled).unwrap() == std::fs::read(&signed).unwrap(),
+        "wkg pulled other bytes than pluglet pushed"
+    );
 }

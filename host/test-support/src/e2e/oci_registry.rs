@@ -3,6 +3,11 @@
 //! test's directory. TLS uses a CA and a certificate for `127.0.0.1` made with `openssl`; the
 //! credential tests use htpasswd (bcrypt, made with `htpasswd` from apache2-utils).
 //!
+//! Started without TLS it serves plain HTTP, for clients that cannot be given a CA (`wkg`, the
+//! Bytecode Alliance's registry client, with its `--insecure HOST:PORT`; Pluglet with
+//! `--insecure-registry HOST:PORT`). [`wkg`] finds the pinned `wkg` that `scripts/test.sh`
+//! installs.
+//!
 //! When the test fails (the registry is dropped while panicking), the directory is kept and the
 //! end of the registry's log printed, so the registry's own view of the failure is at hand.
 
@@ -208,6 +213,37 @@ impl Drop for OciRegistry {
             );
         }
     }
+}
+
+/// The `wkg` version `scripts/test.sh` installs (keep the two in step).
+pub const WKG_VERSION: &str = "0.16.1";
+
+/// The `wkg` program: `$PLUGLET_WKG`, else the one `scripts/test.sh` installs under
+/// `~/.cache/pluglet/wkg-VERSION/bin`; a failure saying how to get it otherwise.
+pub fn wkg() -> PathBuf {
+    if let Some(path) = std::env::var_os("PLUGLET_WKG").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "PLUGLET_WKG={} is not a file: run the tests with `bash scripts/test.sh`, which \
+             installs wkg {WKG_VERSION} with `cargo install --locked wkg`",
+            path.display()
+        );
+        return path;
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let cached = home.join(format!(".cache/pluglet/wkg-{WKG_VERSION}/bin/wkg"));
+    assert!(
+        cached.is_file(),
+        "no wkg: PLUGLET_WKG is unset and {} does not exist; run the tests with \
+         `bash scripts/test.sh` (it installs wkg {WKG_VERSION} there with `cargo install --locked \
+         wkg --version {WKG_VERSION} --root ~/.cache/pluglet/wkg-{WKG_VERSION}`) or set \
+         PLUGLET_WKG to a wkg {WKG_VERSION} binary",
+        cached.display()
+    );
+    cached
 }
 
 /// The path of `name`, or a failure naming the Debian package that brings it.
