@@ -55,7 +55,8 @@ kube_setup=$!
 # in the background beside the Rust build. Keep the version in step with WKG_VERSION in
 # host/test-support/src/e2e/oci_registry.rs.
 wkg_version=0.16.1
-wkg_root=${PLUGLET_WKG_CACHE:-$HOME/.cache/pluglet}/wkg-$wkg_version
+wkg_home=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}
+wkg_root=${PLUGLET_WKG_CACHE:-$wkg_home/.cache/pluglet}/wkg-$wkg_version
 wkg_log=target/wkg-install.log
 wkg_setup=
 if [[ ! -x $wkg_root/bin/wkg ]]; then
