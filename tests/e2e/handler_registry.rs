@@ -91,6 +91,41 @@ fn toml(reference: &str) -> String {
     format!("[resources.\"{GPU}\"]\nmodule = \"{reference}\"\n")
 }
 
+/// Pushes `module` to `reference` with `signature` attached as its signature referrer, whatever
+/// that text is, through the registry client (no check of the signature on the way).
+fn push_with_signature(
+    registry: &OciRegistry,
+    dir: &Path,
+    reference: &str,
+    module: &[u8],
+    signature: &[u8],
+) {
+    let auth = dir.join("push-config.json");
+    registry.write_auth(&auth, USER, PASSWORD);
+    let client = pluglet_oci::Registry::new(pluglet_oci::RegistryOptions {
+        auth_file: Some(auth),
+        cas: vec![registry.ca_arg().parse().unwrap()],
+        ..pluglet_oci::RegistryOptions::default()
+    });
+    let reference = pluglet_oci::OciRef::parse(reference).unwrap();
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(client.push(&reference, module, Some(signature), None))
+        .unwrap();
+}
+
+/// `pluglet_handler_pulls_total{outcome}` as the daemon serving metrics on `metrics` counts it.
+fn pulls(metrics: &str, outcome: &str) -> f64 {
+    let samples = crate::ops::scrape(metrics);
+    samples
+        .iter()
+        .find(|(k, _)| {
+            k.starts_with("pluglet_handler_pulls_total") && k.contains(&format!("\"{outcome}\""))
+        })
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no pulls sample for {outcome}: {samples:#?}"))
+}
+
 /// A copy of guest `name` in `dir` (to sign it beside the copy).
 fn copy_guest(dir: &Path, name: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
@@ -154,17 +189,7 @@ fn a_pulled_policy_serves_swaps_and_outlives_its_registry() {
     wait_allocatable(&daemon, GPU, 4);
     wait_gpu_sha(&daemon, &first_fit);
     assert_eq!(allocate_ok(&daemon, "pod-2"), FIRST_FIT);
-    let pulls = |outcome: &str| {
-        let samples = crate::ops::scrape(&metrics);
-        samples
-            .iter()
-            .find(|(k, _)| {
-                k.starts_with("pluglet_handler_pulls_total")
-                    && k.contains(&format!("\"{outcome}\""))
-            })
-            .map(|(_, v)| *v)
-            .unwrap_or_else(|| panic!("no pulls sample for {outcome}: {samples:#?}"))
-    };
+    let pulls = |outcome: &str| pulls(&metrics, outcome);
     // The restart asked the registry nothing.
     assert_eq!(pulls("pulled"), 0.0);
     assert_eq!(pulls("unreachable"), 0.0);
@@ -278,6 +303,19 @@ fn required_signatures_apply_to_the_signature_in_the_registry() {
         Some(&stranger.with_extension("wasm.minisig")),
     );
 
+    // A signature referrer that is not a minisign signature (`handler push` refuses to attach
+    // one; another tool might), pushed with the registry client itself.
+    let malformed = registry.reference("policy:malformed");
+    let mut bytes = std::fs::read(guest("misbehave")).unwrap();
+    bytes.extend_from_slice(b"\0\0");
+    push_with_signature(
+        &registry,
+        &root.path(),
+        &malformed,
+        &bytes,
+        b"not a signature\n",
+    );
+
     let mut args = flags.clone();
     args.extend([
         "--require-signatures".into(),
@@ -293,6 +331,7 @@ fn required_signatures_apply_to_the_signature_in_the_registry() {
         (&unsigned, "no signature:"),
         (&by_other, "which is not trusted"),
         (&tampered, "does not verify"),
+        (&malformed, "is not a minisign signature"),
     ] {
         rename_into_place(&root, "handlers.toml", toml(reference).as_bytes());
         let row = wait_gpu_row(&daemon, &format!("refusing {reference} ({reason})"), |r| {
@@ -398,12 +437,48 @@ fn bad_registry_answers_are_refused_with_their_reason() {
         "{log}"
     );
 
+    // A container image, pushed by skopeo as an image build would.
+    let image = registry.push_container_image("p:image");
+    // A module over the daemon's size limit (every other module here is under it).
+    let limit = [guest("spread-policy"), guest("misbehave")]
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .max()
+        .unwrap()
+        + 1;
+    let big = guest("uses-tcp");
+    assert!(
+        std::fs::metadata(&big).unwrap().len() > limit,
+        "the guest uses-tcp must be the largest for this test"
+    );
+    let oversized = registry.reference("p:oversized");
+    push(&flags, &oversized, &big, None);
+    // A registry that accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_host = silent.local_addr().unwrap().to_string();
+    let slow = format!("oci://{silent_host}/p:v1");
+
     handlers_toml(&root, &[], &toml(&good));
-    let daemon = Daemon::start(&root.path(), &strs(&flags));
+    let metrics = crate::ops::free_addr();
+    let mut args = flags.clone();
+    args.extend([
+        "--metrics-addr".into(),
+        metrics.clone(),
+        "--registry-max-module-size".into(),
+        limit.to_string(),
+        "--registry-timeout".into(),
+        "2s".into(),
+        "--insecure-registry".into(),
+        silent_host,
+    ]);
+    let daemon = Daemon::start(&root.path(), &strs(&args));
     wait_gpu_sha(&daemon, &spread);
     for (reference, reason) in [
         (registry.reference("p:missing"), "(not_found)"),
         (tampered.clone(), "(digest_mismatch)"),
+        (image, "(wrong_artifact)"),
+        (oversized, "(too_large)"),
+        (slow, "(timeout)"),
     ] {
         rename_into_place(&root, "handlers.toml", toml(&reference).as_bytes());
         let row = wait_gpu_row(&daemon, &format!("refusing {reference}"), |r| {
@@ -417,7 +492,10 @@ fn bad_registry_answers_are_refused_with_their_reason() {
         );
         assert_eq!(row["sha256"], spread.as_str(), "{row}");
         assert!(daemon.log_text().contains(reason), "{}", daemon.log_text());
+        let outcome = reason.trim_matches(['(', ')']);
+        assert!(pulls(&metrics, outcome) >= 1.0, "{outcome} counted");
     }
+    drop(silent);
 }
 
 #[test]

@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use sha2::{Digest as _, Sha256};
+
 use super::process::ChildGuard;
 use super::wait_for;
 
@@ -184,6 +186,78 @@ impl OciRegistry {
             .join(&hex[..2])
             .join(hex)
             .join("data")
+    }
+
+    /// Pushes a small container image (an image config and one empty gzip tar layer) as
+    /// `repo_and_tag` with `skopeo copy`, as an image build would: a manifest of another
+    /// artifact type than a wasm module. Returns its reference (`oci://…`).
+    pub fn push_container_image(&self, repo_and_tag: &str) -> String {
+        let skopeo = program("skopeo", "skopeo");
+        let work = tempfile::tempdir().expect("a directory for the image");
+        let image = work.path().join("image");
+        let empty = work.path().join("empty");
+        fs::create_dir_all(&image).expect("create the image directory");
+        fs::create_dir_all(&empty).expect("create the layer's directory");
+        let layer_file = work.path().join("layer.tar.gz");
+        let tar = Command::new("tar")
+            .arg("czf")
+            .arg(&layer_file)
+            .arg("-C")
+            .arg(&empty)
+            .arg(".")
+            .status()
+            .expect("run tar");
+        assert!(tar.success(), "tar failed");
+        let layer = fs::read(&layer_file).expect("read the layer");
+        let config =
+            br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+        let mut described = Vec::new();
+        for (bytes, media_type) in [
+            (&config[..], "application/vnd.oci.image.config.v1+json"),
+            (&layer[..], "application/vnd.oci.image.layer.v1.tar+gzip"),
+        ] {
+            let hex = hex::encode(Sha256::digest(bytes));
+            fs::write(image.join(&hex), bytes).expect("write a blob");
+            described.push(serde_json::json!({
+                "mediaType": media_type,
+                "digest": format!("sha256:{hex}"),
+                "size": bytes.len(),
+            }));
+        }
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": described[0],
+            "layers": [described[1]],
+        });
+        fs::write(image.join("manifest.json"), manifest.to_string()).expect("write the manifest");
+        fs::write(image.join("version"), "Directory Transport Version: 1.1\n")
+            .expect("write the version");
+        let mut copy = Command::new(skopeo);
+        copy.arg("copy");
+        if let Some(ca) = self.ca() {
+            let certs = work.path().join("certs");
+            fs::create_dir_all(&certs).expect("create the certificate directory");
+            fs::copy(ca, certs.join("ca.crt")).expect("copy the CA");
+            copy.arg("--dest-cert-dir").arg(certs);
+        } else {
+            copy.arg("--dest-tls-verify=false");
+        }
+        if self.config.auth {
+            copy.arg("--dest-creds").arg(format!("{USER}:{PASSWORD}"));
+        }
+        let reference = self.reference(repo_and_tag);
+        let out = copy
+            .arg(format!("dir:{}", image.display()))
+            .arg(reference.replace("oci://", "docker://"))
+            .output()
+            .expect("run skopeo copy");
+        assert!(
+            out.status.success(),
+            "skopeo copy failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        reference
     }
 
     /// Everything the registry logged so far.
