@@ -226,7 +226,9 @@ fn a_pulled_policy_serves_swaps_and_outlives_its_registry() {
         "{}",
         daemon.log_text()
     );
-    assert!(pulls("pulled") >= 1.0);
+    // v3 holds v1's bytes, so the same manifest digest, kept since v1: not downloaded again.
+    assert_eq!(pulls("pulled"), 0.0);
+    assert!(pulls("kept") >= 1.0);
     drop(daemon);
     registry.stop();
 
@@ -358,7 +360,10 @@ fn a_moved_tag_is_applied_on_refresh_and_only_then() {
     let stable = registry.reference("vendor/gpu-policy:stable");
     let before = push(&flags, &stable, &guest("spread-policy"), None);
     handlers_toml(&root, &[], &toml(&stable));
-    let daemon = Daemon::start(&root.path(), &strs(&flags));
+    let metrics = crate::ops::free_addr();
+    let mut args = flags.clone();
+    args.extend(["--metrics-addr".into(), metrics.clone()]);
+    let daemon = Daemon::start(&root.path(), &strs(&args));
     wait_gpu_sha(&daemon, &spread);
 
     let refresh = |args: &[&str]| {
@@ -379,6 +384,16 @@ fn a_moved_tag_is_applied_on_refresh_and_only_then() {
     // The tag has not moved: nothing changes, nothing is downloaded.
     let (code, v) = refresh(&[]);
     assert_eq!((code, &v["outcome"]), (Some(0), &"unchanged".into()), "{v}");
+    assert_eq!(
+        pulls(&metrics, "pulled"),
+        1.0,
+        "the first start's pull only"
+    );
+    assert_eq!(
+        pulls(&metrics, "kept"),
+        1.0,
+        "the refresh found the digest kept"
+    );
 
     // The tag moves: the node keeps its digest until asked.
     let after = push(&flags, &stable, &guest("misbehave"), None);

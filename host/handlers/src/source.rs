@@ -153,17 +153,17 @@ impl Sources {
                 None => registry.resolve(&reference).await?,
             };
             if let Ok(module) = check_kept(store, &digest) {
-                return Ok::<_, PullError>((digest, module));
+                return Ok::<_, PullError>((digest, module, Outcome::Kept));
             }
             let pulled = registry.pull(&reference.with_digest(&digest)).await?;
             let module = keep(store, &pulled).map_err(|e| PullError::Registry {
                 outcome: Outcome::Error,
                 message: format!("cannot keep the pulled module in {}: {e}", store.display()),
             })?;
-            Ok((digest, module))
+            Ok((digest, module, Outcome::Pulled))
         });
         let outcome = match &result {
-            Ok(_) => Outcome::Pulled,
+            Ok((_, _, outcome)) => *outcome,
             Err(e) => e.outcome(),
         };
         {
@@ -172,8 +172,12 @@ impl Sources {
             stats.observe(started.elapsed());
         }
         match result {
-            Ok((digest, module)) => {
-                tracing::info!(%slot, source, digest, "module pulled");
+            Ok((digest, module, outcome)) => {
+                if outcome == Outcome::Kept {
+                    tracing::debug!(%slot, source, digest, "the tag names a module already kept");
+                } else {
+                    tracing::info!(%slot, source, digest, "module pulled");
+                }
                 Ok((digest, module))
             }
             Err(e) => {

@@ -10,6 +10,8 @@ use crate::options::AuthFileError;
 pub enum Outcome {
     /// Pulled and checked.
     Pulled,
+    /// The tag resolved to a digest already kept on the node: nothing downloaded.
+    Kept,
     /// The registry could not be reached (connection refused, TLS, DNS).
     Unreachable,
     /// No answer within the timeout.
@@ -32,8 +34,9 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Pulled,
+        Outcome::Kept,
         Outcome::Unreachable,
         Outcome::Timeout,
         Outcome::Unauthorized,
@@ -49,6 +52,7 @@ impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Pulled => "pulled",
+            Outcome::Kept => "kept",
             Outcome::Unreachable => "unreachable",
             Outcome::Timeout => "timeout",
             Outcome::Unauthorized => "unauthorized",
