@@ -30,13 +30,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, CandidateDevice, CompileCache, Runtime, RuntimeConfig,
-};
+use pluglet_handler_runtime::{CallContext, CompileCache, Runtime, RuntimeConfig};
 use pluglet_handlers::{Builtins, Handlers, HandlersEvent, ReloadOutcome, SlotKey, Trust};
 use pluglet_oci::{OciRef, Registry, RegistryOptions};
 use pluglet_test_support::e2e::oci_registry::{PASSWORD, USER};
 use pluglet_test_support::e2e::{OciRegistry, RegistryConfig};
+use pluglet_test_support::guests::{one_of_eight, tagged};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -60,47 +59,6 @@ fn row(name: &str, mut samples: Vec<Duration>) {
         pct(&samples, 0.99),
         samples[0].as_secs_f64() * 1e3,
     );
-}
-
-fn leb128(mut n: usize, out: &mut Vec<u8>) {
-    loop {
-        let byte = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
-/// `bytes` with a custom section carrying `tag`: the same component under a new sha256.
-fn tagged(bytes: &[u8], tag: u64) -> Vec<u8> {
-    let name = b"pluglet-bench";
-    let mut body = Vec::new();
-    leb128(name.len(), &mut body);
-    body.extend_from_slice(name);
-    body.extend_from_slice(&tag.to_le_bytes());
-    let mut out = bytes.to_vec();
-    out.push(0);
-    leb128(body.len(), &mut out);
-    out.extend_from_slice(&body);
-    out
-}
-
-fn request() -> AllocationRequest {
-    AllocationRequest {
-        resource: RESOURCE.into(),
-        available: (0..8)
-            .map(|i| CandidateDevice {
-                id: format!("d{i}"),
-                numa_nodes: vec![i % 2],
-            })
-            .collect(),
-        must_include: Vec::new(),
-        count: 1,
-        preferred: None,
-    }
 }
 
 /// Waits for the set to apply a change of the slot; panics on a refusal.
@@ -131,7 +89,7 @@ fn apply(handlers: &Handlers, dir: &Path, name: &str, bytes: &[u8]) -> Duration 
             &CallContext {
                 node_name: "bench".into(),
             },
-            &request(),
+            &one_of_eight(RESOURCE),
         )
         .expect("first call");
     let took = started.elapsed();

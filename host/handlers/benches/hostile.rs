@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, CandidateDevice, PluginInfo, Runtime, RuntimeConfig,
+    CallContext, PluginInfo, Runtime, RuntimeConfig,
 };
 use pluglet_handlers::{Builtins, Handlers, Trust};
 
@@ -53,21 +53,6 @@ fn cx() -> CallContext {
     }
 }
 
-fn request(resource: &str) -> AllocationRequest {
-    AllocationRequest {
-        resource: resource.into(),
-        available: (0..8)
-            .map(|i| CandidateDevice {
-                id: format!("d{i}"),
-                numa_nodes: vec![i % 2],
-            })
-            .collect(),
-        must_include: Vec::new(),
-        count: 1,
-        preferred: None,
-    }
-}
-
 fn plugin(plugin_type: &str) -> PluginInfo {
     PluginInfo {
         plugin_type: plugin_type.into(),
@@ -87,7 +72,7 @@ fn load(dir: &Path, hostile_limit: u32) -> Handlers {
 
 /// Good calls back to back for [`CALLING`]: each sample one `allocate` or one `validate`.
 fn good_calls(handlers: &Handlers) -> (Vec<Duration>, u64) {
-    let (cx, request, plugin) = (cx(), request(GOOD_RESOURCE), plugin(GOOD_TYPE));
+    let (cx, request, plugin) = (cx(), one_of_eight(GOOD_RESOURCE), plugin(GOOD_TYPE));
     let mut samples = Vec::with_capacity(200_000);
     let mut failed = 0;
     let started = Instant::now();
@@ -119,7 +104,7 @@ fn under_attack(handlers: &Handlers) -> (Vec<Duration>, u64, u64) {
         .map(|looping| {
             let (handlers, stop, count) = (handlers.clone(), stop.clone(), hostile_calls.clone());
             std::thread::spawn(move || {
-                let (cx, request, plugin) = (cx(), request(BOMB_RESOURCE), plugin(LOOP_TYPE));
+                let (cx, request, plugin) = (cx(), one_of_eight(BOMB_RESOURCE), plugin(LOOP_TYPE));
                 while !stop.load(Ordering::Relaxed) {
                     let failed = if looping {
                         let served = handlers.for_plugin_type(LOOP_TYPE).expect("the loop type");

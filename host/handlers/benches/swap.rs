@@ -24,10 +24,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pluglet_handler_runtime::{
-    AllocationRequest, CallContext, CandidateDevice, Runtime, RuntimeConfig,
-};
+use pluglet_handler_runtime::{AllocationRequest, CallContext, Runtime, RuntimeConfig};
 use pluglet_handlers::{Builtins, Handlers, HandlersEvent, SlotKey, Trust};
+use pluglet_test_support::guests::{one_of_eight, tagged};
 use sha2::{Digest, Sha256};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -59,48 +58,6 @@ fn us(d: Duration) -> String {
 
 fn sha256(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
-}
-
-fn leb128(mut n: usize, out: &mut Vec<u8>) {
-    loop {
-        let byte = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
-/// `bytes` with a custom section (id 0, allowed at the top level of a component) carrying
-/// `tag`: the same component under a new sha256.
-fn tagged(bytes: &[u8], tag: u64) -> Vec<u8> {
-    let name = b"pluglet-bench";
-    let mut body = Vec::new();
-    leb128(name.len(), &mut body);
-    body.extend_from_slice(name);
-    body.extend_from_slice(&tag.to_le_bytes());
-    let mut out = bytes.to_vec();
-    out.push(0);
-    leb128(body.len(), &mut out);
-    out.extend_from_slice(&body);
-    out
-}
-
-fn request() -> AllocationRequest {
-    AllocationRequest {
-        resource: RESOURCE.into(),
-        available: (0..8)
-            .map(|i| CandidateDevice {
-                id: format!("d{i}"),
-                numa_nodes: vec![i % 2],
-            })
-            .collect(),
-        must_include: Vec::new(),
-        count: 1,
-        preferred: None,
-    }
 }
 
 fn cx() -> CallContext {
@@ -150,7 +107,7 @@ struct Swap {
 /// One timed swap to `bytes` (see the module doc).
 fn swap(handlers: &Handlers, dir: &Path, bytes: &[u8]) -> Swap {
     let expected = sha256(bytes);
-    let (cx, request) = (cx(), request());
+    let (cx, request) = (cx(), one_of_eight(RESOURCE));
     stage(dir, bytes, Duration::from_millis(100));
     let mut events = handlers.subscribe();
     let started = Instant::now();
@@ -192,7 +149,7 @@ fn report(name: &str, swaps: &[Swap], compiles: bool) {
 
 /// Calls back to back for `CALLING` on this thread; the latencies and the failed calls.
 fn calls(handlers: &Handlers) -> (Vec<Duration>, u64) {
-    let (cx, request) = (cx(), request());
+    let (cx, request) = (cx(), one_of_eight(RESOURCE));
     let mut samples = Vec::with_capacity(200_000);
     let mut failed = 0;
     let started = Instant::now();
