@@ -19,10 +19,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pluglet_handler_runtime::{
-    CallContext, PluginInfo, Runtime, RuntimeConfig,
-};
+use pluglet_handler_runtime::{CallContext, PluginInfo, Runtime, RuntimeConfig};
 use pluglet_handlers::{Builtins, Handlers, Trust};
+use pluglet_test_support::guests::one_of_eight;
 
 /// The daemon's allocator (see `host/src/main.rs`).
 #[global_allocator]
