@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::device_support::{DevicePluginProcess, FLOWS, wait_allocatable};
 use crate::handler_registry::{flags, push, strs};
-use crate::handler_swap::{GPU, guest, sha256};
+use crate::handler_swap::{GPU, SPREAD, allocate_ok, allocate_two, guest, handlers_toml, sha256};
 use crate::support::kube::ApiServer;
 use crate::support::{Daemon, OciRegistry, RegistryConfig, TestRoot, wait_for};
 
@@ -51,22 +52,27 @@ fn install_crds(api: &ApiServer) {
     });
 }
 
-/// The fleet: one root and one daemon per node, registering its Node.
+/// The fleet: one root, one daemon (registering its Node, serving metrics) per node.
 struct Fleet {
     roots: Vec<TestRoot>,
     daemons: Vec<Daemon>,
     names: Vec<String>,
+    metrics: Vec<String>,
 }
 
-fn start_fleet(api: &ApiServer, registry: &OciRegistry) -> Fleet {
+/// Starts the fleet; `prepare` readies each root first (its handlers.toml).
+fn start_fleet(api: &ApiServer, registry: &OciRegistry, prepare: impl Fn(&TestRoot)) -> Fleet {
     let mut fleet = Fleet {
         roots: Vec::new(),
         daemons: Vec::new(),
         names: Vec::new(),
+        metrics: Vec::new(),
     };
     for i in 0..NODES {
         let root = TestRoot::new();
+        prepare(&root);
         let name = format!("rollout-node-{i}");
+        let metrics = crate::ops::free_addr();
         let mut args = flags(registry, &root.path());
         args.extend([
             "--kubeconfig".into(),
@@ -74,14 +80,47 @@ fn start_fleet(api: &ApiServer, registry: &OciRegistry) -> Fleet {
             "--node-name".into(),
             name.clone(),
             "--register-node".into(),
+            "--metrics-addr".into(),
+            metrics.clone(),
         ]);
         fleet
             .daemons
             .push(Daemon::start(&root.path(), &strs(&args)));
         fleet.roots.push(root);
         fleet.names.push(name);
+        fleet.metrics.push(metrics);
     }
     fleet
+}
+
+impl Fleet {
+    fn daemon(&self, node: &str) -> &Daemon {
+        let i = self
+            .names
+            .iter()
+            .position(|n| n == node)
+            .expect("a node of the fleet");
+        &self.daemons[i]
+    }
+
+    /// The sum over the fleet of the metric samples whose name and labels start with `key`.
+    fn metric(&self, key: &str) -> f64 {
+        self.metrics
+            .iter()
+            .flat_map(|addr| crate::ops::scrape(addr))
+            .filter(|(k, _)| k.starts_with(key))
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+/// Pushes guest `name` as `vendor/gpu-policy:TAG` and returns its reference pinned by digest,
+/// and the digest.
+fn push_pinned(registry: &OciRegistry, dir: &Path, name: &str, tag: &str) -> (String, String) {
+    let reference = registry.reference(&format!("vendor/gpu-policy:{tag}"));
+    let digest = push(&flags(registry, dir), &reference, &guest(name), None);
+    let repo = reference.rsplit_once(':').map(|(repo, _)| repo).unwrap();
+    (format!("{repo}@{digest}"), digest)
 }
 
 /// The GPU slot's row of `ctl handlers`, if the slot is listed.
@@ -153,21 +192,11 @@ fn a_good_module_completes_wave_by_wave_on_every_node() {
         auth: true,
     });
     let pusher = TestRoot::new();
-    let reference = registry.reference("vendor/gpu-policy:v2");
-    let digest = push(
-        &flags(&registry, &pusher.path()),
-        &reference,
-        &guest("spread-policy"),
-        None,
-    );
-    let pinned = format!(
-        "{}@{digest}",
-        reference.rsplit_once(':').map(|(repo, _)| repo).unwrap()
-    );
-    let fleet = start_fleet(&api, &registry);
+    let (pinned, digest) = push_pinned(&registry, &pusher.path(), "spread-policy", "v2");
+    let fleet = start_fleet(&api, &registry, |_| {});
 
     // A tag is refused by the schema.
-    let tagged = rollout_object("tagged", &reference, "2s");
+    let tagged = rollout_object("tagged", &registry.reference("vendor/gpu-policy:v2"), "2s");
     let out = api.kubectl_input(&["create", "-f", "-"], &tagged.to_string());
     assert!(!out.status.success(), "a tag was accepted");
     assert!(
@@ -228,6 +257,14 @@ fn a_good_module_completes_wave_by_wave_on_every_node() {
         "{table}"
     );
 
+    // One coordinator in the fleet, which opened the three waves; every node healthy.
+    assert_eq!(fleet.metric("pluglet_rollout_coordinator"), 1.0);
+    assert_eq!(fleet.metric("pluglet_rollout_waves_opened_total"), 3.0);
+    assert_eq!(
+        fleet.metric("pluglet_rollout_node_state{rollout=\"gpu-v2\",state=\"Healthy\"}"),
+        5.0
+    );
+
     // Deleted: every node returns the slot to its built-in.
     kubectl_ok(&api, &["delete", "handlerrollout", "gpu-v2"], None);
     for daemon in &fleet.daemons {
@@ -242,4 +279,101 @@ fn a_good_module_completes_wave_by_wave_on_every_node() {
         );
     }
     drop(fleet.roots);
+}
+
+#[test]
+fn a_trapping_module_halts_on_the_first_wave_and_every_node_serves_what_it_had() {
+    let api_root = TestRoot::new();
+    let api = ApiServer::start(&api_root.path().join("kube"));
+    install_crds(&api);
+    let registry = OciRegistry::start(RegistryConfig {
+        tls: true,
+        auth: true,
+    });
+    let pusher = TestRoot::new();
+    let (pinned, _) = push_pinned(&registry, &pusher.path(), "misbehave", "trap");
+    // Every node serves the spread policy from its own handlers.toml.
+    let fleet = start_fleet(&api, &registry, |root| {
+        handlers_toml(
+            root,
+            &[("spread-policy", "policy.wasm")],
+            &format!("[resources.\"{GPU}\"]\nmodule = \"policy.wasm\"\n"),
+        );
+    });
+    let plugins: Vec<DevicePluginProcess> = fleet
+        .roots
+        .iter()
+        .map(|root| {
+            DevicePluginProcess::start(root, FLOWS[0], GPU, &["--preferred", "--reregister"])
+        })
+        .collect();
+    for daemon in &fleet.daemons {
+        wait_allocatable(daemon, GPU, 4);
+        assert_eq!(allocate_ok(daemon, "before"), SPREAD);
+    }
+    let spread = sha256(&guest("spread-policy"));
+    let trap = sha256(&guest("misbehave"));
+
+    // The module traps on allocation; a long soak, so only a failure ends the first wave.
+    let mut object = rollout_object("gpu-trap", &pinned, "10m");
+    object["spec"]["settings"] = json!({"allocate": "panic"});
+    kubectl_ok(&api, &["create", "-f", "-"], Some(&object.to_string()));
+    let opened = wait_for_or(ROLLOUT_DEADLINE, || {
+        let r = rollout(&api, "gpu-trap");
+        r["status"]["waves"][0]["nodes"][0]
+            .as_str()
+            .map(str::to_owned)
+    })
+    .expect("the first wave opens");
+    let first = fleet.daemon(&opened);
+    wait_for(
+        "the first wave's node to serve the module",
+        ROLLOUT_DEADLINE,
+        || gpu_row(first).filter(|r| r["sha256"] == trap.as_str()),
+    );
+    let failed = allocate_two(first, "trapped").expect_err("the module traps");
+    assert!(failed.contains("trap"), "{failed}");
+
+    let done = wait_phase(&api, "gpu-trap", "RolledBack", &fleet);
+    let status = &done["status"];
+    assert_eq!(status["waves"].as_array().unwrap().len(), 1, "{status:#}");
+    assert_eq!(status["rolledBackCount"], 1, "{status:#}");
+    assert_eq!(
+        status["rolledBack"][0]["node"],
+        opened.as_str(),
+        "{status:#}"
+    );
+    assert!(
+        status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "FailureBudgetSpent"),
+        "{status:#}"
+    );
+    let report = node_report(&api, &opened);
+    assert_eq!(
+        report["status"]["rollouts"][0]["state"], "RolledBack",
+        "{report:#}"
+    );
+
+    // The nodes of later waves never applied it (nothing to report), and every node serves
+    // the spread policy again.
+    for (name, daemon) in fleet.names.iter().zip(&fleet.daemons) {
+        if *name != opened {
+            let out = api.kubectl(&["get", "nodehandlerstatus", "-n", "pluglet-system", name]);
+            assert!(
+                !out.status.success(),
+                "{name} reported: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        wait_for(
+            "the node to serve the spread policy",
+            ROLLOUT_DEADLINE,
+            || gpu_row(daemon).filter(|r| r["sha256"] == spread.as_str()),
+        );
+        assert_eq!(allocate_ok(daemon, "after"), SPREAD);
+    }
+    drop(plugins);
 }
