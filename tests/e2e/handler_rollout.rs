@@ -58,15 +58,27 @@ struct Fleet {
     daemons: Vec<Daemon>,
     names: Vec<String>,
     metrics: Vec<String>,
+    args: Vec<Vec<String>>,
 }
 
 /// Starts the fleet; `prepare` readies each root first (its handlers.toml).
 fn start_fleet(api: &ApiServer, registry: &OciRegistry, prepare: impl Fn(&TestRoot)) -> Fleet {
+    start_fleet_with(api, registry, prepare, &[])
+}
+
+/// [`start_fleet`], each daemon given `extra` options too.
+fn start_fleet_with(
+    api: &ApiServer,
+    registry: &OciRegistry,
+    prepare: impl Fn(&TestRoot),
+    extra: &[&str],
+) -> Fleet {
     let mut fleet = Fleet {
         roots: Vec::new(),
         daemons: Vec::new(),
         names: Vec::new(),
         metrics: Vec::new(),
+        args: Vec::new(),
     };
     for i in 0..NODES {
         let root = TestRoot::new();
@@ -83,9 +95,11 @@ fn start_fleet(api: &ApiServer, registry: &OciRegistry, prepare: impl Fn(&TestRo
             "--metrics-addr".into(),
             metrics.clone(),
         ]);
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
         fleet
             .daemons
             .push(Daemon::start(&root.path(), &strs(&args)));
+        fleet.args.push(args);
         fleet.roots.push(root);
         fleet.names.push(name);
         fleet.metrics.push(metrics);
@@ -376,4 +390,96 @@ fn a_trapping_module_halts_on_the_first_wave_and_every_node_serves_what_it_had()
         assert_eq!(allocate_ok(daemon, "after"), SPREAD);
     }
     drop(plugins);
+}
+
+/// The node holding the coordinator's Lease.
+fn lease_holder(api: &ApiServer) -> Option<String> {
+    let out = api.kubectl(&[
+        "get",
+        "lease",
+        "-n",
+        "pluglet-system",
+        "pluglet-rollout-coordinator",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    let holder = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (out.status.success() && !holder.is_empty()).then_some(holder)
+}
+
+#[test]
+fn the_coordinator_killed_and_the_api_server_stopped_mid_rollout_and_it_still_completes() {
+    let api_root = TestRoot::new();
+    let mut api = ApiServer::start(&api_root.path().join("kube"));
+    install_crds(&api);
+    let registry = OciRegistry::start(RegistryConfig {
+        tls: true,
+        auth: true,
+    });
+    let pusher = TestRoot::new();
+    let (pinned, _) = push_pinned(&registry, &pusher.path(), "spread-policy", "v2");
+    let mut fleet = start_fleet_with(
+        &api,
+        &registry,
+        |_| {},
+        &["--coordinator-lease-duration", "3s"],
+    );
+    let spread = sha256(&guest("spread-policy"));
+    kubectl_ok(
+        &api,
+        &["create", "-f", "-"],
+        Some(&rollout_object("gpu-v2", &pinned, "4s").to_string()),
+    );
+    wait_for_or(ROLLOUT_DEADLINE, || {
+        rollout(&api, "gpu-v2")["status"]["waves"][0]["nodes"][0]
+            .as_str()
+            .map(str::to_owned)
+    })
+    .expect("the first wave opens");
+
+    // SIGKILL the coordinator: another daemon takes the Lease within its duration.
+    let holder = lease_holder(&api).expect("a coordinator");
+    let i = fleet.names.iter().position(|n| *n == holder).unwrap();
+    fleet.daemons.remove(i).kill();
+    let next = wait_for("another daemon to take the Lease", ROLLOUT_DEADLINE, || {
+        lease_holder(&api).filter(|h| *h != holder)
+    });
+    assert_ne!(next, holder);
+    // The killed node comes back (what it took from the rollout survives its restart).
+    let restarted = Daemon::start(&fleet.roots[i].path(), &strs(&fleet.args[i]));
+    fleet.daemons.insert(i, restarted);
+
+    // The API server goes away once the second wave opened: the nodes keep serving.
+    let second = wait_for_or(ROLLOUT_DEADLINE, || {
+        rollout(&api, "gpu-v2")["status"]["waves"][1]["nodes"]
+            .as_array()
+            .cloned()
+    })
+    .expect("the second wave opens");
+    api.stop();
+    for node in &second {
+        let daemon = fleet.daemon(node.as_str().unwrap());
+        wait_for(
+            "a node of the second wave to serve the module",
+            ROLLOUT_DEADLINE,
+            || gpu_row(daemon).filter(|r| r["sha256"] == spread.as_str()),
+        );
+    }
+    api.restart();
+
+    let done = wait_phase(&api, "gpu-v2", "Complete", &fleet);
+    let status = &done["status"];
+    assert_eq!(status["applied"], 5, "{status:#}");
+    assert_eq!(status["rolledBackCount"], 0, "{status:#}");
+    let members: Vec<&Value> = status["waves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|w| w["nodes"].as_array().unwrap())
+        .collect();
+    assert_eq!(members.len(), 5, "each node in one wave: {status:#}");
+    for daemon in &fleet.daemons {
+        let row = gpu_row(daemon).expect("the gpu slot");
+        assert_eq!(row["sha256"], spread.as_str(), "{row:#}");
+    }
 }
