@@ -258,6 +258,7 @@ fn a_good_module_completes_wave_by_wave_on_every_node() {
         let row = gpu_row(daemon).expect("the gpu slot");
         assert_eq!(row["sha256"], spread.as_str(), "{row:#}");
         assert_eq!(row["digest"], digest.as_str(), "{row:#}");
+        assert_eq!(row["rollout"], "rollout/gpu-v2", "{row:#}");
     }
 
     let table = api.kubectl(&["get", "handlerrollouts"]);
@@ -481,5 +482,59 @@ fn the_coordinator_killed_and_the_api_server_stopped_mid_rollout_and_it_still_co
     for daemon in &fleet.daemons {
         let row = gpu_row(daemon).expect("the gpu slot");
         assert_eq!(row["sha256"], spread.as_str(), "{row:#}");
+    }
+}
+
+#[test]
+fn a_paused_rollout_opens_no_wave_and_a_newer_one_supersedes_it() {
+    let api_root = TestRoot::new();
+    let api = ApiServer::start(&api_root.path().join("kube"));
+    install_crds(&api);
+    let registry = OciRegistry::start(RegistryConfig {
+        tls: true,
+        auth: true,
+    });
+    let pusher = TestRoot::new();
+    let (spread_ref, _) = push_pinned(&registry, &pusher.path(), "spread-policy", "v2");
+    let (first_fit_ref, _) = push_pinned(&registry, &pusher.path(), "misbehave", "v3");
+    let fleet = start_fleet(&api, &registry, |_| {});
+
+    let mut paused = rollout_object("gpu-a", &spread_ref, "2s");
+    paused["spec"]["paused"] = json!(true);
+    kubectl_ok(&api, &["create", "-f", "-"], Some(&paused.to_string()));
+    let seen = wait_phase(&api, "gpu-a", "Paused", &fleet);
+    assert!(
+        seen["status"]["waves"].as_array().is_none_or(Vec::is_empty),
+        "{seen:#}"
+    );
+    kubectl_ok(
+        &api,
+        &[
+            "patch",
+            "handlerrollout",
+            "gpu-a",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"paused":false}}"#,
+        ],
+        None,
+    );
+    wait_phase(&api, "gpu-a", "Complete", &fleet);
+
+    // A newer rollout of the same slot: the older one ends Superseded, every node serves the
+    // newer module.
+    kubectl_ok(
+        &api,
+        &["create", "-f", "-"],
+        Some(&rollout_object("gpu-b", &first_fit_ref, "2s").to_string()),
+    );
+    wait_phase(&api, "gpu-a", "Superseded", &fleet);
+    wait_phase(&api, "gpu-b", "Complete", &fleet);
+    let first_fit = sha256(&guest("misbehave"));
+    for daemon in &fleet.daemons {
+        wait_for("the newer rollout's module", ROLLOUT_DEADLINE, || {
+            gpu_row(daemon)
+                .filter(|r| r["sha256"] == first_fit.as_str() && r["rollout"] == "rollout/gpu-b")
+        });
     }
 }

@@ -358,6 +358,10 @@ pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
         previous_digest: previous_entry
             .and_then(|e| e.digest.clone())
             .unwrap_or_default(),
+        rollout: entry
+            .and_then(|e| e.rollout.as_ref())
+            .map(|name| format!("rollout/{name}"))
+            .unwrap_or_default(),
     }
 }
 

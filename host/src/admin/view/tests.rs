@@ -776,3 +776,31 @@ fn status_counts_plugins_per_type_and_shows_every_part() {
     );
     assert!(bare.text().contains("RESOURCES\nno device manager\n"));
 }
+
+#[test]
+fn a_slot_put_in_force_by_a_rollout_says_so() {
+    let rolled = pb::HandlerInfo {
+        resource: "vendor.com/gpu".into(),
+        module: "/state/handlers/oci/1234/module.wasm".into(),
+        sha256: "cd".repeat(32),
+        rollout: "rollout/gpu-v2".into(),
+        ..Default::default()
+    };
+    let view = HandlerView::from(&rolled);
+    assert_eq!(
+        serde_json::to_value(&view).unwrap()["rollout"],
+        "rollout/gpu-v2"
+    );
+    assert!(
+        view.row()[2].ends_with(" source:rollout/gpu-v2"),
+        "{:?}",
+        view.row()
+    );
+    let plain = HandlerView::from(&pb::HandlerInfo::default());
+    assert!(
+        serde_json::to_value(&plain)
+            .unwrap()
+            .get("rollout")
+            .is_none()
+    );
+}
