@@ -192,6 +192,52 @@ fn rollout_object(name: &str, module: &str, soak: &str) -> Value {
     })
 }
 
+/// Successful requests the API server answered, by `(verb, resource, subresource)`, from its
+/// `apiserver_request_total`.
+fn requests(api: &ApiServer) -> std::collections::BTreeMap<(String, String, String), f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in api.metrics().lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        if !label("code").starts_with('2') {
+            continue;
+        }
+        let key = (label("verb"), label("resource"), label("subresource"));
+        *out.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    }
+    out
+}
+
+/// Requests of `verbs` on `resource` (and `subresource`) between two [`requests`] readings.
+fn delta(
+    before: &std::collections::BTreeMap<(String, String, String), f64>,
+    after: &std::collections::BTreeMap<(String, String, String), f64>,
+    verbs: &[&str],
+    resource: &str,
+    subresource: &str,
+) -> f64 {
+    after
+        .iter()
+        .filter(|((v, r, sub), _)| {
+            verbs.contains(&v.as_str()) && r == resource && sub == subresource
+        })
+        .map(|(k, n)| n - before.get(k).copied().unwrap_or(0.0))
+        .sum()
+}
+
+const WRITES: &[&str] = &["POST", "PATCH", "PUT"];
+
 fn node_report(api: &ApiServer, node: &str) -> Value {
     api.kubectl_json(&["get", "nodehandlerstatus", "-n", "pluglet-system", node])
 }
@@ -219,13 +265,38 @@ fn a_good_module_completes_wave_by_wave_on_every_node() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    let before = requests(&api);
     kubectl_ok(
         &api,
         &["create", "-f", "-"],
         Some(&rollout_object("gpu-v2", &pinned, "2s").to_string()),
     );
     let done = wait_phase(&api, "gpu-v2", "Complete", &fleet);
+    let after = requests(&api);
     let status = &done["status"];
+
+    // What the rollout cost: the nodes' reports and the coordinator's status writes.
+    let reports = delta(&before, &after, WRITES, "nodehandlerstatuses", "");
+    let statuses = delta(&before, &after, WRITES, "handlerrollouts", "status");
+    eprintln!(
+        "writes for {NODES} nodes: {reports} NodeHandlerStatus, {statuses} HandlerRollout status"
+    );
+    assert!(reports <= 3.0 * NODES as f64, "{reports} report writes");
+    assert!(
+        statuses <= 3.0 * NODES as f64 + 3.0,
+        "{statuses} status writes"
+    );
+    let soak = 2.0;
+    let opened: Vec<k8s_openapi::jiff::Timestamp> = status["waves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["openedAt"].as_str().unwrap().parse().unwrap())
+        .collect();
+    for pair in opened.windows(2) {
+        let took = pair[1].duration_since(pair[0]).as_secs_f64();
+        eprintln!("a wave took {:.2}s beyond its {soak}s soak", took - soak);
+    }
     let waves = status["waves"].as_array().unwrap();
     let sizes: Vec<usize> = waves
         .iter()
@@ -271,6 +342,23 @@ fn a_good_module_completes_wave_by_wave_on_every_node() {
         table.contains("gpu-v2") && table.contains("Complete"),
         "{table}"
     );
+
+    // At rest: no request about rollouts but the watches (and the Lease's renewals).
+    let rest = requests(&api);
+    std::thread::sleep(Duration::from_secs(12));
+    let later = requests(&api);
+    for resource in ["handlerrollouts", "nodehandlerstatuses", "nodes"] {
+        for sub in ["", "status"] {
+            let busy = delta(
+                &rest,
+                &later,
+                &["GET", "LIST", "POST", "PATCH", "PUT"],
+                resource,
+                sub,
+            );
+            assert_eq!(busy, 0.0, "{resource}/{sub} requests at rest");
+        }
+    }
 
     // One coordinator in the fleet, which opened the three waves; every node healthy.
     assert_eq!(fleet.metric("pluglet_rollout_coordinator"), 1.0);
@@ -350,6 +438,23 @@ fn a_trapping_module_halts_on_the_first_wave_and_every_node_serves_what_it_had()
     assert!(failed.contains("trap"), "{failed}");
 
     let done = wait_phase(&api, "gpu-trap", "RolledBack", &fleet);
+    let condition_at = |kind: &str| -> k8s_openapi::jiff::Timestamp {
+        done["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == kind)
+            .and_then(|c| c["lastTransitionTime"].as_str())
+            .unwrap_or_else(|| panic!("no {kind} condition: {done:#}"))
+            .parse()
+            .unwrap()
+    };
+    let halt_to_rolled_back =
+        condition_at("RolledBack").duration_since(condition_at("FailureBudgetSpent"));
+    eprintln!(
+        "halt to every node rolled back: {:.2}s",
+        halt_to_rolled_back.as_secs_f64()
+    );
     let status = &done["status"];
     assert_eq!(status["waves"].as_array().unwrap().len(), 1, "{status:#}");
     assert_eq!(status["rolledBackCount"], 1, "{status:#}");

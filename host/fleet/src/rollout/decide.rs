@@ -22,6 +22,8 @@ pub const REPORT_DEADLINE: Duration = Duration::from_secs(300);
 pub const NOT_REPORTING: &str = "NodesNotReporting";
 /// The condition set when the failure budget is spent.
 pub const BUDGET_SPENT: &str = "FailureBudgetSpent";
+/// The condition set once no node serves a halted rollout's module any more.
+pub const ROLLED_BACK: &str = "RolledBack";
 
 /// What the coordinator saw of one rollout.
 #[derive(Debug)]
@@ -69,6 +71,15 @@ pub fn decide(seen: &Observed<'_>) -> Decision {
             .any(|n| seen.reports.get(n).is_some_and(|r| r.state.serving()));
         if !serving {
             status.phase = Phase::RolledBack;
+            let message = "no node serves the module any more".to_owned();
+            set_condition(
+                &mut status,
+                ROLLED_BACK,
+                "True",
+                "AllNodesReturned",
+                message,
+                seen.now,
+            );
         }
         return Decision { status, opened };
     }
