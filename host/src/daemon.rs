@@ -420,6 +420,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .with_pipeline(pipeline.clone())
             .with_devices(devices.clone())
             .with_publisher(publisher.clone())
+            .with_rollouts(rollouts.as_ref().map(|(view, _)| view.clone()))
             .with_health(health.clone())
             .with_events(events),
         cancel.child_token(),

@@ -330,6 +330,12 @@ fn a_good_module_completes_wave_by_wave_on_every_node() {
         assert_eq!(row["sha256"], spread.as_str(), "{row:#}");
         assert_eq!(row["digest"], digest.as_str(), "{row:#}");
         assert_eq!(row["rollout"], "rollout/gpu-v2", "{row:#}");
+        let part = &daemon.ctl_object(&["status"], Some("Status"))["rollouts"][0];
+        assert_eq!(
+            (&part["name"], &part["state"]),
+            (&json!("gpu-v2"), &json!("Healthy")),
+            "{part:#}"
+        );
     }
 
     let table = api.kubectl(&["get", "handlerrollouts"]);
