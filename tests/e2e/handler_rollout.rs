@@ -577,6 +577,17 @@ fn the_coordinator_killed_and_the_api_server_stopped_mid_rollout_and_it_still_co
             || gpu_row(daemon).filter(|r| r["sha256"] == spread.as_str()),
         );
     }
+    // A node of the second wave restarted while the API server is away keeps what it took.
+    let node = second[0].as_str().unwrap();
+    let j = fleet.names.iter().position(|n| n == node).unwrap();
+    assert!(fleet.daemons.remove(j).terminate().success());
+    fleet.daemons.insert(
+        j,
+        Daemon::start(&fleet.roots[j].path(), &strs(&fleet.args[j])),
+    );
+    let row = gpu_row(&fleet.daemons[j]).expect("the gpu slot after the restart");
+    assert_eq!(row["sha256"], spread.as_str(), "{row:#}");
+    assert_eq!(row["rollout"], "rollout/gpu-v2", "{row:#}");
     api.restart();
 
     let done = wait_phase(&api, "gpu-v2", "Complete", &fleet);
@@ -648,4 +659,42 @@ fn a_paused_rollout_opens_no_wave_and_a_newer_one_supersedes_it() {
                 .filter(|r| r["sha256"] == first_fit.as_str() && r["rollout"] == "rollout/gpu-b")
         });
     }
+}
+
+#[test]
+fn without_the_crds_the_daemon_says_so_once_publishes_and_joins_once_they_are_installed() {
+    let api_root = TestRoot::new();
+    let api = ApiServer::start(&api_root.path().join("kube"));
+    let registry = OciRegistry::start(RegistryConfig {
+        tls: true,
+        auth: true,
+    });
+    let pusher = TestRoot::new();
+    let (pinned, _) = push_pinned(&registry, &pusher.path(), "spread-policy", "v2");
+    let fleet = start_fleet(&api, &registry, |_| {});
+    let daemon = &fleet.daemons[0];
+    let said = "the HandlerRollout CRD is not installed";
+    if wait_for_or(ROLLOUT_DEADLINE, || {
+        daemon.log_text().contains(said).then_some(())
+    })
+    .is_none()
+    {
+        panic!("the missing CRD was not reported:\n{}", daemon.log_text());
+    }
+    // Publishing goes on: the Node is registered.
+    wait_for("the Node to be registered", ROLLOUT_DEADLINE, || {
+        api.kubectl(&["get", "node", &fleet.names[0]])
+            .status
+            .success()
+            .then_some(())
+    });
+
+    install_crds(&api);
+    kubectl_ok(
+        &api,
+        &["create", "-f", "-"],
+        Some(&rollout_object("gpu-v2", &pinned, "1s").to_string()),
+    );
+    wait_phase(&api, "gpu-v2", "Complete", &fleet);
+    assert_eq!(daemon.log_text().matches(said).count(), 1, "said once");
 }

@@ -159,6 +159,12 @@ impl Agent {
         cancel: CancellationToken,
     ) {
         let api: Api<NodeHandlerStatus> = Api::namespaced(connection.client.clone(), NAMESPACE);
+        // Nothing is decided before the watch has listed the rollouts once: a daemon that
+        // starts while the API server is away keeps what it took from rollouts before.
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = rollouts.changed() => if changed.is_err() { return },
+        }
         // What the node reported before a restart: a failure or a pass stays so.
         let mut report: BTreeMap<String, NodeRollout> = BTreeMap::new();
         tokio::select! {

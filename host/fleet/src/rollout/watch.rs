@@ -118,9 +118,10 @@ async fn follow(
 }
 
 fn failed(error: &kube::Error, said: &mut Option<Failure>) -> Failure {
+    // By code: a group the API server does not serve answers a bare "404 page not found".
     let failure = match error {
-        kube::Error::Api(s) if s.is_not_found() => Failure::NoCrd,
-        kube::Error::Api(s) if s.is_forbidden() => Failure::Forbidden,
+        kube::Error::Api(s) if s.code == 404 => Failure::NoCrd,
+        kube::Error::Api(s) if s.code == 403 => Failure::Forbidden,
         _ => Failure::Other,
     };
     if *said != Some(failure) {
