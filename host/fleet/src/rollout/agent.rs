@@ -177,9 +177,21 @@ impl Agent {
         let mut in_force: Option<Vec<Wanted>> = None;
         let mut refused: BTreeMap<String, String> = BTreeMap::new();
         let mut applied_at: BTreeMap<String, Instant> = BTreeMap::new();
+        // The spec each rollout had when this node last looked: a changed spec is a new
+        // version, applied and soaked afresh.
+        let mut specs: BTreeMap<String, RolloutSpec> = BTreeMap::new();
         loop {
             let all = rollouts.borrow_and_update().clone();
             let chosen = chosen(&all, &self.node);
+            for r in &chosen {
+                if specs.get(r.uid()).is_some_and(|s| *s != r.spec) {
+                    report.remove(r.uid());
+                    refused.remove(r.uid());
+                    applied_at.remove(r.uid());
+                }
+                specs.insert(r.uid().to_owned(), r.spec.clone());
+            }
+            specs.retain(|uid, _| all.values().any(|r| r.uid() == uid));
             let wanted: Vec<Wanted> = chosen
                 .iter()
                 .filter(|r| !refused.contains_key(r.uid()))
