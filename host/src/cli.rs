@@ -244,6 +244,10 @@ pub struct RunArgs {
     /// Labels of a Node created with --register-node: KEY=VALUE, comma-separated or repeated.
     #[arg(long, value_name = "KEY=VALUE", value_delimiter = ',')]
     pub node_labels: Vec<String>,
+    /// How long the Lease of the handler rollout coordinator lasts unless renewed (renewed
+    /// after two thirds of it); another daemon takes over within it when its holder dies.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub coordinator_lease_duration: Duration,
     /// How long a resource whose device plugin is gone past its grace period stays on the Node
     /// at 0 before Pluglet removes it.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]

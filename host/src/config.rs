@@ -280,6 +280,8 @@ pub struct Publish {
     pub register_node: bool,
     /// Labels of a Node created with `register_node`.
     pub node_labels: std::collections::BTreeMap<String, String>,
+    /// The Lease duration of the handler rollout coordinator.
+    pub coordinator_lease_duration: Duration,
 }
 
 /// How the pod-resources API is served.
@@ -567,6 +569,7 @@ fn publish(args: &RunArgs) -> Result<Option<Publish>, ConfigError> {
         source,
         register_node: args.register_node,
         node_labels,
+        coordinator_lease_duration: args.coordinator_lease_duration,
     }))
 }
 

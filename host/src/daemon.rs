@@ -309,8 +309,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // watcher finds.
     // Publishing to a Kubernetes API server, when asked for: the CSI plugin type hands its
     // drivers to the publisher, the device manager its counts.
-    let fleet = crate::fleet::connect(&config).await?;
+    let fleet = crate::fleet::connect(&config, &handlers).await?;
     let publisher = fleet.as_ref().map(|f| f.publisher.clone());
+    let rollouts = fleet
+        .as_ref()
+        .map(|f| (f.rollouts.view.clone(), f.rollouts.stats.clone()));
     let pipeline =
         Pipeline::new(handlers.clone(), config.node_name.clone()).with_events(events.clone());
     pipeline.set_kind(
@@ -401,6 +404,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         plugins: &counts,
         latency: &latency,
         publisher: publisher.as_ref(),
+        rollouts: rollouts.as_ref(),
         pod_resources: pod_resources_metrics.as_ref(),
     }));
     let counting = handler_changes.run(handlers.clone(), cancel.child_token());
@@ -416,6 +420,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .with_pipeline(pipeline.clone())
             .with_devices(devices.clone())
             .with_publisher(publisher.clone())
+            .with_rollouts(rollouts.as_ref().map(|(view, _)| view.clone()))
             .with_health(health.clone())
             .with_events(events),
         cancel.child_token(),

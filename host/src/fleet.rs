@@ -6,27 +6,33 @@
 //! server that cannot be reached does not: the publisher retries while the node works), and
 //! the device manager's counts are handed to the publisher after every change of devices or
 //! plugin connections. CSI drivers are handed over by the CSI plugin type
-//! (`pluglet-csi`) when their registrations start and end.
+//! (`pluglet-csi`) when their registrations start and end. The same client serves the
+//! rollout stage ([`crate::rollout`]).
 
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
 use pluglet_device_manager::DeviceManager;
 use pluglet_fleet::{Connection, Counts, Publisher, PublisherConfig};
+use pluglet_handlers::Handlers;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::Config;
+use crate::rollout::Rollouts;
 
-/// A publisher with its client, ready to run.
+/// A publisher with its client, and the rollout stage, ready to run.
 pub struct Fleet {
     /// The handle fed by the device manager and the CSI registrations.
     pub publisher: Publisher,
+    /// The fleet rollouts of handlers this node takes part in.
+    pub rollouts: Rollouts,
     connection: Connection,
 }
 
-/// The fleet stage for `config`, or `None` when publishing is off.
-pub async fn connect(config: &Config) -> anyhow::Result<Option<Fleet>> {
+/// The fleet stage for `config`, or `None` when publishing is off; rollouts apply through
+/// `handlers`.
+pub async fn connect(config: &Config, handlers: &Handlers) -> anyhow::Result<Option<Fleet>> {
     let Some(publish) = &config.publish else {
         return Ok(None);
     };
@@ -45,16 +51,22 @@ pub async fn connect(config: &Config) -> anyhow::Result<Option<Fleet>> {
     );
     Ok(Some(Fleet {
         publisher: Publisher::new(settings),
+        rollouts: Rollouts::new(
+            config.node_name.clone(),
+            handlers.clone(),
+            publish.coordinator_lease_duration,
+        ),
         connection,
     }))
 }
 
 impl Fleet {
-    /// Runs the publisher, fed by `devices`, until `cancel` fires.
+    /// Runs the publisher, fed by `devices`, and the rollout stage until `cancel` fires.
     pub async fn run(self, devices: DeviceManager, cancel: CancellationToken) {
         let feeding = feed(self.publisher.clone(), devices, cancel.clone());
+        let rolling = self.rollouts.run(self.connection.clone(), cancel.clone());
         let publishing = self.publisher.run(self.connection, cancel);
-        tokio::join!(feeding, publishing);
+        tokio::join!(feeding, publishing, rolling);
     }
 }
 

@@ -26,7 +26,8 @@
 //! ```
 //!
 //! Modules: [`cli`] (clap types), [`config`] (paths and timings), [`daemon`] (wiring, lock,
-//! signals), [`admin`], [`ops`] (metrics, health, supervision), [`fleet`], [`handler_cmd`]
+//! signals), [`admin`], [`ops`] (metrics, health, supervision), [`fleet`], [`rollout`]
+//! (fleet rollouts of handlers), [`handler_cmd`]
 //! (`pluglet handler`), [`handler_oci`] (`pluglet handler push` and `pull`). The stages are crates of their own: `pluglet-plugin-manager`,
 //! `pluglet-registration`, `pluglet-csi`, `pluglet-device-manager`, `pluglet-handlers`.
 
@@ -39,3 +40,4 @@ pub mod fleet;
 pub mod handler_cmd;
 pub mod handler_oci;
 pub mod ops;
+pub mod rollout;

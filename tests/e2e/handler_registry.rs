@@ -51,7 +51,7 @@ fn run_wkg(dir: &Path, args: &[&str]) -> String {
 }
 
 /// `--registry-auth` and `--registry-ca` for `registry`, the credentials file in `dir`.
-fn flags(registry: &OciRegistry, dir: &Path) -> Vec<String> {
+pub(crate) fn flags(registry: &OciRegistry, dir: &Path) -> Vec<String> {
     let auth = dir.join("registry-auth.json");
     registry.write_auth(&auth, USER, PASSWORD);
     vec![
@@ -62,12 +62,17 @@ fn flags(registry: &OciRegistry, dir: &Path) -> Vec<String> {
     ]
 }
 
-fn strs(v: &[String]) -> Vec<&str> {
+pub(crate) fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
 /// `pluglet handler push REFERENCE MODULE [--signature SIG]`; returns the manifest digest.
-fn push(flags: &[String], reference: &str, module: &Path, signature: Option<&Path>) -> String {
+pub(crate) fn push(
+    flags: &[String],
+    reference: &str,
+    module: &Path,
+    signature: Option<&Path>,
+) -> String {
     let mut command = Command::new(pluglet_test_support::e2e::bin("pluglet"));
     command
         .args(["handler", "push", reference])

@@ -35,6 +35,7 @@ mod handler_integrity;
 mod handler_registry;
 mod handler_restart;
 mod handler_rewrites;
+mod handler_rollout;
 mod handler_swap;
 mod handler_vectors;
 mod kube_harness;

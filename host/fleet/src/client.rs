@@ -43,10 +43,18 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time allowed for one request's answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Time allowed between two reads of a watch's answer: longer than the watch's own timeout
+/// ([`WATCH_TIMEOUT`]), so a quiet watch ends by the API server, not by the client.
+pub const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(330);
+/// How long the API server keeps one watch open before it is made again.
+pub const WATCH_TIMEOUT: u32 = 290;
+
 /// A client of one API server.
 #[derive(Clone)]
 pub struct Connection {
     pub(crate) client: kube::Client,
+    /// The same server, for watches (a longer read timeout).
+    pub(crate) watch_client: kube::Client,
     server: String,
 }
 
@@ -68,8 +76,15 @@ pub async fn connect(source: &Source) -> Result<Connection, ClientError> {
     config.write_timeout = Some(REQUEST_TIMEOUT);
     config.default_retry = false;
     let server = config.cluster_url.to_string();
+    let mut watching = config.clone();
+    watching.read_timeout = Some(WATCH_READ_TIMEOUT);
     let client = kube::Client::try_from(config).map_err(ClientError::Client)?;
-    Ok(Connection { client, server })
+    let watch_client = kube::Client::try_from(watching).map_err(ClientError::Client)?;
+    Ok(Connection {
+        client,
+        watch_client,
+        server,
+    })
 }
 
 async fn from_file(path: &Path) -> Result<kube::Config, ClientError> {

@@ -29,6 +29,7 @@ pub mod csinode;
 pub mod inventory;
 pub mod node;
 pub mod publisher;
+pub mod rollout;
 
 pub use client::{ClientError, Connection, Source};
 pub use inventory::{Counts, CsiDriver, Inventory};

@@ -118,9 +118,38 @@ pub struct SlotEntry {
     /// resolved when the entry was applied; `None` until it is resolved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// For an entry put in by a fleet rollout rather than `handlers.toml`: the rollout's name
+    /// (the entry's source is then shown as `rollout/NAME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<String>,
 }
 
 impl SlotEntry {
+    /// An entry serving `module` (a file, or an `oci://` reference, kept as the entry's source
+    /// and pulled when the entry is applied) with the defaults of `handlers.toml`; the caller
+    /// sets the other fields.
+    pub fn new(module: &str) -> Result<SlotEntry, pluglet_oci::RefError> {
+        let source = if pluglet_oci::is_oci(module) {
+            Some(pluglet_oci::OciRef::parse(module)?.to_string())
+        } else {
+            None
+        };
+        Ok(SlotEntry {
+            module: PathBuf::from(module),
+            sha256: None,
+            deadline_ms: None,
+            memory_mib: None,
+            fuel: None,
+            max_concurrent_calls: None,
+            settings: BTreeMap::new(),
+            rollback_after: DEFAULT_ROLLBACK_AFTER,
+            on_failure: OnFailure::default(),
+            source,
+            digest: None,
+            rollout: None,
+        })
+    }
+
     /// A short digest of the settings (the first 8 hex digits of the sha256 of their
     /// `key=value` lines, sorted), to tell two versions of one module apart; `None` without
     /// settings.
@@ -320,6 +349,7 @@ fn check(
     Ok(SlotEntry {
         source,
         digest: None,
+        rollout: None,
         module,
         sha256,
         deadline_ms: entry.deadline_ms,
@@ -398,5 +428,19 @@ mod tests {
                 .as_deref(),
             Some(pin.as_str())
         );
+    }
+
+    #[test]
+    fn an_entry_made_in_code_has_the_file_defaults_and_an_oci_source() {
+        let pin = format!("oci://r.example:5000/vendor/p@sha256:{}", "ab".repeat(32));
+        let entry = SlotEntry::new(&pin).unwrap();
+        assert_eq!(entry.source.as_deref(), Some(pin.as_str()));
+        assert_eq!(entry.rollback_after, DEFAULT_ROLLBACK_AFTER);
+        assert_eq!(entry.on_failure, OnFailure::Fail);
+        assert_eq!(entry.rollout, None);
+        let file = SlotEntry::new("/abs/p.wasm").unwrap();
+        assert_eq!(file.source, None);
+        assert_eq!(file.module, Path::new("/abs/p.wasm"));
+        assert!(SlotEntry::new("oci://noregistry").is_err());
     }
 }

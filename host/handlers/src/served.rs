@@ -30,6 +30,10 @@ pub const MIN_SLOT_WAIT: Duration = Duration::from_secs(1);
 
 /// Where a served version came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per served version, which lives behind an Arc"
+)]
 pub enum Origin {
     /// A built-in module.
     Builtin,

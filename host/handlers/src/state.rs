@@ -3,13 +3,15 @@
 //! each slot was last put on, with its entry and signature, so that a restart starts from the
 //! set in force as a live change would) and `handlers/modules/<sha256>.wasm` (the bytes of
 //! every configured module applied, so that the version a rollback restores, or the version
-//! last applied, can be loaded again whatever has happened to its file since).
+//! last applied, can be loaded again whatever has happened to its file since), and
+//! `handlers/rollouts.json` (the entries fleet rollouts put in force, which win over
+//! `handlers.toml`, so that what a node took from a rollout survives its restart).
 //!
 //! Files are written whole (temporary file, `fsync`, rename, directory `fsync`). A decisions file
 //! that cannot be parsed is renamed to `rollbacks.json.corrupt-<time>` and reported, never
 //! deleted.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -82,6 +84,11 @@ struct AppliedFile {
     slots: Vec<Applied>,
 }
 
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct RolloutsFile {
+    slots: Vec<(SlotKey, SlotEntry)>,
+}
+
 /// `<state>/handlers`.
 #[derive(Debug)]
 pub struct StateStore {
@@ -102,6 +109,31 @@ impl StateStore {
 
     fn applied_path(&self) -> PathBuf {
         self.dir.join("applied.json")
+    }
+
+    fn rollouts_path(&self) -> PathBuf {
+        self.dir.join("rollouts.json")
+    }
+
+    /// The entries fleet rollouts put in force, by slot; none when there is no file (a corrupt
+    /// file is set aside).
+    pub fn rollouts(&self) -> BTreeMap<SlotKey, SlotEntry> {
+        read_or_set_aside::<RolloutsFile>(
+            &self.rollouts_path(),
+            "the entries of fleet rollouts",
+            "starting without them",
+        )
+        .map(|file| file.slots.into_iter().collect())
+        .unwrap_or_default()
+    }
+
+    /// Writes the entries of fleet rollouts whole.
+    pub fn save_rollouts(&self, entries: &BTreeMap<SlotKey, SlotEntry>) -> std::io::Result<()> {
+        let file = RolloutsFile {
+            slots: entries.clone().into_iter().collect(),
+        };
+        let bytes = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
+        write_whole(&self.rollouts_path(), &bytes)
     }
 
     fn module_path(&self, sha256: &str) -> PathBuf {
@@ -246,6 +278,7 @@ mod tests {
                 on_failure: OnFailure::Fail,
                 source: None,
                 digest: None,
+                rollout: None,
             },
         }
     }
@@ -298,5 +331,34 @@ mod tests {
                     .starts_with("rollbacks.json.corrupt-")
             });
         assert!(aside);
+    }
+
+    #[test]
+    fn rollout_entries_round_trip_and_a_corrupt_file_is_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        assert!(store.rollouts().is_empty());
+        let mut entry = version("aa").entry;
+        entry.rollout = Some("gpu-v2".into());
+        let entries = BTreeMap::from([
+            (SlotKey::Resource("vendor.com/gpu".into()), entry.clone()),
+            (SlotKey::PluginType("CSIPlugin".into()), version("bb").entry),
+        ]);
+        store.save_rollouts(&entries).unwrap();
+        assert_eq!(store.rollouts(), entries);
+        store.save_rollouts(&BTreeMap::new()).unwrap();
+        assert!(store.rollouts().is_empty());
+
+        std::fs::write(dir.path().join("handlers/rollouts.json"), "[").unwrap();
+        assert!(store.rollouts().is_empty());
+        assert!(
+            std::fs::read_dir(dir.path().join("handlers"))
+                .unwrap()
+                .flatten()
+                .any(|e| e
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("rollouts.json.corrupt-"))
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The live handler set with real modules: loading, transactions, refusals, probation,
 //! rollback (automatic, by hand, across a restart) and swaps under concurrent calls.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,8 +12,8 @@ use pluglet_handler_runtime::{
     AllocationRequest, CallContext, CandidateDevice, Limits, PluginInfo, Runtime, RuntimeConfig,
 };
 use pluglet_handlers::{
-    Builtins, ChangeState, Handlers, HandlersEvent, Origin, ReloadOutcome, SlotKey, StartError,
-    Trust,
+    Builtins, ChangeState, Handlers, HandlersEvent, Origin, ReloadOutcome, SlotEntry, SlotKey,
+    StartError, Trust,
 };
 
 const GPU: &str = "vendor.com/gpu";
@@ -571,4 +572,153 @@ async fn an_editor_saving_handlers_toml_by_rename_never_leaves_the_slot_to_the_b
 
     cancel.cancel();
     watch.await.unwrap();
+}
+
+/// The entry a rollout named `rollout` puts on the resource's slot: `guest_name`, built.
+fn rollout_entry(rollout: &str, guest_name: &str, settings: &[(&str, &str)]) -> SlotEntry {
+    let mut entry = SlotEntry::new(guest(guest_name).to_str().unwrap()).unwrap();
+    entry.rollout = Some(rollout.into());
+    entry.rollback_after = 2;
+    entry.settings = settings
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    entry
+}
+
+fn gpu_rollout(entry: SlotEntry) -> BTreeMap<SlotKey, SlotEntry> {
+    BTreeMap::from([(SlotKey::Resource(GPU.into()), entry)])
+}
+
+#[test]
+fn a_rollout_entry_wins_over_handlers_toml_survives_a_restart_and_its_removal_returns_the_file_entry()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
+
+    let outcome = handlers.set_rollout_entries(gpu_rollout(rollout_entry(
+        "spread-v2",
+        "spread-policy",
+        &[],
+    )));
+    assert_eq!(
+        outcome,
+        ReloadOutcome::Applied(vec![SlotKey::Resource(GPU.into())])
+    );
+    let spread = allocate(&handlers).unwrap();
+    assert_ne!(spread, ["dev-0", "dev-1"], "spread takes one per NUMA node");
+    let state = slot_state(&handlers);
+    assert_eq!(
+        state.current.entry().unwrap().rollout.as_deref(),
+        Some("spread-v2")
+    );
+    assert_eq!(
+        state.previous.as_ref().unwrap().entry().unwrap().rollout,
+        None,
+        "the file's version is kept warm"
+    );
+
+    // A change of the file's entry for the slot does not displace the rollout's.
+    write_toml(dir.path(), &policy_entry("allocate = \"ok\"", ""));
+    assert_eq!(handlers.reload(), ReloadOutcome::Unchanged);
+    assert_eq!(allocate(&handlers).unwrap(), spread);
+    drop(handlers);
+
+    // Restarted: the rollout's entry is still in force.
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    assert_eq!(
+        handlers.rollout_entries().keys().collect::<Vec<_>>(),
+        [&SlotKey::Resource(GPU.into())]
+    );
+    assert_eq!(allocate(&handlers).unwrap(), spread);
+    assert_eq!(
+        slot_state(&handlers)
+            .current
+            .entry()
+            .unwrap()
+            .rollout
+            .as_deref(),
+        Some("spread-v2")
+    );
+
+    // Without the rollout the slot returns to the file's entry, and stays there after a
+    // restart.
+    assert!(matches!(
+        handlers.set_rollout_entries(BTreeMap::new()),
+        ReloadOutcome::Applied(_)
+    ));
+    assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
+    assert_eq!(
+        slot_state(&handlers).current.entry().unwrap().settings["allocate"],
+        "ok"
+    );
+    drop(handlers);
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    assert!(handlers.rollout_entries().is_empty());
+    assert_eq!(slot_state(&handlers).current.entry().unwrap().rollout, None);
+}
+
+#[test]
+fn a_refused_rollout_entry_leaves_the_entries_before_it_and_never_blocks_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+
+    let mut missing = rollout_entry("broken", "spread-policy", &[]);
+    missing.module = dir.path().join("no-such-module.wasm");
+    let outcome = handlers.set_rollout_entries(gpu_rollout(missing));
+    assert!(
+        matches!(&outcome, ReloadOutcome::Refused(why) if why.contains("no-such-module.wasm")),
+        "{outcome:?}"
+    );
+    assert!(handlers.rollout_entries().is_empty());
+    assert_eq!(slot_state(&handlers).current.entry().unwrap().rollout, None);
+
+    // The file changes as if no rollout had been tried.
+    write_toml(dir.path(), &policy_entry("allocate = \"ok\"", ""));
+    assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
+    drop(handlers);
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    assert!(handlers.rollout_entries().is_empty());
+}
+
+#[test]
+fn a_failing_rollout_entry_is_rolled_back_and_stays_so_while_the_rollout_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), Some(state_dir.path())).unwrap();
+    let good = handlers.for_resource(GPU);
+
+    let bad = rollout_entry("trap", "misbehave", &[("allocate", "panic")]);
+    assert!(matches!(
+        handlers.set_rollout_entries(gpu_rollout(bad.clone())),
+        ReloadOutcome::Applied(_)
+    ));
+    assert!(allocate(&handlers).unwrap_err().contains("trapped"));
+    assert!(allocate(&handlers).unwrap_err().contains("trapped"));
+    assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
+    assert_eq!(handlers.for_resource(GPU).sha256(), good.sha256());
+    let decisions = handlers.rollbacks();
+    assert_eq!(decisions.len(), 1);
+    assert_eq!(decisions[0].rejected.entry.rollout.as_deref(), Some("trap"));
+
+    // Named again (the watch saw the rollout again), it is not applied again.
+    assert_eq!(
+        handlers.set_rollout_entries(gpu_rollout(bad)),
+        ReloadOutcome::Unchanged
+    );
+    assert_eq!(handlers.for_resource(GPU).sha256(), good.sha256());
+
+    // The rollout gone, its decision is void and the file's entry serves.
+    handlers.set_rollout_entries(BTreeMap::new());
+    assert!(handlers.rollbacks().is_empty());
+    assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
 }

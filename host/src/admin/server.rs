@@ -67,6 +67,7 @@ pub struct AdminService {
     handlers: Handlers,
     devices: Option<pluglet_device_manager::DeviceManager>,
     publisher: Option<pluglet_fleet::Publisher>,
+    rollouts: Option<std::sync::Arc<std::sync::Mutex<pluglet_fleet::rollout::AgentView>>>,
     pipeline: Option<pluglet_registration::Pipeline>,
     health: Health,
     events: EventLog,
@@ -86,6 +87,7 @@ impl AdminService {
             handlers,
             devices: None,
             publisher: None,
+            rollouts: None,
             pipeline: None,
             health: Health::new(),
             events: EventLog::default(),
@@ -108,6 +110,15 @@ impl AdminService {
     /// Reports publishing to a Kubernetes API server from `publisher`.
     pub fn with_publisher(mut self, publisher: Option<pluglet_fleet::Publisher>) -> AdminService {
         self.publisher = publisher;
+        self
+    }
+
+    /// Reports this node's part in the fleet rollouts of handlers from `view`.
+    pub fn with_rollouts(
+        mut self,
+        view: Option<std::sync::Arc<std::sync::Mutex<pluglet_fleet::rollout::AgentView>>>,
+    ) -> AdminService {
+        self.rollouts = view;
         self
     }
 
@@ -358,6 +369,10 @@ pub fn handler_to_wire(s: &SlotStatus) -> pb::HandlerInfo {
         previous_digest: previous_entry
             .and_then(|e| e.digest.clone())
             .unwrap_or_default(),
+        rollout: entry
+            .and_then(|e| e.rollout.as_ref())
+            .map(|name| format!("rollout/{name}"))
+            .unwrap_or_default(),
     }
 }
 
@@ -524,6 +539,23 @@ impl Admin for AdminService {
             last_errors,
             devices: self.devices.is_some(),
             publishing: self.publisher.as_ref().map(publishing_to_wire),
+            rollouts: self
+                .rollouts
+                .as_ref()
+                .map(|view| {
+                    view.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .rollouts
+                        .iter()
+                        .map(|r| pb::RolloutPart {
+                            name: r.name.clone(),
+                            state: r.state.as_str().to_owned(),
+                            digest: r.digest.clone().unwrap_or_default(),
+                            reason: r.reason.clone().unwrap_or_default(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         }))
     }
 

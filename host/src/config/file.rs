@@ -57,6 +57,7 @@ pub const KEYS: &[&str] = &[
     "register_node",
     "node_labels",
     "removed_resource_linger",
+    "coordinator_lease_duration",
 ];
 
 /// The settings a configuration file holds; a key left out is `None`.
@@ -120,6 +121,8 @@ pub struct ConfigFile {
     node_labels: Option<Vec<String>>,
     #[serde(default, deserialize_with = "duration")]
     removed_resource_linger: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    coordinator_lease_duration: Option<Duration>,
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -268,6 +271,7 @@ impl ConfigFile {
             register_node,
             node_labels,
             removed_resource_linger,
+            coordinator_lease_duration,
         );
         let registry = &mut args.registry;
         if let Some(v) = self.registry_auth
@@ -503,6 +507,11 @@ pub fn to_toml(config: &Config) -> String {
         "removed_resource_linger",
         Some(duration(config.removed_resource_linger)),
         "",
+    );
+    line(
+        "coordinator_lease_duration",
+        publish.map(|p| duration(p.coordinator_lease_duration)),
+        "not set, no handler rollouts without a Kubernetes API server",
     );
     out
 }

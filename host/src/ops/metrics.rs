@@ -221,6 +221,65 @@ impl Collector for Publishing {
     }
 }
 
+/// The fleet rollouts of handlers this node takes part in, at scrape time.
+#[derive(Debug)]
+struct Rollouts {
+    view: Arc<std::sync::Mutex<pluglet_fleet::rollout::AgentView>>,
+    stats: Arc<pluglet_fleet::rollout::CoordinatorStats>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutStateLabels {
+    rollout: String,
+    state: &'static str,
+}
+
+impl Collector for Rollouts {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering;
+        let rollouts = self
+            .view
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rollouts
+            .clone();
+        let mut family = encoder.encode_descriptor(
+            "pluglet_rollout_node_state",
+            "1 for the state this node is in for each handler rollout it takes part in \
+             (Applied, OnProbation, Healthy, RolledBack, Refused, Reverted), 0 for the others.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for r in &rollouts {
+            for state in pluglet_fleet::rollout::NodeState::ALL {
+                ConstGauge::new(i64::from(r.state == state)).encode(family.encode_family(
+                    &RolloutStateLabels {
+                        rollout: r.name.clone(),
+                        state: state.as_str(),
+                    },
+                )?)?;
+            }
+        }
+        ConstGauge::new(i64::from(self.stats.holder.load(Ordering::Relaxed))).encode(
+            encoder.encode_descriptor(
+                "pluglet_rollout_coordinator",
+                "1 while this daemon holds the Lease of the handler rollout coordinator.",
+                None,
+                MetricType::Gauge,
+            )?,
+        )?;
+        ConstCounter::new(self.stats.waves_opened.load(Ordering::Relaxed)).encode(
+            encoder.encode_descriptor(
+                "pluglet_rollout_waves_opened",
+                "Waves of handler rollouts this daemon opened as the coordinator.",
+                None,
+                MetricType::Counter,
+            )?,
+        )?;
+        Ok(())
+    }
+}
+
 /// Handler calls per slot and module at scrape time (the counters the handler set keeps per
 /// served version).
 #[derive(Debug)]
@@ -552,6 +611,12 @@ impl HandlerChanges {
     }
 }
 
+/// The rollout stage's node view and coordinator counters.
+pub type RolloutSources = (
+    Arc<std::sync::Mutex<pluglet_fleet::rollout::AgentView>>,
+    Arc<pluglet_fleet::rollout::CoordinatorStats>,
+);
+
 /// Everything the metrics registry reads from.
 pub struct Sources<'a> {
     /// The daemon's health.
@@ -572,6 +637,8 @@ pub struct Sources<'a> {
     pub latency: &'a pluglet_plugin_manager::metrics::RegistrationLatency,
     /// Publishing to a Kubernetes API server, when on.
     pub publisher: Option<&'a pluglet_fleet::Publisher>,
+    /// The rollout stage's view and counters, when on.
+    pub rollouts: Option<&'a RolloutSources>,
     /// The pod-resources API's requests and errors, when it is served.
     pub pod_resources: Option<&'a pluglet_device_manager::pod_resources::PodResourcesMetrics>,
 }
@@ -590,6 +657,12 @@ pub fn registry(sources: Sources<'_>) -> Registry {
     registry.register_collector(Box::new(Process(sources.health.clone())));
     if let Some(publisher) = sources.publisher {
         registry.register_collector(Box::new(Publishing(publisher.clone())));
+    }
+    if let Some((view, stats)) = sources.rollouts {
+        registry.register_collector(Box::new(Rollouts {
+            view: view.clone(),
+            stats: stats.clone(),
+        }));
     }
     if let Some(pod_resources) = sources.pod_resources {
         registry.register_collector(Box::new(pod_resources.clone()));

@@ -44,7 +44,7 @@ pub use status::{
 };
 use transaction::TransactionError;
 
-use crate::file::{self, FileError, HANDLERS_FILE, HandlersFile};
+use crate::file::{self, FileError, HANDLERS_FILE, HandlersFile, SlotEntry};
 use crate::integrity::Trust;
 use crate::served::{Origin, ProbationFailed, Served};
 use crate::set::{HandlerSet, SlotState};
@@ -153,6 +153,7 @@ impl Handlers {
             .map(StateStore::decisions)
             .unwrap_or_default();
         let applied = store.as_ref().and_then(StateStore::applied);
+        let rollouts = store.as_ref().map(StateStore::rollouts).unwrap_or_default();
         let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
             // Where every version this set serves reports a failed probation: a rollback, as
             // long as the set exists.
@@ -204,6 +205,8 @@ impl Handlers {
                 gates: Mutex::new(BTreeMap::new()),
                 sources: crate::source::Sources::new(registry, state_dir),
                 pull_failed: std::sync::atomic::AtomicBool::new(false),
+                rollouts: Mutex::new(rollouts),
+                reloading: Mutex::new(()),
             }
         });
         let handlers = Handlers { shared };
@@ -328,6 +331,12 @@ impl Handlers {
     }
 
     fn reload_file(&self, written: bool, refresh: &dyn Fn(&SlotKey) -> bool) -> ReloadOutcome {
+        let _reloading = self.shared.lock_reloading();
+        self.reload_locked(written, refresh)
+    }
+
+    /// A reload, the caller holding the reload lock.
+    fn reload_locked(&self, written: bool, refresh: &dyn Fn(&SlotKey) -> bool) -> ReloadOutcome {
         use std::sync::atomic::Ordering;
         let path = self.shared.dir.join(HANDLERS_FILE);
         let text = match file::read_text(&path) {
@@ -353,6 +362,7 @@ impl Handlers {
             Ok(file) => file,
             Err(err) => return ReloadOutcome::Refused(self.shared.file_refused(&err)),
         };
+        self.shared.with_rollouts(&mut file);
         let resolved = self
             .shared
             .resolve_sources(&mut file, refresh)
@@ -368,6 +378,40 @@ impl Handlers {
                     .join("\n"),
             ),
         }
+    }
+
+    /// The entries fleet rollouts put in force, by slot (they win over `handlers.toml`).
+    pub fn rollout_entries(&self) -> BTreeMap<SlotKey, SlotEntry> {
+        self.shared.lock_rollouts().clone()
+    }
+
+    /// Replaces the entries of fleet rollouts with `entries` and applies `handlers.toml` under
+    /// them as one transaction: a slot a rollout no longer names returns to its `handlers.toml`
+    /// entry or its built-in. Once applied (or unchanged) the entries are kept in the state
+    /// directory, so they survive a restart; a refused change leaves the entries in force before
+    /// it (a module that cannot be pulled or admitted never blocks later changes of
+    /// `handlers.toml`). Compiles and may pull: call it off the async reactor.
+    pub fn set_rollout_entries(&self, entries: BTreeMap<SlotKey, SlotEntry>) -> ReloadOutcome {
+        let _reloading = self.shared.lock_reloading();
+        let before = std::mem::replace(&mut *self.shared.lock_rollouts(), entries.clone());
+        let outcome = self.reload_locked(true, &|_| false);
+        if matches!(outcome, ReloadOutcome::Refused(_)) {
+            *self.shared.lock_rollouts() = before;
+            return outcome;
+        }
+        if before != entries
+            && let Some(store) = &self.shared.store
+            && let Err(e) = store.save_rollouts(&entries)
+        {
+            tracing::warn!(error = %e, "cannot keep the entries of fleet rollouts in the state directory; they will not survive a restart");
+        }
+        outcome
+    }
+
+    /// The rollback decisions in force: versions rolled back and not applied again until
+    /// their entry changes.
+    pub fn rollbacks(&self) -> Vec<crate::state::Decision> {
+        self.shared.lock_writer().decisions.clone()
     }
 
     /// Puts the previous version of `slot` back (or the built-in, if none is kept), by hand.

@@ -62,6 +62,12 @@ pub(crate) struct Shared {
     /// Whether the last change was refused because a module could not be pulled (the watcher
     /// then retries it with backoff).
     pub(super) pull_failed: std::sync::atomic::AtomicBool,
+    /// The entries fleet rollouts put in force, by slot: they win over `handlers.toml`.
+    pub(super) rollouts: Mutex<BTreeMap<SlotKey, crate::file::SlotEntry>>,
+    /// Held by a reload for its whole length: a reload that read `handlers.toml` and the
+    /// entries of rollouts never swaps its set in after a later one (the watcher and a rollout
+    /// reload from different threads).
+    pub(super) reloading: Mutex<()>,
 }
 
 impl Shared {
@@ -117,9 +123,18 @@ impl Shared {
             text.as_deref().is_some_and(|t| !t.trim().is_empty()),
             std::sync::atomic::Ordering::Relaxed,
         );
-        match text {
-            Some(text) => file::parse(&self.dir, &path, &text),
-            None => Ok(HandlersFile::default()),
+        let mut file = match text {
+            Some(text) => file::parse(&self.dir, &path, &text)?,
+            None => HandlersFile::default(),
+        };
+        self.with_rollouts(&mut file);
+        Ok(file)
+    }
+
+    /// `file` with the entries of fleet rollouts over its own.
+    pub(super) fn with_rollouts(&self, file: &mut HandlersFile) {
+        for (slot, entry) in self.lock_rollouts().iter() {
+            file.entries.insert(slot.clone(), entry.clone());
         }
     }
 
@@ -149,6 +164,16 @@ impl Shared {
 
     pub(super) fn lock_changes(&self) -> std::sync::MutexGuard<'_, ChangeLog> {
         self.changes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn lock_rollouts(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<SlotKey, crate::file::SlotEntry>> {
+        self.rollouts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn lock_reloading(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.reloading.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(super) fn lock_writer(&self) -> std::sync::MutexGuard<'_, Writer> {

@@ -745,6 +745,7 @@ mod tests {
             on_failure: Default::default(),
             source: None,
             digest: None,
+            rollout: None,
         }
     }
 }

@@ -71,6 +71,10 @@ pub struct HandlerView {
     /// For a module named by an OCI reference: the manifest digest in force (`sha256:HEX`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// For an entry put in force by a fleet rollout (it wins over handlers.toml):
+    /// `rollout/NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<String>,
 }
 
 /// A minisign signature that verified.
@@ -182,6 +186,7 @@ impl From<&pb::HandlerInfo> for HandlerView {
             }),
             source: non_empty(&h.source),
             digest: non_empty(&h.digest),
+            rollout: non_empty(&h.rollout),
             calls: h.calls,
             refusals: h.refusals,
             failures: FailuresView {
@@ -332,6 +337,9 @@ impl Table for HandlerView {
                 }
                 if let Some(hash) = &self.settings_sha256 {
                     version.push_str(&format!(" settings:{hash}"));
+                }
+                if let Some(rollout) = &self.rollout {
+                    version.push_str(&format!(" source:{rollout}"));
                 }
                 version
             },

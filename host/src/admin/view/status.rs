@@ -90,6 +90,24 @@ pub struct StatusView {
     pub last_errors: Vec<EventView>,
     /// Publishing to a Kubernetes API server; `None` when off.
     pub publishing: Option<PublishingView>,
+    /// The fleet rollouts of handlers this node takes part in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollouts: Vec<RolloutPartView>,
+}
+
+/// This node's part in one fleet rollout of a handler (`ctl status`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutPartView {
+    /// The rollout's name.
+    pub name: String,
+    /// `Applied`, `OnProbation`, `Healthy`, `RolledBack`, `Refused` or `Reverted`.
+    pub state: String,
+    /// The manifest digest served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// Why it rolled back, was refused or reverted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Where publishing to a Kubernetes API server stands (`ctl status`).
@@ -199,6 +217,16 @@ impl From<&pb::GetStatusResponse> for StatusView {
                 .collect(),
             last_errors: r.last_errors.iter().map(EventView::from).collect(),
             publishing: r.publishing.as_ref().map(PublishingView::from),
+            rollouts: r
+                .rollouts
+                .iter()
+                .map(|x| RolloutPartView {
+                    name: x.name.clone(),
+                    state: x.state.clone(),
+                    digest: non_empty(&x.digest),
+                    reason: non_empty(&x.reason),
+                })
+                .collect(),
         }
     }
 }
@@ -294,6 +322,19 @@ impl StatusView {
                 .collect(),
         ));
 
+        if !self.rollouts.is_empty() {
+            out.push_str("\nROLLOUTS\n");
+            for r in &self.rollouts {
+                let _ = write!(out, "{}: {}", r.name, r.state);
+                if let Some(d) = &r.digest {
+                    let _ = write!(out, " ({d})");
+                }
+                if let Some(why) = &r.reason {
+                    let _ = write!(out, ": {why}");
+                }
+                out.push('\n');
+            }
+        }
         if let Some(p) = &self.publishing {
             out.push_str("\nPUBLISHING\n");
             let _ = writeln!(

@@ -713,6 +713,7 @@ fn status() -> pb::GetStatusResponse {
             resources: 1,
             csi_drivers: 1,
         }),
+        rollouts: Vec::new(),
     }
 }
 
@@ -775,4 +776,66 @@ fn status_counts_plugins_per_type_and_shows_every_part() {
         Value::Null
     );
     assert!(bare.text().contains("RESOURCES\nno device manager\n"));
+}
+
+#[test]
+fn a_slot_put_in_force_by_a_rollout_says_so() {
+    let rolled = pb::HandlerInfo {
+        resource: "vendor.com/gpu".into(),
+        module: "/state/handlers/oci/1234/module.wasm".into(),
+        sha256: "cd".repeat(32),
+        rollout: "rollout/gpu-v2".into(),
+        ..Default::default()
+    };
+    let view = HandlerView::from(&rolled);
+    assert_eq!(
+        serde_json::to_value(&view).unwrap()["rollout"],
+        "rollout/gpu-v2"
+    );
+    assert!(
+        view.row()[2].ends_with(" source:rollout/gpu-v2"),
+        "{:?}",
+        view.row()
+    );
+    let plain = HandlerView::from(&pb::HandlerInfo::default());
+    assert!(
+        serde_json::to_value(&plain)
+            .unwrap()
+            .get("rollout")
+            .is_none()
+    );
+}
+
+#[test]
+fn status_shows_the_rollouts_the_node_takes_part_in() {
+    let view = StatusView::from(&pb::GetStatusResponse {
+        rollouts: vec![
+            pb::RolloutPart {
+                name: "gpu-v2".into(),
+                state: "Healthy".into(),
+                digest: "sha256:12".into(),
+                reason: String::new(),
+            },
+            pb::RolloutPart {
+                name: "gpu-trap".into(),
+                state: "RolledBack".into(),
+                digest: String::new(),
+                reason: "1 failed calls".into(),
+            },
+        ],
+        ..status()
+    });
+    assert_eq!(round_trip(&view), view);
+    let v = serde_json::to_value(&view).unwrap();
+    assert_eq!(v["rollouts"][0]["state"], "Healthy");
+    assert!(v["rollouts"][1].get("digest").is_none());
+    let text = view.text();
+    assert!(
+        text.contains(
+            "ROLLOUTS\ngpu-v2: Healthy (sha256:12)\ngpu-trap: RolledBack: 1 failed calls\n"
+        ),
+        "{text}"
+    );
+    let none = serde_json::to_value(StatusView::from(&status())).unwrap();
+    assert!(none.get("rollouts").is_none());
 }
