@@ -7,7 +7,10 @@
 //! iterations per timed row, `PLUGLET_BENCH_FIRST_RUNS` (default 10) the daemons started for
 //! the "first registration of 10,000 devices" row and the memory per 10,000 devices;
 //! `PLUGLET_BENCH_DAEMON_ARGS` adds options to every `pluglet run` (e.g. `--no-cdi`);
-//! `PLUGLET_BENCH_BIN` names another `pluglet` binary to measure (an A/B of two builds).
+//! `PLUGLET_BENCH_BIN` names another `pluglet` binary to measure (an A/B of two builds);
+//! `PLUGLET_BENCH_ROWS=parallel` runs only the allocations in parallel (`parallel.rs`), on a
+//! daemon of their own; `PLUGLET_BENCH_ROWS=scale` only the scale of one node (`scale.rs`:
+//! a thousand plugins at once, 100,000 devices, a restart with 10,000 allocations held).
 //!
 //! # Processes
 //!
@@ -107,10 +110,12 @@ mod events;
 mod floors;
 mod kubelet;
 mod node;
+mod parallel;
 mod peer;
 mod peer_handle;
 mod report;
 mod run;
+mod scale;
 mod stages;
 mod timed_rows;
 

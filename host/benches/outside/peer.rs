@@ -212,6 +212,66 @@ async fn device_plugin(
     devices
 }
 
+/// Serves `count` device plugins of `n` devices each (resource `<resource>-<i>`, socket
+/// `<dir>/many-<i>.sock`, devices `<prefix><i>-<k>`), then sends all their `Register` calls at
+/// once, each on a connection of its own; prints `REGMANY <first sent> <last answered>`.
+async fn many_device_plugins(
+    kubelet: &Path,
+    count: usize,
+    dir: &Path,
+    resource: &str,
+    prefix: &str,
+    n: usize,
+) -> Vec<Arc<Devices>> {
+    let plugins: Vec<(String, PathBuf, Arc<Devices>)> = (0..count)
+        .map(|i| {
+            let socket = dir.join(format!("many-{i}.sock"));
+            let devices = serve_devices(&socket, &format!("{prefix}{i}"), n);
+            (format!("{resource}-{i}"), socket, devices)
+        })
+        .collect();
+    let sent = now_ns();
+    let mut registers = tokio::task::JoinSet::new();
+    for (resource, socket, _) in &plugins {
+        let (kubelet, resource) = (kubelet.to_owned(), resource.clone());
+        let endpoint = socket
+            .file_name()
+            .expect("socket file name")
+            .to_string_lossy()
+            .into_owned();
+        registers.spawn(async move {
+            let channel = pluglet_uds::connect(&kubelet, Duration::from_secs(30))
+                .await
+                .expect("dial kubelet.sock");
+            v1beta1::registration_client::RegistrationClient::new(channel)
+                .register(v1beta1::RegisterRequest {
+                    version: "v1beta1".into(),
+                    endpoint,
+                    resource_name: resource,
+                    options: Some(v1beta1::DevicePluginOptions::default()),
+                })
+                .await
+                .expect("Register");
+        });
+    }
+    while let Some(done) = registers.join_next().await {
+        done.expect("a Register task");
+    }
+    println!("REGMANY {sent} {}", now_ns());
+    plugins.into_iter().map(|(_, _, devices)| devices).collect()
+}
+
+/// Raises this process's soft limit on open files to its hard limit (a thousand plugins hold
+/// two sockets each).
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
 /// Serves a CSI driver on `socket`; prints `BOUND <name> <bind returned>`.
 fn csi_driver(socket: &Path, name: &str) {
     let listener = pluglet_uds::bind(socket, None).expect("bind CSI socket");
@@ -229,6 +289,7 @@ fn csi_driver(socket: &Path, name: &str) {
 }
 
 pub fn run(kubelet: PathBuf) {
+    raise_open_files_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -265,6 +326,20 @@ pub fn run(kubelet: PathBuf) {
                     let sent = now_ns();
                     devices.list.send_replace(list);
                     println!("SENT {sent}");
+                }
+                ["dpmany", count, dir, resource, prefix, n] => {
+                    let many = many_device_plugins(
+                        &kubelet,
+                        count.parse().expect("plugin count"),
+                        Path::new(dir),
+                        resource,
+                        prefix,
+                        n.parse().expect("device count"),
+                    )
+                    .await;
+                    for (i, devices) in many.into_iter().enumerate() {
+                        plugins.insert(format!("{dir}/many-{i}.sock"), devices);
+                    }
                 }
                 ["csi", socket, name] => csi_driver(Path::new(socket), name),
                 _ => panic!("peer: unknown command {line:?}"),

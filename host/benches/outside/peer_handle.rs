@@ -68,6 +68,24 @@ impl Peer {
         words
     }
 
+    /// Starts `count` device plugins of `n` devices (sockets `many-<i>.sock` in `dir`,
+    /// resources `<resource>-<i>`, devices `<prefix><i>-<k>`) and registers them all at once;
+    /// returns when the first `Register` was sent (ns). The Rust peer only.
+    pub fn device_plugins(
+        &mut self,
+        count: usize,
+        dir: &Path,
+        resource: &str,
+        prefix: &str,
+        n: usize,
+    ) -> u64 {
+        self.send(&format!(
+            "dpmany {count} {} {resource} {prefix} {n}",
+            dir.display()
+        ));
+        self.expect("REGMANY")[1].parse().expect("REGMANY time")
+    }
+
     /// Starts a device plugin and registers it; returns when `Register` was sent (ns).
     pub fn device_plugin(&mut self, resource: &str, socket: &Path, prefix: &str, n: usize) -> u64 {
         self.send(&format!("dp {resource} {} {prefix} {n}", socket.display()));

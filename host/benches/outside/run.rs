@@ -4,8 +4,10 @@
 use crate::floors::{SyncFloor, ns_between, peer_rt};
 use crate::kubelet::{KUBELET_FIRST_10K, KUBELET_IDLE_RSS_MB};
 use crate::node::{Node, fresh_root, mb};
+use crate::parallel::parallel_rows;
 use crate::peer_handle::{Peer, python};
 use crate::report::{Row, print_rows};
+use crate::scale::scale_rows;
 use crate::stages::print_stages;
 use crate::timed_rows::timed_rows;
 use crate::{CHECKPOINT, SETTLE, env_count};
@@ -22,6 +24,19 @@ pub fn run() {
             "in /dev/shm (a tmpfs, as /var/run/cdi on a systemd node)"
         }
     );
+    if std::env::var("PLUGLET_BENCH_ROWS").is_ok_and(|v| v == "parallel") {
+        let root = fresh_root(None);
+        let mut node = Node::start_timed(root.path());
+        let mut peer = Peer::start(&node.dp_dir.join("kubelet.sock"));
+        parallel_rows(&mut node, &mut peer, iters);
+        drop(peer);
+        node.daemon.stop();
+        return;
+    }
+    if std::env::var("PLUGLET_BENCH_ROWS").is_ok_and(|v| v == "scale") {
+        scale_rows(iters);
+        return;
+    }
     let mut memory_lines: Vec<String> = Vec::new();
     let mut note = |line: String| {
         println!("{line}");
@@ -105,6 +120,7 @@ pub fn run() {
     let mut node = Node::start_timed(root.path());
     let mut peer = Peer::start(&node.dp_dir.join("kubelet.sock"));
     let mut rows = timed_rows(&mut node, &mut peer, iters);
+    parallel_rows(&mut node, &mut peer, iters);
     drop(peer);
     node.daemon.stop();
     drop(node.events);

@@ -9,8 +9,8 @@ use crate::report::Row;
 /// `pluglet_device_stage_duration_seconds`): (operation, stage) → seconds in total.
 pub type StageSums = std::collections::BTreeMap<(String, String), f64>;
 
-/// Reads [`StageSums`] from the daemon's `/metrics` at `addr` (one HTTP/1.1 GET).
-pub fn stage_sums(addr: &str) -> StageSums {
+/// The daemon's `/metrics` at `addr` (one HTTP/1.1 GET), headers included.
+pub fn scrape(addr: &str) -> String {
     use std::io::Read as _;
     let mut stream = std::net::TcpStream::connect(addr).expect("connect to /metrics");
     write!(
@@ -20,6 +20,26 @@ pub fn stage_sums(addr: &str) -> StageSums {
     .expect("send the GET");
     let mut text = String::new();
     stream.read_to_string(&mut text).expect("read /metrics");
+    text
+}
+
+/// The sum over every label set of the counter `name` in `text` (a [`scrape`]).
+pub fn counter(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .sum()
+}
+
+/// Reads [`StageSums`] from the daemon's `/metrics` at `addr`.
+pub fn stage_sums(addr: &str) -> StageSums {
+    let text = scrape(addr);
     let mut sums = StageSums::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("pluglet_device_stage_duration_seconds_sum{") else {

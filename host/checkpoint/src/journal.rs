@@ -18,7 +18,9 @@
 //! record and the changes before it, in the same slot (its own header: another magic, the next
 //! sequence number, its own CRC), with the same `fdatasync`: its cost is the change's, however
 //! large the state. When the slot has no room left, the caller writes a whole record again,
-//! into the other slot. A change torn by a crash ends the chain there: the record and the
+//! into the other slot. Several records and changes may be written before one `fdatasync`
+//! ([`Journal::write`], [`Journal::write_change`], then [`Journal::sync`]): a group commit, one
+//! sync for all. A change torn by a crash ends the chain there: the record and the
 //! changes before it still stand (the torn one was never acknowledged). Reading a slot follows
 //! the chain while each change carries the next sequence number and an intact CRC, so what is
 //! left of older chains in a reused slot (smaller sequence numbers) is never taken for part of
@@ -85,6 +87,11 @@ pub struct Journal {
     /// no record yet, so no change can be written).
     slot: usize,
     tail: usize,
+    /// Something was written since the last `fdatasync`.
+    unsynced: bool,
+    /// A whole record was written since the last `fdatasync` (the slot of the durable one is
+    /// the only one left to fall back on).
+    unsynced_record: bool,
 }
 
 impl Journal {
@@ -127,6 +134,8 @@ impl Journal {
                             durability,
                             slot,
                             tail,
+                            unsynced: false,
+                            unsynced_record: false,
                         },
                         record,
                         set_aside: None,
@@ -199,10 +208,37 @@ impl Journal {
     /// count) and waits until it is on disk (`fdatasync`, skipped with [`Durability::NoFsync`]).
     /// On error the previous record and its changes stay the newest.
     pub fn append(&mut self, payload: &[u8]) -> Result<(), CheckpointError> {
+        self.write(payload)?;
+        self.sync()
+    }
+
+    /// Writes `change` after the newest record and its changes, in the same slot, and waits
+    /// until it is on disk. `Ok(false)` (nothing written) when there is no record yet or no room
+    /// left in the slot: write a whole record with [`Journal::append`] instead. On error the
+    /// change does not count (a reader stops before it).
+    pub fn append_change(&mut self, change: &[u8]) -> Result<bool, CheckpointError> {
+        if !self.write_change(change)? {
+            return Ok(false);
+        }
+        self.sync()?;
+        Ok(true)
+    }
+
+    /// [`Journal::append`] without waiting for the disk: the record counts once
+    /// [`Journal::sync`] has returned. Records and changes written before one `sync` are made
+    /// durable together (a group commit); a crash before it leaves the newest durable record
+    /// and a prefix of what followed it (a reader stops at the first torn one). A second whole
+    /// record before a `sync` would overwrite the slot holding the durable one, so this syncs
+    /// first when one is pending.
+    pub fn write(&mut self, payload: &[u8]) -> Result<(), CheckpointError> {
+        if self.unsynced_record {
+            self.sync()?;
+        }
         let seq = self.seq + 1;
         let record = encode_record(MAGIC, seq, payload);
         if 2 * record.len() > self.slot_size {
-            // Room for changes after it: at least as much as the record takes.
+            // Room for changes after it: at least as much as the record takes. The new file
+            // is written, synced and renamed in place: durable at once, with what came before.
             let slot_size = slot_size_for(self.slot_size, record.len());
             *self = Journal::create(&self.path, slot_size, Some((seq, &record)), self.durability)?;
             return Ok(());
@@ -212,44 +248,57 @@ impl Journal {
         } else {
             1 - self.slot
         };
-        self.write_synced(&record, slot * self.slot_size)?;
+        self.write_at(&record, slot * self.slot_size)?;
         self.seq = seq;
         self.slot = slot;
         self.tail = record.len();
+        self.unsynced_record = true;
         Ok(())
     }
 
-    /// Writes `change` after the newest record and its changes, in the same slot, and waits
-    /// until it is on disk. `Ok(false)` (nothing written) when there is no record yet or no room
-    /// left in the slot: write a whole record with [`Journal::append`] instead. On error the
-    /// change does not count (a reader stops before it).
-    pub fn append_change(&mut self, change: &[u8]) -> Result<bool, CheckpointError> {
+    /// [`Journal::append_change`] without waiting for the disk (see [`Journal::write`]).
+    pub fn write_change(&mut self, change: &[u8]) -> Result<bool, CheckpointError> {
         if self.tail == 0 || self.tail + HEADER + change.len() > self.slot_size {
             return Ok(false);
         }
         let seq = self.seq + 1;
         let record = encode_record(CHANGE_MAGIC, seq, change);
-        self.write_synced(&record, self.slot * self.slot_size + self.tail)?;
+        self.write_at(&record, self.slot * self.slot_size + self.tail)?;
         self.seq = seq;
         self.tail += record.len();
         Ok(true)
     }
 
-    /// Writes `bytes` at `offset` and waits until they are on disk.
-    fn write_synced(&mut self, bytes: &[u8], offset: usize) -> Result<(), CheckpointError> {
-        let fail = |step: &'static str| {
-            let path = self.path.clone();
-            move |source| CheckpointError::Write { path, step, source }
-        };
-        self.file
-            .write_all_at(bytes, offset as u64)
-            .map_err(fail("write a journal slot"))?;
+    /// Waits until everything written so far is on disk (one `fdatasync`, skipped with
+    /// [`Durability::NoFsync`], and when nothing was written since the last one).
+    pub fn sync(&mut self) -> Result<(), CheckpointError> {
+        if !self.unsynced {
+            return Ok(());
+        }
         if self.durability == Durability::Fsync {
             self.file
                 .sync_data()
-                .map_err(fail("fdatasync the journal"))?;
+                .map_err(|source| CheckpointError::Write {
+                    path: self.path.clone(),
+                    step: "fdatasync the journal",
+                    source,
+                })?;
         }
+        self.unsynced = false;
+        self.unsynced_record = false;
         Ok(())
+    }
+
+    /// Writes `bytes` at `offset` (durable at the next [`Journal::sync`]).
+    fn write_at(&mut self, bytes: &[u8], offset: usize) -> Result<(), CheckpointError> {
+        self.unsynced = true;
+        self.file
+            .write_all_at(bytes, offset as u64)
+            .map_err(|source| CheckpointError::Write {
+                path: self.path.clone(),
+                step: "write a journal slot",
+                source,
+            })
     }
 
     /// Writes a new journal file with two slots of `slot_size` bytes (slot 0 holding `first`,
@@ -284,6 +333,8 @@ impl Journal {
             durability,
             slot: 0,
             tail: first.map_or(0, |(_, records)| records.len()),
+            unsynced: false,
+            unsynced_record: false,
         })
     }
 }
@@ -601,6 +652,52 @@ mod tests {
             (5, &b"whole-4"[..])
         );
         assert_eq!(record.changes, [b"c5-again".to_vec()]);
+    }
+
+    /// A group: records written one after the other and synced once. A crash before the sync
+    /// may keep any part of what was written; a reader takes the durable record and the intact
+    /// prefix of what followed, never a record after a torn one, and a second whole record in
+    /// a group never overwrites the slot holding the durable one.
+    #[test]
+    fn a_group_written_before_one_sync_is_read_as_a_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut journal = open(&path).journal;
+        journal.append(b"whole-1").unwrap();
+        assert!(journal.write_change(b"c2").unwrap());
+        assert!(journal.write_change(b"c3").unwrap());
+        assert!(journal.write_change(b"c4").unwrap());
+        journal.sync().unwrap();
+        let base = journal.slot * INITIAL_SLOT_SIZE;
+        let record = open(&path).record.unwrap();
+        assert_eq!(record.seq, 4);
+        assert_eq!(record.changes.len(), 3);
+
+        // c3 never reached the disk: c4, written after it, does not count either.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = base + HEADER + b"whole-1".len() + HEADER + b"c2".len() + HEADER;
+        bytes[at] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let record = open(&path).record.unwrap();
+        assert_eq!(record.seq, 2, "the chain ends before the torn change");
+        assert_eq!(record.changes, [b"c2".to_vec()]);
+
+        // Two whole records in one group: the first is synced before the second overwrites the
+        // other slot, so tearing the second leaves the first.
+        let mut journal = open(&path).journal;
+        journal.write(b"whole-3").unwrap();
+        let slot_of_3 = journal.slot;
+        journal.write(b"whole-4").unwrap();
+        assert_ne!(journal.slot, slot_of_3);
+        journal.sync().unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[journal.slot * INITIAL_SLOT_SIZE + HEADER] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let record = open(&path).record.unwrap();
+        assert_eq!(
+            (record.seq, record.payload.as_slice()),
+            (3, &b"whole-3"[..])
+        );
     }
 
     #[test]

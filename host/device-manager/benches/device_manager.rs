@@ -280,8 +280,9 @@ fn bench_journal(size: usize, iterations: usize) -> Duration {
     median(samples)
 }
 
-/// The built-in policy alone (one WASM call), choosing `count` of `n` devices on 2 NUMA nodes.
-fn bench_policy(handlers: &Handlers, n: usize, count: u32, iterations: usize) -> Duration {
+/// The built-in policy alone (one WASM call), choosing `count` of `n` devices on 2 NUMA nodes:
+/// the median and the fuel one call used.
+fn bench_policy(handlers: &Handlers, n: usize, count: u32, iterations: usize) -> (Duration, u64) {
     let policy = handlers.for_resource("bench.example.com/gpu");
     let request = pluglet_handler_runtime::AllocationRequest {
         resource: "bench.example.com/gpu".into(),
@@ -299,13 +300,15 @@ fn bench_policy(handlers: &Handlers, n: usize, count: u32, iterations: usize) ->
         node_name: "bench".into(),
     };
     let mut samples = Vec::new();
+    let mut fuel = 0;
     for _ in 0..iterations {
         let started = Instant::now();
         let call = policy.allocate(&cx, &request).expect("policy call");
         samples.push(started.elapsed());
+        fuel = call.fuel_used;
         assert_eq!(call.value.expect("chosen").len(), count as usize);
     }
-    median(samples)
+    (median(samples), fuel)
 }
 
 /// Where the CDI rows write their specs: `/dev/shm`, a tmpfs like the `/run` (and so
@@ -394,15 +397,14 @@ fn main() {
         "{:<34} {:>12} {:>12} {:>10}",
         "operation (median)", "fsync", "no fsync", "kubelet"
     );
-    for (name, n, count) in [
-        ("  of which WASM policy, 1 of 8", 8, 1),
-        ("  of which WASM policy, 1 of 1,024", 1024, 1),
-        ("  of which WASM policy, 1,024 of 1,024", 1024, 1024),
+    for (name, n, count, iterations) in [
+        ("  of which WASM policy, 1 of 8", 8, 1, 200),
+        ("  of which WASM policy, 1 of 1,024", 1024, 1, 200),
+        ("  of which WASM policy, 1,024 of 1,024", 1024, 1024, 200),
+        ("  of which WASM policy, 1 of 100,000", 100_000, 1, 20),
     ] {
-        println!(
-            "{name:<34} {:>12}",
-            ms(bench_policy(&handlers, n, count, 200))
-        );
+        let (took, fuel) = bench_policy(&handlers, n, count, iterations);
+        println!("{name:<34} {:>12} fuel {fuel}", ms(took));
     }
     println!(
         "{:<34} {:>12}",
@@ -428,7 +430,7 @@ fn main() {
             "  of which one unary RPC",
             ms(bench_rpc(500).await)
         );
-        let rows: [(&str, &str); 10] = [
+        let rows: [(&str, &str); 11] = [
             ("Register -> devices visible", "1.8 ms"),
             ("allocate 1 of 8", "0.77 ms"),
             ("allocate 1 of 1,024", "1.48 ms"),
@@ -439,6 +441,7 @@ fn main() {
             ("allocate 1 of 1,024, 100 held", "-"),
             ("allocate 1 of 64, none held", "-"),
             ("allocate 1 of 64, 10,000 held", "-"),
+            ("allocate 1 of 100,000", "-"),
         ];
         for (i, (name, kubelet)) in rows.iter().enumerate() {
             if !wanted(name) {
@@ -457,7 +460,8 @@ fn main() {
                     6 => bench_allocate(h, durability, 1024, 1024, 50, true, 0, 0).await,
                     7 => bench_allocate(h, durability, 1024, 1, 200, false, 100, 0).await,
                     8 => bench_allocate(h, durability, 64, 1, 100, false, 0, 0).await,
-                    _ => bench_allocate(h, durability, 10_064, 1, 100, false, 0, 10_000).await,
+                    9 => bench_allocate(h, durability, 10_064, 1, 100, false, 0, 10_000).await,
+                    _ => bench_allocate(h, durability, 100_000, 1, 50, false, 0, 0).await,
                 };
                 figures.push(ms(d));
             }

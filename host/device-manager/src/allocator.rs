@@ -162,7 +162,7 @@ impl AllocationInfo {
 }
 
 struct Inner {
-    pods: Mutex<PodDevices>,
+    pods: Arc<Mutex<PodDevices>>,
     /// Per resource: held while choosing devices, so two requests never choose the same ones.
     decisions: Mutex<HashMap<ResourceName, Arc<tokio::sync::Mutex<()>>>>,
     next_token: AtomicU64,
@@ -199,7 +199,7 @@ impl Allocator {
     ) -> Allocator {
         Allocator {
             inner: Arc::new(Inner {
-                pods: Mutex::new(pods),
+                pods: Arc::new(Mutex::new(pods)),
                 decisions: Mutex::new(HashMap::new()),
                 next_token: AtomicU64::new(1),
                 registry,
@@ -512,19 +512,13 @@ impl Allocator {
         why: &str,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         let mut clock = StageClock::start(&self.inner.metrics, "release");
-        // The change runs on the copy the journal record is made from, then on the state: both
-        // hold the same entries, so the pods not kept are looked for once.
-        let mut not_kept: Option<Vec<HolderKey>> = None;
         let released = self
             .inner
             .persistence
             .change(&self.inner.pods, |pods| {
                 let removed = match select {
                     Select::Pod(pod) => pods.release_pod_where(pod, &mut gone),
-                    Select::NotKept(keep) => {
-                        let keys = not_kept.get_or_insert_with(|| pods.not_kept(keep)).clone();
-                        pods.release_keys(keys)
-                    }
+                    Select::NotKept(keep) => pods.release_not_kept(keep),
                 };
                 removed
                     .iter()

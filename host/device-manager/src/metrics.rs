@@ -175,12 +175,12 @@ impl Metrics {
         );
         registry.register(
             "pluglet_journal_syncs",
-            "fdatasync calls that made allocation journal records durable (one per record today)",
+            "fdatasync calls that made allocation journal records durable (one per group of records written together)",
             self.journal_syncs.clone(),
         );
         registry.register(
             "pluglet_journal_write_duration_seconds",
-            "Time to write one allocation journal record and fdatasync it",
+            "Time to write a group of allocation journal records and fdatasync them (one per group)",
             self.journal_duration.clone(),
         );
         registry.register(
@@ -241,8 +241,11 @@ impl Metrics {
         self.journal_syncs.inc();
     }
 
-    pub(crate) fn journal_write(&self, ok: bool, elapsed: Duration) {
-        self.journal_writes.get_or_create(&outcome(ok)).inc();
+    /// A group of `records` journal records written (and synced, when `ok`) in `elapsed`.
+    pub(crate) fn journal_group(&self, ok: bool, records: u64, elapsed: Duration) {
+        self.journal_writes
+            .get_or_create(&outcome(ok))
+            .inc_by(records);
         self.journal_duration.observe(elapsed.as_secs_f64());
     }
 

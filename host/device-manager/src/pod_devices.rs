@@ -273,21 +273,50 @@ impl PodDevices {
     pub fn insert(&mut self, key: HolderKey, entry: Holding) {
         self.version += 1;
         self.touch(&key);
-        if !self.unindexed {
-            let held = self.held.entry(key.resource.clone()).or_default();
-            let mut free = self.free.get_mut(&key.resource);
-            for id in &entry.devices {
-                *held.entry(id.clone()).or_default() += 1;
-                if let Some(free) = &mut free {
-                    free.take(id.as_str());
-                }
-            }
-        }
+        self.hold(&key.resource, &entry.devices);
         if let Some(old) = self
             .entries
             .insert(SharedKey(Arc::new(key.clone())), Kept::new(entry))
         {
             self.unhold(key.resource.as_str(), &old.entry.devices);
+        }
+    }
+
+    /// Makes the entries of `keys` what they are in `from` (shared with it, encoded bytes
+    /// included), removing those `from` has none of: a change made on a copy
+    /// ([`PodDevices::take_touched`] says which keys it touched) made again on this state
+    /// without running it again, as one change.
+    pub fn adopt(&mut self, from: &PodDevices, keys: &[HolderKey]) {
+        if keys.is_empty() {
+            return;
+        }
+        self.version += 1;
+        for key in keys {
+            self.touch(key);
+            let old = match from.entries.get_key_value(key) {
+                Some((shared, kept)) => {
+                    self.hold(&key.resource, &kept.entry.devices);
+                    self.entries.insert(shared.clone(), kept.clone())
+                }
+                None => self.entries.remove(key),
+            };
+            if let Some(old) = old {
+                self.unhold(key.resource.as_str(), &old.entry.devices);
+            }
+        }
+    }
+
+    fn hold(&mut self, resource: &ResourceName, devices: &[DeviceId]) {
+        if self.unindexed {
+            return;
+        }
+        let held = self.held.entry(resource.clone()).or_default();
+        let mut free = self.free.get_mut(resource);
+        for id in devices {
+            *held.entry(id.clone()).or_default() += 1;
+            if let Some(free) = &mut free {
+                free.take(id.as_str());
+            }
         }
     }
 

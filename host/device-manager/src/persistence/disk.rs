@@ -61,21 +61,22 @@ impl Disk {
     }
 
     /// Writes `payload` as the journal's newest record (a whole state), opening the journal
-    /// first if it is not open (it could not be at start, or a previous attempt failed).
-    pub(super) fn append(
+    /// first if it is not open (it could not be at start, or a previous attempt failed); it
+    /// counts once [`Disk::sync`] has returned.
+    pub(super) fn write(
         &mut self,
         path: &Path,
         durability: Durability,
         payload: &[u8],
     ) -> Result<(), CheckpointError> {
-        let written = self.journal(path, durability)?.append(payload);
+        let written = self.journal(path, durability)?.write(payload);
         self.based = written.is_ok();
         written
     }
 
-    /// Writes `change` after the journal's newest record (see
-    /// [`Journal::append_change`]); `Ok(false)` when a whole record must be written instead.
-    pub(super) fn append_change(
+    /// Writes `change` after the journal's newest record (see [`Journal::write_change`]);
+    /// `Ok(false)` when a whole record must be written instead.
+    pub(super) fn write_change(
         &mut self,
         path: &Path,
         durability: Durability,
@@ -84,9 +85,20 @@ impl Disk {
         if !self.based {
             return Ok(false);
         }
-        let written = self.journal(path, durability)?.append_change(change);
+        let written = self.journal(path, durability)?.write_change(change);
         self.based = written.is_ok();
         written
+    }
+
+    /// Makes everything written since the last sync durable with one `fdatasync`. After a
+    /// failure what reached the disk is unknown, so the next record is a whole one.
+    pub(super) fn sync(&mut self) -> Result<(), CheckpointError> {
+        let Some(journal) = self.journal.as_mut() else {
+            return Ok(());
+        };
+        let synced = journal.sync();
+        self.based &= synced.is_ok();
+        synced
     }
 
     /// The journal, opened first if it is not open.

@@ -45,6 +45,7 @@
 
 mod disk;
 pub mod files;
+mod group;
 mod open;
 mod requests;
 pub mod restore;
@@ -52,11 +53,9 @@ mod writer;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use pluglet_checkpoint::{CheckpointError, Durability};
-use pluglet_core::error_chain;
 
 use crate::metrics::Metrics;
 use crate::pod_devices::PodDevices;
@@ -91,6 +90,12 @@ struct Inner {
     /// The allocations as of the newest durable change (the state its journal record holds),
     /// for readers that must not take the allocator's lock ([`Persistence::acknowledged`]).
     acknowledged: ArcSwap<PodDevices>,
+    /// The changes waiting for the journal writer.
+    queue: Mutex<group::Queue>,
+    /// Wakes the journal writer.
+    wake: tokio::sync::mpsc::Sender<()>,
+    /// The journal writer's end of `wake`, until the first change starts it.
+    writer: Mutex<Option<tokio::sync::mpsc::Receiver<()>>>,
 }
 
 /// The files, the journal and the writer's bookkeeping (see the module doc). Cheap to clone.
@@ -112,70 +117,50 @@ impl Persistence {
     }
 
     /// Makes a change to the allocations durable, then makes it: `change` is applied to a copy
-    /// of `pods`'s entries ([`PodDevices::without_index`]) to write the journal record of the
-    /// state after it, and once that record is on disk, to `pods` itself. On error `pods` is
-    /// left as it was, so nothing that is not durable is ever acknowledged, held or shown to the
-    /// checkpoint writer. `change` must do the same to both, so it must not depend on what the
-    /// index says is held: it runs under the disk lock, which every change of allocated entries
-    /// takes.
-    /// Returns what `change` returned on `pods`; asks for a checkpoint write to follow.
+    /// of `pods`'s entries ([`PodDevices::without_index`]) with every change still waiting for
+    /// the disk already made on it, and the change is queued for the journal writer
+    /// ([`group`]). Once its record is on disk (with those of the changes queued beside it:
+    /// one `fdatasync` for all), the entries it touched are made so in `pods`, in the order the
+    /// changes were queued. On error `pods` is left as it was, so nothing that is not durable
+    /// is ever acknowledged, held or shown to the checkpoint writer; the caller undoes what it
+    /// reserved. `change` must not depend on what the index says is held: the copy has none.
+    /// Returns what `change` returned; asks for a checkpoint write to follow.
     pub async fn change<T>(
         &self,
-        pods: &Mutex<PodDevices>,
-        mut change: impl FnMut(&mut PodDevices) -> T,
+        pods: &Arc<Mutex<PodDevices>>,
+        change: impl FnOnce(&mut PodDevices) -> T,
     ) -> Result<T, Arc<CheckpointError>> {
-        let mut disk = self.inner.disk.lock().await;
-        let (change_payload, next) = {
-            let mut current = lock(pods);
-            let mut next = current.without_index();
+        let (out, answered) = {
+            let mut queue = lock(&self.inner.queue);
+            let mut next = queue.pending(pods);
             let version = next.version();
-            change(&mut next);
-            if next.version() == version {
-                // Nothing changes: nothing to record.
-                return Ok(change(&mut current));
+            let out = change(&mut next);
+            if next.version() == version && queue.is_empty() {
+                // Nothing changes, and nothing it saw is waiting for the disk.
+                return Ok(out);
             }
-            let touched = next.take_touched();
-            (files::encode_change(&disk.on_disk, &next, &touched), next)
+            (out, queue.push(pods, next))
         };
-        // On the caller's thread: one small in-place write and an `fdatasync` (~0.2 ms)
-        // cost less than handing the runtime worker to another thread around them.
-        let started = Instant::now();
-        let result = disk
-            .append_change(
-                &self.inner.paths.journal,
-                self.inner.durability,
-                &change_payload,
-            )
-            .and_then(|written| {
-                if written {
-                    return Ok(());
-                }
-                // No room left after the newest whole record: a whole record of the state.
-                let whole = files::encode_journal(&disk.on_disk, &next);
-                disk.append(&self.inner.paths.journal, self.inner.durability, &whole)
-            });
-        self.inner
-            .metrics
-            .journal_write(result.is_ok(), started.elapsed());
-        if result.is_ok() && self.inner.durability == Durability::Fsync {
-            self.inner.metrics.journal_sync();
+        self.start_writer();
+        group::wake(&self.inner.wake);
+        match answered.await {
+            Ok(Ok(())) => Ok(out),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(Arc::new(CheckpointError::Write {
+                path: self.inner.paths.journal.clone(),
+                step: "hand the record to the journal writer",
+                source: std::io::Error::other(
+                    "the journal writer stopped (the daemon is stopping)",
+                ),
+            })),
         }
-        match result {
-            Ok(()) => {
-                let out = change(&mut lock(pods));
-                // The copy the record was made from is the state now acknowledged; publishing
-                // it costs nothing more (the one it replaces was dropped here before).
-                self.inner.acknowledged.store(Arc::new(next));
-                drop(disk);
-                self.inner.requests.allocations_changed();
-                Ok(out)
-            }
-            Err(err) => {
-                // A failed append may have left the file as it was or not (a torn slot is
-                // harmless: the other slot holds the previous record); open it again next time.
-                tracing::error!(error = %error_chain(&err), "cannot write the allocation journal");
-                Err(Arc::new(err))
-            }
+    }
+
+    /// Starts the journal writer on the current runtime, once.
+    fn start_writer(&self) {
+        let woken = lock(&self.inner.writer).take();
+        if let Some(woken) = woken {
+            tokio::spawn(group::run(Arc::downgrade(&self.inner), woken));
         }
     }
 }
@@ -288,7 +273,7 @@ pub(crate) mod tests {
         };
         let journal = || pluglet_checkpoint::Journal::read(&paths(dir.path()).journal).unwrap();
         let (persistence, _) = open();
-        let pods = Mutex::new(PodDevices::default());
+        let pods = Arc::new(Mutex::new(PodDevices::default()));
         for (pod, device) in [("pod-1", "d0"), ("pod-2", "d1"), ("pod-3", "d2")] {
             persistence
                 .change(&pods, |p| allocate(p, pod, device))
@@ -320,7 +305,7 @@ pub(crate) mod tests {
         let (persistence, restored) = open();
         assert!(!restored.report.from_journal);
         assert_eq!(held(&restored.pods), ["pod-9"]);
-        let pods = Mutex::new(restored.pods);
+        let pods = Arc::new(Mutex::new(restored.pods));
         persistence
             .change(&pods, |p| allocate(p, "pod-4", "d3"))
             .await
@@ -340,5 +325,69 @@ pub(crate) mod tests {
         let (_, restored) = open();
         assert!(restored.report.from_journal);
         assert_eq!(held(&restored.pods), ["pod-4"]);
+    }
+
+    /// Changes ready while the writer is busy are made durable together, by one `fdatasync`,
+    /// in the order they were made; each caller hears only once that sync has returned, and
+    /// every change is in the state and in the journal afterwards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn changes_ready_together_share_one_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Metrics::default();
+        let mut registry = prometheus_client::registry::Registry::default();
+        metrics.register(&mut registry);
+        let syncs = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix("pluglet_journal_syncs_total "))
+                .map(|v| v.trim().parse::<u64>().unwrap())
+                .unwrap()
+        };
+        let (persistence, _) =
+            Persistence::open(paths(dir.path()), Durability::Fsync, metrics.clone()).unwrap();
+        let pods = Arc::new(Mutex::new(PodDevices::default()));
+        persistence
+            .change(&pods, |p| allocate(p, "pod-0", "d0"))
+            .await
+            .unwrap();
+        assert_eq!(syncs(), 1);
+
+        // The writer is kept busy (the disk lock held, as during a sync) while 16 changes
+        // are made; none is answered or in the state before their sync.
+        let busy = persistence.inner.disk.lock().await;
+        let changes: Vec<_> = (1..=16)
+            .map(|i| {
+                let (persistence, pods) = (persistence.clone(), pods.clone());
+                tokio::spawn(async move {
+                    persistence
+                        .change(&pods, |p| {
+                            allocate(p, &format!("pod-{i}"), &format!("d{i}"))
+                        })
+                        .await
+                })
+            })
+            .collect();
+        while lock(&persistence.inner.queue).changes_len() < 16 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            held(&lock(&pods)),
+            ["pod-0"],
+            "nothing is held before it is durable"
+        );
+        assert!(changes.iter().all(|c| !c.is_finished()));
+        drop(busy);
+        for change in changes {
+            change.await.unwrap().unwrap();
+        }
+        assert_eq!(syncs(), 2, "one sync for the 16 changes");
+        assert_eq!(lock(&pods).iter().count(), 17);
+        assert_eq!(persistence.acknowledged().iter().count(), 17);
+        drop(persistence);
+        let (_, restored) =
+            Persistence::open(paths(dir.path()), Durability::Fsync, Metrics::default()).unwrap();
+        assert!(restored.report.from_journal);
+        assert_eq!(restored.pods.iter().count(), 17);
     }
 }

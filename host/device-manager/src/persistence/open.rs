@@ -67,6 +67,7 @@ impl Persistence {
             side,
             journal: journal_found,
         });
+        let (wake, woken) = tokio::sync::mpsc::channel(1);
         let persistence = Persistence {
             inner: Arc::new(Inner {
                 acknowledged: ArcSwap::from_pointee(restored.pods.without_index()),
@@ -80,6 +81,9 @@ impl Persistence {
                     based: false,
                 }),
                 requests: WriteRequests::new(),
+                queue: Default::default(),
+                wake,
+                writer: std::sync::Mutex::new(Some(woken)),
             }),
         };
         Ok((persistence, restored))

@@ -1,0 +1,193 @@
+//! Group commit: the journal writer, one task that makes every change queued by
+//! [`Persistence::change`] durable, as many at a time as are queued when it looks.
+//!
+//! A change is queued already made, on a copy of the state that holds every change queued
+//! before it ([`Queue::pending`]), so the queue's order is the order of the journal and of the
+//! state. The writer writes the records of every change queued (without waiting for the disk),
+//! makes them durable with one `fdatasync`, then applies them to the state in order
+//! ([`PodDevices::adopt`]: the entries each change touched, taken from its copy), publishes the
+//! acknowledged state and answers each change. Under concurrency a sync covers every change
+//! that became ready while the previous one ran; alone, a change is written and synced at once.
+//!
+//! A failed write or sync fails its whole group, and every change queued behind it (each was
+//! made on a state that held the failed ones): none was applied to the state, so nothing is
+//! held or shown that the disk may not have, and each caller undoes what it reserved.
+//!
+//! The writer holds the disk lock from the first write of a group to its last answer: the
+//! checkpoint writer's snapshot (of the state) then never falls between a record reaching the
+//! journal and its change reaching the state. Callers never take that lock: they queue behind
+//! a short mutex and wait for their answer, so the next group gathers while a sync runs.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use pluglet_checkpoint::{CheckpointError, Durability};
+use pluglet_core::error_chain;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Inner, files, lock};
+use crate::pod_devices::{HolderKey, PodDevices};
+
+/// What a change's caller hears: `Ok` once its record is durable and the change is made.
+pub(super) type Answer = Result<(), Arc<CheckpointError>>;
+
+/// A change made on the pending state, waiting for the writer.
+struct Queued {
+    /// The state the change was made on.
+    pods: Arc<Mutex<PodDevices>>,
+    /// The pending state after the change (a copy without index).
+    state: PodDevices,
+    /// The keys it touched (empty: it changed nothing, and is answered with its group).
+    touched: Vec<HolderKey>,
+}
+
+/// The changes made and not yet answered, oldest first, each with where its answer goes.
+#[derive(Default)]
+pub(super) struct Queue {
+    changes: VecDeque<(Arc<Queued>, oneshot::Sender<Answer>)>,
+}
+
+impl Queue {
+    /// A copy (without index) of `pods` with every queued change made: what the next change
+    /// is made on. The caller holds the queue's lock, so the writer cannot apply a change to
+    /// `pods` and drop it from the queue in between.
+    pub(super) fn pending(&self, pods: &Mutex<PodDevices>) -> PodDevices {
+        let mut next = lock(pods).without_index();
+        for (queued, _) in &self.changes {
+            next.adopt(&queued.state, &queued.touched);
+        }
+        next.take_touched();
+        next
+    }
+
+    /// Queues a change made on [`Queue::pending`]; returns where its answer will come.
+    pub(super) fn push(
+        &mut self,
+        pods: &Arc<Mutex<PodDevices>>,
+        mut state: PodDevices,
+    ) -> oneshot::Receiver<Answer> {
+        let touched = state.take_touched();
+        let (answer, answered) = oneshot::channel();
+        let queued = Queued {
+            pods: pods.clone(),
+            state,
+            touched,
+        };
+        self.changes.push_back((Arc::new(queued), answer));
+        answered
+    }
+
+    /// How many changes wait.
+    #[cfg(test)]
+    pub(super) fn changes_len(&self) -> usize {
+        self.changes.len()
+    }
+
+    /// Whether no change waits.
+    pub(super) fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+}
+
+/// Wakes the writer (a wake already pending is enough: the writer takes every queued change).
+pub(super) fn wake(wake: &mpsc::Sender<()>) {
+    let _ = wake.try_send(());
+}
+
+/// The journal writer: runs while the persistence it belongs to exists (its wake sender drops
+/// with it).
+pub(super) async fn run(inner: Weak<Inner>, mut wake: mpsc::Receiver<()>) {
+    while wake.recv().await.is_some() {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        while commit_group(&inner).await {}
+    }
+}
+
+/// Makes every queued change durable with one sync and answers them; false when none was
+/// queued.
+async fn commit_group(inner: &Inner) -> bool {
+    let mut disk = inner.disk.lock().await;
+    let group: Vec<Arc<Queued>> = lock(&inner.queue)
+        .changes
+        .iter()
+        .map(|(queued, _)| queued.clone())
+        .collect();
+    let Some(last) = group.last() else {
+        return false;
+    };
+    let journal = &inner.paths.journal;
+    let started = Instant::now();
+    let mut records = 0;
+    let mut written = Ok(());
+    for queued in group.iter().filter(|q| !q.touched.is_empty()) {
+        let change = files::encode_change(&disk.on_disk, &queued.state, &queued.touched);
+        written = disk
+            .write_change(journal, inner.durability, &change)
+            .and_then(|done| {
+                if done {
+                    return Ok(());
+                }
+                // No room left after the newest whole record: a whole record of the state.
+                let whole = files::encode_journal(&disk.on_disk, &queued.state);
+                disk.write(journal, inner.durability, &whole)
+            });
+        records += 1;
+        if written.is_err() {
+            break;
+        }
+    }
+    let result = written.and_then(|()| if records > 0 { disk.sync() } else { Ok(()) });
+    let elapsed = started.elapsed();
+    if records > 0 {
+        inner
+            .metrics
+            .journal_group(result.is_ok(), records, elapsed);
+    }
+    if result.is_ok() && records > 0 && inner.durability == Durability::Fsync {
+        inner.metrics.journal_sync();
+    }
+    let answers: Vec<(oneshot::Sender<Answer>, Answer)> = {
+        let mut queue = lock(&inner.queue);
+        match result {
+            Ok(()) => {
+                let done: Vec<_> = queue.changes.drain(..group.len()).collect();
+                for (queued, _) in &done {
+                    lock(&queued.pods).adopt(&queued.state, &queued.touched);
+                }
+                // The copy the last record was made from is the state now acknowledged.
+                inner.acknowledged.store(Arc::new(last.state.clone()));
+                done.into_iter().map(|(_, to)| (to, Ok(()))).collect()
+            }
+            Err(err) => {
+                // A failed write may have left the file as it was or not (a torn slot is
+                // harmless: the other slot holds the previous record); the next record is a
+                // whole one.
+                let failed = queue.changes.len();
+                tracing::error!(
+                    error = %error_chain(&err),
+                    changes = failed,
+                    "cannot write the allocation journal: every change waiting for it is refused"
+                );
+                let err = Arc::new(err);
+                queue
+                    .changes
+                    .drain(..)
+                    .map(|(_, to)| (to, Err(err.clone())))
+                    .collect()
+            }
+        }
+    };
+    let changed = answers.iter().any(|(_, a)| a.is_ok());
+    drop(disk);
+    if changed {
+        inner.requests.allocations_changed();
+    }
+    for (to, answer) in answers {
+        // A caller that stopped waiting (its request was dropped) is not told.
+        let _ = to.send(answer);
+    }
+    true
+}
