@@ -96,4 +96,4 @@ PLUGLET_ETCD=$(command -v etcd)
 export PLUGLET_KUBE_APISERVER PLUGLET_ETCD
 echo "kube-apiserver: $PLUGLET_KUBE_APISERVER; etcd: $PLUGLET_ETCD"
 
-cargo test --workspace "${features[@]}"
+cargo test --workspace --no-fail-fast "${features[@]}"
