@@ -365,6 +365,11 @@ fn a_good_module_completes_wave_by_wave_on_every_node() {
             assert_eq!(busy, 0.0, "{resource}/{sub} requests at rest");
         }
     }
+    // The Lease: the holder's renewals (one every 10 s) and no daemon reading it but its watch.
+    let lease_reads = delta(&rest, &later, &["GET", "LIST"], "leases", "");
+    assert_eq!(lease_reads, 0.0, "Lease reads at rest");
+    let renewals = delta(&rest, &later, &["PUT", "POST", "PATCH"], "leases", "");
+    assert!(renewals <= 2.0, "{renewals} Lease writes in 12 s at rest");
 
     // One coordinator in the fleet, which opened the three waves; every node healthy.
     assert_eq!(fleet.metric("pluglet_rollout_coordinator"), 1.0);
@@ -385,6 +390,29 @@ fn a_good_module_completes_wave_by_wave_on_every_node() {
                     .is_none_or(|r| r["sha256"] != spread.as_str())
                     .then_some(())
             },
+        );
+    }
+    // ... and says so in its own report.
+    for node in &fleet.names {
+        let entry = wait_for(
+            "the node to report the rollout reverted",
+            ROLLOUT_DEADLINE,
+            || {
+                let report = node_report(&api, node);
+                let entry = report["status"]["rollouts"]
+                    .as_array()?
+                    .iter()
+                    .find(|r| r["name"] == "gpu-v2")?
+                    .clone();
+                (entry["state"] == "Reverted").then_some(entry)
+            },
+        );
+        assert!(
+            entry["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("deleted"),
+            "{entry:#}"
         );
     }
     drop(fleet.roots);

@@ -280,22 +280,32 @@ impl Agent {
                     );
                 }
             }
-            // Rollouts this node took part in and no longer does: reverted while the object
-            // exists (halted, rolled back, superseded), forgotten once it is deleted.
+            // Rollouts this node took part in and no longer does: reverted (halted, rolled
+            // back, superseded, deleted). A deleted rollout's entry stays as the node's word
+            // that it returned the slot, the last few of them only.
+            let mut gone = Vec::new();
             for (uid, old) in &report {
                 if next.contains_key(uid) {
                     continue;
                 }
-                let Some(rollout) = all.values().find(|r| r.uid() == uid) else {
-                    continue;
-                };
+                let rollout = all.values().find(|r| r.uid() == uid);
                 let mut kept = old.clone();
                 if old.state.serving() {
                     kept.state = NodeState::Reverted;
-                    kept.reason = Some(revert_reason(rollout.phase()));
+                    kept.reason = Some(
+                        rollout.map_or_else(|| DELETED.to_owned(), |r| revert_reason(r.phase())),
+                    );
                     kept.since = Some(now.clone());
+                    info!(rollout = %kept.name, reason = kept.reason.as_deref().unwrap_or_default(), "this node no longer serves the rollout's module");
+                }
+                if rollout.is_none() {
+                    gone.push((kept.since.clone().unwrap_or_default(), uid.clone()));
                 }
                 next.insert(uid.clone(), kept);
+            }
+            gone.sort();
+            for (_, uid) in gone.iter().rev().skip(KEPT_DELETED) {
+                next.remove(uid);
             }
             refused.retain(|uid, _| all.values().any(|r| r.uid() == uid));
             applied_at.retain(|uid, _| next.contains_key(uid));
@@ -368,6 +378,11 @@ fn entry(
         idle,
     }
 }
+
+/// The reason a node gives for a rollout that was deleted while it served its module.
+const DELETED: &str = "the rollout was deleted: the slot returned to handlers.toml or the built-in";
+/// How many deleted rollouts a node still reports (the newest).
+const KEPT_DELETED: usize = 8;
 
 fn revert_reason(phase: Phase) -> String {
     match phase {

@@ -4,70 +4,37 @@
 //! the Nodes each selects and every node's report, asks [`decide`](super::decide) for each
 //! rollout's next status and writes the status where it differs. Everything it knows is in the
 //! rollouts' status, so the next holder continues where it stopped. At rest (no rollout going
-//! on) it only renews the Lease.
+//! on) it only renews the Lease; the other daemons only watch it ([`lease`](super::lease)).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::decide::{Observed, decide};
+use super::lease::{self, Candidate, LEASE_NAME, LeaseStep, Seen, lease_step};
 use super::types::{HandlerRollout, NAMESPACE, NodeHandlerStatus, NodeRollout, Phase};
 use super::watch::Rollouts;
 use crate::client::Connection;
 use crate::publisher::FIELD_MANAGER;
 
-/// The Lease's name.
-pub const LEASE_NAME: &str = "pluglet-rollout-coordinator";
 /// The Lease's duration unless told otherwise.
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 /// How often the coordinator looks at the rollouts while one is going on.
 const TICK: Duration = Duration::from_secs(1);
-
-/// What to do with the Lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseStep {
-    /// No Lease: create it, holding it.
-    Create,
-    /// Held by this node: renew it.
-    Renew,
-    /// Held by nobody, or its holder let it expire: take it.
-    Take,
-    /// Another node holds it.
-    Wait,
-}
-
-/// What `me` does with `lease` at `now`.
-pub fn lease_step(lease: Option<&Lease>, me: &str, now: Timestamp) -> LeaseStep {
-    let Some(lease) = lease else {
-        return LeaseStep::Create;
-    };
-    let spec = lease.spec.clone().unwrap_or_default();
-    match spec.holder_identity.as_deref() {
-        Some(holder) if holder == me => return LeaseStep::Renew,
-        None | Some("") => return LeaseStep::Take,
-        Some(_) => {}
-    }
-    let duration =
-        Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0));
-    let renewed = spec.renew_time.or(spec.acquire_time).map(|t| t.0);
-    match renewed {
-        Some(at) if now.duration_since(at).unsigned_abs() <= duration || at > now => {
-            LeaseStep::Wait
-        }
-        _ => LeaseStep::Take,
-    }
-}
+/// How long a daemon that holds nothing sleeps when nothing it watches changes.
+const IDLE: Duration = Duration::from_secs(3600);
 
 /// The coordinator's counters, for metrics.
 #[derive(Debug, Default)]
@@ -108,130 +75,89 @@ impl Coordinator {
         mut rollouts: watch::Receiver<Rollouts>,
         cancel: CancellationToken,
     ) {
-        let leases: Api<Lease> = Api::namespaced(connection.client.clone(), NAMESPACE);
+        let (seen_tx, mut seen) = watch::channel(Seen::default());
+        tokio::spawn(lease::follow(
+            connection.clone(),
+            seen_tx,
+            cancel.child_token(),
+        ));
+        let mut candidate = Candidate::new(&connection, self.node.clone(), self.duration);
         let renew_every = self.duration * 2 / 3;
-        let mut renew_at = tokio::time::Instant::now();
-        let mut holding_since: Option<tokio::time::Instant> = None;
+        // The Lease as this daemon last wrote it, while it holds it.
+        let mut mine: Option<Lease> = None;
+        let mut renew_at = Instant::now();
+        let mut next_try = Instant::now();
+        let mut round_at = Instant::now();
         loop {
-            if tokio::time::Instant::now() >= renew_at {
-                let held = self.hold(&leases).await;
-                if held != holding_since.is_some() {
-                    if held {
-                        info!(node = %self.node, "this daemon coordinates the handler rollouts (it holds the Lease {NAMESPACE}/{LEASE_NAME})");
-                    } else {
-                        info!(node = %self.node, "this daemon no longer coordinates the handler rollouts");
-                    }
+            let now = Instant::now();
+            let saw = seen.borrow_and_update().clone();
+            if mine.as_ref().is_some_and(|m| taken_from(m, &saw)) {
+                mine = None;
+            }
+            let held_before = mine.is_some();
+            let mut wake = now + IDLE;
+            if let Some(held) = mine.clone() {
+                if now >= renew_at {
+                    mine = candidate.take_or_renew(&held).await;
+                    renew_at = Instant::now() + renew_every;
                 }
-                holding_since = if held {
-                    holding_since.or_else(|| Some(tokio::time::Instant::now()))
+            } else if saw.listed && now >= next_try {
+                let step = lease_step(saw.lease.as_ref(), &self.node, now - saw.changed_at);
+                match (step, saw.lease.as_ref()) {
+                    (LeaseStep::Wait(left), _) => wake = now + left,
+                    (LeaseStep::Renew | LeaseStep::Take, Some(lease)) => {
+                        mine = candidate.take_or_renew(lease).await;
+                    }
+                    _ => mine = candidate.create().await,
+                }
+                if mine.is_some() {
+                    renew_at = Instant::now() + renew_every;
+                } else if !matches!(step, LeaseStep::Wait(_)) {
+                    next_try = Instant::now() + renew_every / 2;
+                    wake = next_try;
+                }
+            } else if saw.listed {
+                wake = next_try;
+            }
+            if mine.is_some() != held_before {
+                if mine.is_some() {
+                    info!(node = %self.node, "this daemon coordinates the handler rollouts (it holds the Lease {NAMESPACE}/{LEASE_NAME})");
+                    round_at = Instant::now();
                 } else {
-                    None
-                };
-                self.stats.holder.store(held, Ordering::Relaxed);
-                renew_at =
-                    tokio::time::Instant::now() + if held { renew_every } else { renew_every / 2 };
+                    info!(node = %self.node, "this daemon no longer coordinates the handler rollouts");
+                }
+                self.stats.holder.store(mine.is_some(), Ordering::Relaxed);
             }
-            let mut busy = false;
-            if holding_since.is_some() {
-                let all = rollouts.borrow_and_update().clone();
-                busy = self.round(&connection, &all).await;
+            if mine.is_some() {
+                wake = renew_at;
+                if Instant::now() >= round_at {
+                    let all = rollouts.borrow_and_update().clone();
+                    round_at = if self.round(&connection, &all).await {
+                        Instant::now() + TICK
+                    } else {
+                        Instant::now() + IDLE
+                    };
+                }
+                wake = wake.min(round_at);
             }
-            let wait = if busy {
-                TICK
-            } else {
-                renew_at.saturating_duration_since(tokio::time::Instant::now())
-            };
             tokio::select! {
                 _ = cancel.cancelled() => {
-                    if holding_since.is_some() {
-                        self.release(&leases).await;
+                    if let Some(held) = &mine {
+                        candidate.release(held).await;
+                        self.stats.holder.store(false, Ordering::Relaxed);
                     }
                     return;
                 }
-                changed = rollouts.changed() => if changed.is_err() { return },
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
-    }
-
-    /// Creates, renews or takes the Lease when it may; whether this node holds it.
-    async fn hold(&self, leases: &Api<Lease>) -> bool {
-        let now = Timestamp::now();
-        let lease = match leases.get_opt(LEASE_NAME).await {
-            Ok(lease) => lease,
-            Err(e) => {
-                debug!(error = %e, "cannot read the coordinator Lease");
-                return false;
-            }
-        };
-        let step = lease_step(lease.as_ref(), &self.node, now);
-        let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX);
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..PostParams::default()
-        };
-        let result = match step {
-            LeaseStep::Wait => return false,
-            LeaseStep::Create => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(LEASE_NAME.into()),
-                        namespace: Some(NAMESPACE.into()),
-                        ..ObjectMeta::default()
-                    },
-                    spec: Some(LeaseSpec {
-                        holder_identity: Some(self.node.clone()),
-                        lease_duration_seconds: Some(seconds),
-                        acquire_time: Some(MicroTime(now)),
-                        renew_time: Some(MicroTime(now)),
-                        lease_transitions: Some(0),
-                        ..LeaseSpec::default()
-                    }),
-                };
-                leases.create(&params, &lease).await
-            }
-            LeaseStep::Renew | LeaseStep::Take => {
-                let mut lease = lease.unwrap_or_default();
-                let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-                if step == LeaseStep::Take {
-                    spec.holder_identity = Some(self.node.clone());
-                    spec.acquire_time = Some(MicroTime(now));
-                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                changed = rollouts.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    round_at = Instant::now();
                 }
-                spec.lease_duration_seconds = Some(seconds);
-                spec.renew_time = Some(MicroTime(now));
-                // The resourceVersion read makes it a compare-and-swap: of two takers, one wins.
-                leases.replace(LEASE_NAME, &params, &lease).await
-            }
-        };
-        match result {
-            Ok(_) => true,
-            Err(e) => {
-                debug!(error = %e, ?step, "the coordinator Lease was not written");
-                false
+                changed = seen.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep_until(wake) => {}
             }
         }
-    }
-
-    /// Gives the Lease up at shutdown, so another daemon takes it at once.
-    async fn release(&self, leases: &Api<Lease>) {
-        let Ok(Some(mut lease)) = leases.get_opt(LEASE_NAME).await else {
-            return;
-        };
-        let Some(spec) = lease.spec.as_mut() else {
-            return;
-        };
-        if spec.holder_identity.as_deref() != Some(self.node.as_str()) {
-            return;
-        }
-        spec.holder_identity = None;
-        if let Err(e) = leases
-            .replace(LEASE_NAME, &PostParams::default(), &lease)
-            .await
-        {
-            debug!(error = %e, "the coordinator Lease was not released");
-        }
-        self.stats.holder.store(false, Ordering::Relaxed);
     }
 
     /// One look at every rollout; whether one is still going on.
@@ -330,6 +256,23 @@ impl Coordinator {
     }
 }
 
+/// Whether the watch shows `mine` taken by another daemon since this one wrote it (a later
+/// resourceVersion naming another holder; an echo of an older write is ignored).
+fn taken_from(mine: &Lease, seen: &Seen) -> bool {
+    let version = |l: &Lease| {
+        l.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let Some(lease) = seen.lease.as_ref() else {
+        return false;
+    };
+    let holder = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+    holder(lease) != holder(mine)
+        && matches!((version(lease), version(mine)), (Some(a), Some(b)) if a > b)
+}
+
 /// The rollout that wins each slot (the later created, then the greater name), by name; the
 /// others of their slot are superseded. Rollouts already over take no part.
 pub fn winners(all: &BTreeMap<String, HandlerRollout>) -> Vec<String> {
@@ -373,48 +316,6 @@ pub fn selector_string(selector: Option<&LabelSelector>) -> String {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
-
-    fn lease(holder: &str, renewed: &str, seconds: i32) -> Lease {
-        Lease {
-            metadata: ObjectMeta::default(),
-            spec: Some(LeaseSpec {
-                holder_identity: Some(holder.into()),
-                lease_duration_seconds: Some(seconds),
-                renew_time: Some(MicroTime(renewed.parse().unwrap())),
-                ..LeaseSpec::default()
-            }),
-        }
-    }
-
-    #[test]
-    fn the_lease_is_created_renewed_waited_for_and_taken_once_expired() {
-        let at = |t: &str| t.parse::<Timestamp>().unwrap();
-        let held = lease("n1", "2026-01-01T00:00:00Z", 15);
-        assert_eq!(
-            lease_step(None, "n2", at("2026-01-01T00:00:00Z")),
-            LeaseStep::Create
-        );
-        assert_eq!(
-            lease_step(Some(&held), "n1", at("2026-01-01T00:00:30Z")),
-            LeaseStep::Renew
-        );
-        assert_eq!(
-            lease_step(Some(&held), "n2", at("2026-01-01T00:00:14Z")),
-            LeaseStep::Wait
-        );
-        assert_eq!(
-            lease_step(Some(&held), "n2", at("2026-01-01T00:00:16Z")),
-            LeaseStep::Take
-        );
-        assert_eq!(
-            lease_step(
-                Some(&lease("", "2026-01-01T00:00:00Z", 15)),
-                "n2",
-                at("2026-01-01T00:00:01Z")
-            ),
-            LeaseStep::Take
-        );
-    }
 
     #[test]
     fn selectors_are_written_as_the_api_server_reads_them() {

@@ -9,7 +9,7 @@
 //!     ├─▶ agent (every daemon): the rollouts naming this node in an opened wave
 //!     │     ─▶ NodeHandlers::apply (the handler set's transaction, off the reactor)
 //!     │     ─▶ soak followed ─▶ NodeHandlerStatus/<node> written (its own object only)
-//!     └─▶ coordinator (the Lease holder): Nodes selected + every node's report
+//!     └─▶ coordinator (the Lease holder; every daemon watches the Lease): Nodes selected + every node's report
 //!           ─▶ decide (pure; waves for membership) ─▶ HandlerRollout status
 //! ```
 //!
@@ -19,10 +19,12 @@
 pub mod agent;
 pub mod coordinator;
 pub mod decide;
+pub mod lease;
 pub mod types;
 pub mod watch;
 pub mod waves;
 
 pub use agent::{Agent, AgentView, NodeHandlers, Observation, Wanted};
-pub use coordinator::{Coordinator, CoordinatorStats, DEFAULT_LEASE_DURATION, LEASE_NAME};
+pub use coordinator::{Coordinator, CoordinatorStats, DEFAULT_LEASE_DURATION};
+pub use lease::LEASE_NAME;
 pub use types::{HandlerRollout, NodeRollout, NodeState, Phase, RolloutSpec};
