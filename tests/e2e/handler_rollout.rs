@@ -451,23 +451,32 @@ fn a_trapping_module_halts_on_the_first_wave_and_every_node_serves_what_it_had()
     let spread = sha256(&guest("spread-policy"));
     let trap = sha256(&guest("misbehave"));
 
-    // The module traps on allocation; a long soak, so only a failure ends the first wave.
+    // The module traps on allocation; a long soak, so only a failure ends the first wave. The
+    // first wave has two nodes: one traps, the other took the module and must give it back.
     let mut object = rollout_object("gpu-trap", &pinned, "10m");
     object["spec"]["settings"] = json!({"allocate": "panic"});
+    object["spec"]["waves"] = json!([{"percent": 40}, {"percent": 100}]);
     kubectl_ok(&api, &["create", "-f", "-"], Some(&object.to_string()));
-    let opened = wait_for_or(ROLLOUT_DEADLINE, || {
+    let wave: Vec<String> = wait_for_or(ROLLOUT_DEADLINE, || {
         let r = rollout(&api, "gpu-trap");
-        r["status"]["waves"][0]["nodes"][0]
-            .as_str()
-            .map(str::to_owned)
+        r["status"]["waves"][0]["nodes"].as_array().map(|nodes| {
+            nodes
+                .iter()
+                .filter_map(|n| n.as_str().map(str::to_owned))
+                .collect()
+        })
     })
     .expect("the first wave opens");
+    assert_eq!(wave.len(), 2, "{wave:?}");
+    let (opened, companion) = (wave[0].clone(), wave[1].clone());
+    for node in &wave {
+        wait_for(
+            "the first wave's nodes to serve the module",
+            ROLLOUT_DEADLINE,
+            || gpu_row(fleet.daemon(node)).filter(|r| r["sha256"] == trap.as_str()),
+        );
+    }
     let first = fleet.daemon(&opened);
-    wait_for(
-        "the first wave's node to serve the module",
-        ROLLOUT_DEADLINE,
-        || gpu_row(first).filter(|r| r["sha256"] == trap.as_str()),
-    );
     let failed = allocate_two(first, "trapped").expect_err("the module traps");
     assert!(failed.contains("trap"), "{failed}");
 
@@ -510,11 +519,22 @@ fn a_trapping_module_halts_on_the_first_wave_and_every_node_serves_what_it_had()
         report["status"]["rollouts"][0]["state"], "RolledBack",
         "{report:#}"
     );
+    // The other node of the wave gave the module back when the rollout halted.
+    let report = node_report(&api, &companion);
+    let entry = &report["status"]["rollouts"][0];
+    assert_eq!(entry["state"], "Reverted", "{report:#}");
+    assert!(
+        entry["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("halted"),
+        "{report:#}"
+    );
 
     // The nodes of later waves never applied it (nothing to report), and every node serves
     // the spread policy again.
     for (name, daemon) in fleet.names.iter().zip(&fleet.daemons) {
-        if *name != opened {
+        if !wave.contains(name) {
             let out = api.kubectl(&["get", "nodehandlerstatus", "-n", "pluglet-system", name]);
             assert!(
                 !out.status.success(),
