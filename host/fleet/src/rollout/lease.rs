@@ -12,15 +12,15 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::types::NAMESPACE;
-use crate::client::{Connection, WATCH_TIMEOUT};
+use super::watch::{Change, Stopped, list_then_watch};
+use crate::client::Connection;
 use crate::publisher::FIELD_MANAGER;
 
 /// The Lease's name.
@@ -110,38 +110,18 @@ async fn follow_once(
     retry: &mut Duration,
 ) -> String {
     let by_name = format!("metadata.name={LEASE_NAME}");
-    let list = match list_api.list(&ListParams::default().fields(&by_name)).await {
-        Ok(list) => list,
-        Err(e) => return e.to_string(),
-    };
-    *retry = RETRY;
-    let mut version = list.metadata.resource_version.unwrap_or_default();
-    publish(out, list.items.into_iter().next());
-    loop {
-        let params = WatchParams::default()
-            .fields(&by_name)
-            .timeout(WATCH_TIMEOUT)
-            .disable_bookmarks();
-        let stream = match watch_api.watch(&params, &version).await {
-            Ok(stream) => stream,
-            Err(e) => return e.to_string(),
-        };
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(WatchEvent::Added(l) | WatchEvent::Modified(l)) => {
-                    version = l.metadata.resource_version.clone().unwrap_or(version);
-                    publish(out, Some(l));
-                }
-                Ok(WatchEvent::Deleted(l)) => {
-                    version = l.metadata.resource_version.clone().unwrap_or(version);
-                    publish(out, None);
-                }
-                Ok(WatchEvent::Bookmark(b)) => version = b.metadata.resource_version,
-                Ok(WatchEvent::Error(e)) => return e.message,
-                Err(e) => return e.to_string(),
-            }
+    let stopped = list_then_watch(list_api, watch_api, &by_name, |change| match change {
+        Change::Listed(items) => {
+            *retry = RETRY;
+            publish(out, items.into_iter().next());
         }
+        Change::Applied(lease) => publish(out, Some(lease)),
+        Change::Deleted(_) => publish(out, None),
+    })
+    .await;
+    match stopped {
+        Stopped::Request(e) => e.to_string(),
+        Stopped::Ended(message) => message,
     }
 }
 

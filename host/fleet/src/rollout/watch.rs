@@ -56,6 +56,70 @@ pub async fn run(connection: Connection, out: watch::Sender<Rollouts>, cancel: C
     }
 }
 
+/// What one list-then-watch saw.
+pub(super) enum Change<K> {
+    /// Every object, from a list.
+    Listed(Vec<K>),
+    /// An object added or modified.
+    Applied(K),
+    /// An object deleted.
+    Deleted(K),
+}
+
+/// Why a list-then-watch stopped.
+pub(super) enum Stopped {
+    /// The list or a watch request failed.
+    Request(kube::Error),
+    /// The API server ended the watch with an error event (e.g. `410 Gone`): list again.
+    Ended(String),
+}
+
+/// One list (with `fields` as its field selector; empty: every object) and the watches that
+/// follow it from its resourceVersion, each made again when the API server ends it; `on` sees
+/// the list, then every event. Returns why it stopped.
+pub(super) async fn list_then_watch<K>(
+    list_api: &Api<K>,
+    watch_api: &Api<K>,
+    fields: &str,
+    mut on: impl FnMut(Change<K>),
+) -> Stopped
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = match list_api.list(&ListParams::default().fields(fields)).await {
+        Ok(list) => list,
+        Err(e) => return Stopped::Request(e),
+    };
+    let mut version = list.metadata.resource_version.unwrap_or_default();
+    on(Change::Listed(list.items));
+    loop {
+        let params = WatchParams::default()
+            .fields(fields)
+            .timeout(WATCH_TIMEOUT)
+            .disable_bookmarks();
+        let stream = match watch_api.watch(&params, &version).await {
+            Ok(stream) => stream,
+            Err(e) => return Stopped::Request(e),
+        };
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
+                    version = o.meta().resource_version.clone().unwrap_or(version);
+                    on(Change::Applied(o));
+                }
+                Ok(WatchEvent::Deleted(o)) => {
+                    version = o.meta().resource_version.clone().unwrap_or(version);
+                    on(Change::Deleted(o));
+                }
+                Ok(WatchEvent::Bookmark(b)) => version = b.metadata.resource_version,
+                Ok(WatchEvent::Error(e)) => return Stopped::Ended(e.message),
+                Err(e) => return Stopped::Request(e),
+            }
+        }
+    }
+}
+
 /// One list and the watches that follow it; returns why it stopped.
 async fn follow(
     list_api: &Api<HandlerRollout>,
@@ -64,55 +128,44 @@ async fn follow(
     said: &mut Option<Failure>,
     retry: &mut Duration,
 ) -> Failure {
-    let list = match list_api.list(&ListParams::default()).await {
-        Ok(list) => list,
-        Err(e) => return failed(&e, said),
-    };
-    if said.take().is_some() {
-        info!("HandlerRollouts can be read again");
-    }
-    *retry = RETRY;
-    let mut held: BTreeMap<String, HandlerRollout> = list
-        .items
-        .into_iter()
-        .map(|r| (r.name().to_owned(), r))
-        .collect();
-    out.send_replace(Arc::new(held.clone()));
-    let mut version = list.metadata.resource_version.unwrap_or_default();
-    loop {
-        let params = WatchParams::default()
-            .timeout(WATCH_TIMEOUT)
-            .disable_bookmarks();
-        let stream = match watch_api.watch(&params, &version).await {
-            Ok(stream) => stream,
-            Err(e) => return failed(&e, said),
-        };
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(WatchEvent::Added(r) | WatchEvent::Modified(r)) => {
-                    version = r.metadata.resource_version.clone().unwrap_or(version);
-                    held.insert(r.name().to_owned(), r);
+    let mut held: BTreeMap<String, HandlerRollout> = BTreeMap::new();
+    let stopped = list_then_watch(list_api, watch_api, "", |change| {
+        match change {
+            Change::Listed(items) => {
+                if said.take().is_some() {
+                    info!("HandlerRollouts can be read again");
                 }
-                Ok(WatchEvent::Deleted(r)) => {
-                    version = r.metadata.resource_version.clone().unwrap_or(version);
-                    held.remove(r.name());
-                }
-                Ok(WatchEvent::Bookmark(b)) => version = b.metadata.resource_version,
-                Ok(WatchEvent::Error(e)) => {
-                    debug!(code = e.code, message = %e.message, "the HandlerRollout watch ended; listing again");
-                    return Failure::Other;
-                }
-                Err(e) => return failed(&e, said),
+                *retry = RETRY;
+                held = items
+                    .into_iter()
+                    .map(|r| (r.name().to_owned(), r))
+                    .collect();
+                // Always sent: the node agent waits for the first list, even an empty one.
+                out.send_replace(Arc::new(held.clone()));
+                return;
             }
-            out.send_if_modified(|now| {
-                if **now == held {
-                    false
-                } else {
-                    *now = Arc::new(held.clone());
-                    true
-                }
-            });
+            Change::Applied(r) => {
+                held.insert(r.name().to_owned(), r);
+            }
+            Change::Deleted(r) => {
+                held.remove(r.name());
+            }
+        }
+        out.send_if_modified(|now| {
+            if **now == held {
+                false
+            } else {
+                *now = Arc::new(held.clone());
+                true
+            }
+        });
+    })
+    .await;
+    match stopped {
+        Stopped::Request(e) => failed(&e, said),
+        Stopped::Ended(message) => {
+            debug!(%message, "the HandlerRollout watch ended; listing again");
+            Failure::Other
         }
     }
 }
