@@ -82,8 +82,8 @@ pub struct AuthorityRewrite<S> {
     rewriter: Rewriter,
     /// Rewritten bytes not yet handed to the reader.
     out: BytesMut,
-    /// Scratch buffer for reads from `inner`.
-    input: Box<[u8]>,
+    /// Scratch buffer for reads from `inner`; never zeroed (the reader only sees what was read).
+    input: Box<[std::mem::MaybeUninit<u8>]>,
     /// `inner` reported end of file.
     eof: bool,
     /// The connection is being closed for this reason once `out` is drained.
@@ -99,7 +99,7 @@ impl<S> AuthorityRewrite<S> {
             inner,
             rewriter: Rewriter::new(),
             out: BytesMut::new(),
-            input: vec![0; READ_CHUNK].into_boxed_slice(),
+            input: Box::new_uninit_slice(READ_CHUNK),
             eof: false,
             failed: None,
             closed: false,
@@ -163,7 +163,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityRewrite<S> {
             if this.rewriter.is_passthrough() {
                 return Pin::new(&mut this.inner).poll_read(cx, buf);
             }
-            let mut scratch = ReadBuf::new(&mut this.input);
+            let mut scratch = ReadBuf::uninit(&mut this.input);
             ready!(Pin::new(&mut this.inner).poll_read(cx, &mut scratch))?;
             let read = scratch.filled();
             if read.is_empty() {
