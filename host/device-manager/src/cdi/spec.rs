@@ -17,9 +17,13 @@
 //! read-only settings), a path that is not absolute, permissions other than `r`, `w` and `m`,
 //! an env name that is empty or holds `=`.
 
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+
 use serde::{Deserialize, Serialize};
 
 use super::names::{self, Kind};
+use crate::devices::IdHasher;
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
 /// A CDI spec file's content.
@@ -276,7 +280,7 @@ impl Spec {
         if !names::valid_vendor(vendor) || !names::valid_class(class, true) {
             return Err(SpecError::Name(self.kind.clone()));
         }
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::with_hasher(IdHasher::default());
         for device in &self.devices {
             if !names::valid_device_name(&device.name) {
                 return Err(SpecError::Name(format!("{}={}", self.kind, device.name)));
@@ -292,7 +296,7 @@ impl Spec {
                     _ => return Err(SpecError::Env(env.clone())),
                 }
             }
-            let mut paths = std::collections::HashMap::new();
+            let mut paths = HashMap::with_hasher(IdHasher::default());
             for node in &edits.device_nodes {
                 absolute("device node container path", &node.path)?;
                 if let Some(host) = &node.host_path {
@@ -332,14 +336,14 @@ fn merged<T: PartialEq>(
     show: impl Fn(&T) -> String,
     conflict: impl Fn(String, String, String) -> SpecError,
 ) -> Result<impl Iterator<Item = &T>, SpecError> {
-    let mut first_at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut first_at: HashMap<&str, usize, IdHasher> = HashMap::with_hasher(IdHasher::default());
     let mut keep = vec![true; all.len()];
     for (i, entry) in all.iter().enumerate() {
         match first_at.entry(at(entry)) {
-            std::collections::hash_map::Entry::Vacant(v) => {
+            Entry::Vacant(v) => {
                 v.insert(i);
             }
-            std::collections::hash_map::Entry::Occupied(o) => {
+            Entry::Occupied(o) => {
                 let first = &all[*o.get()];
                 if first != entry {
                     return Err(conflict(o.key().to_string(), show(first), show(entry)));
