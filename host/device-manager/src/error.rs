@@ -70,9 +70,9 @@ pub enum StartError {
     Watch {
         /// The directory.
         dir: PathBuf,
-        /// notify's error.
+        /// inotify's error.
         #[source]
-        source: notify::Error,
+        source: std::io::Error,
     },
 }
 

@@ -601,7 +601,7 @@ async fn run_loop(
     pipeline: Pipeline,
     mut removed: mpsc::Receiver<PathBuf>,
     mut ended: mpsc::UnboundedReceiver<Arc<Registration>>,
-    _watcher: notify::RecommendedWatcher,
+    _watcher: crate::registration_server::RemovalWatch,
     cancel: CancellationToken,
     tasks: TaskTracker,
 ) {

@@ -74,14 +74,20 @@ pub(crate) fn prepare_directory(dir: &Path) -> Result<(), StartError> {
 }
 
 /// Watches `dir` for removed sockets and reports them to the manager loop (a `kubelet.sock`
-/// plugin whose socket is removed is disconnected).
+/// plugin whose socket is removed is disconnected). The watch is the task of the returned
+/// [`RemovalWatch`] and ends when it is dropped.
+///
+/// It asks inotify for deletions only (`IN_DELETE`), through the `inotify` crate rather than a
+/// general file watcher: the checkpoint writer rewrites `kubelet_internal_checkpoint` in this
+/// directory after allocations, and a watcher of every change would wake for each of those
+/// rewrites only to ignore them.
 pub(crate) fn watch_directory(
     dir: &Path,
     removed: mpsc::Sender<PathBuf>,
-) -> Result<notify::RecommendedWatcher, StartError> {
-    use notify::Watcher as _;
-    let fail = |source: notify::Error| match pluglet_core::inotify::InotifyLimit::of_notify(&source)
-    {
+) -> Result<RemovalWatch, StartError> {
+    use inotify::{Inotify, WatchMask};
+    use tokio_stream::StreamExt as _;
+    let fail = |source: io::Error| match pluglet_core::inotify::InotifyLimit::of_io(&source) {
         Some(limit) => StartError::WatchLimit {
             dir: dir.to_path_buf(),
             limit: limit.reached(),
@@ -91,20 +97,38 @@ pub(crate) fn watch_directory(
             source,
         },
     };
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let Ok(event) = event else { return };
-        if matches!(event.kind, notify::EventKind::Remove(_)) {
-            for path in event.paths {
-                // Runs on notify's own thread, outside the runtime.
-                let _ = removed.blocking_send(path);
+    let inotify = Inotify::init().map_err(fail)?;
+    inotify
+        .watches()
+        .add(dir, WatchMask::DELETE | WatchMask::ONLYDIR)
+        .map_err(fail)?;
+    let mut events = inotify.into_event_stream([0u8; 4096]).map_err(fail)?;
+    let dir = dir.to_path_buf();
+    let task = tokio::spawn(async move {
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(error) => {
+                    tracing::error!(%error, dir = %dir.display(), "the watch for removed device plugin sockets failed");
+                    return;
+                }
+            };
+            let Some(name) = event.name else { continue };
+            if removed.send(dir.join(name)).await.is_err() {
+                return;
             }
         }
-    })
-    .map_err(fail)?;
-    watcher
-        .watch(dir, notify::RecursiveMode::NonRecursive)
-        .map_err(fail)?;
-    Ok(watcher)
+    });
+    Ok(RemovalWatch(task))
+}
+
+/// The watch for removed plugin sockets started by [`watch_directory`]; dropping it ends it.
+pub(crate) struct RemovalWatch(tokio::task::JoinHandle<()>);
+
+impl Drop for RemovalWatch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Serves Registration on the bound `kubelet.sock` until `cancel` fires, then removes the
