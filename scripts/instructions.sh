@@ -25,15 +25,22 @@
 # be compared: what an operation costs more on a full node. Both sync-pods rows send the same
 # keep list (the full node's 10,000 pod UIDs), so they differ only by what the node holds.
 #
+# How operations reach the daemon (CLIENT): `kept` (the default) sends the allocations, releases
+# and admin calls over one connection kept open by `admin-driver`, as an orchestrator keeps its
+# connection; `ctl` runs one `pluglet ctl` process per operation, so each also pays for setting
+# up and closing a connection in the daemon. The sync-pods rows always use `pluglet ctl`.
+#
 # Usage: scripts/instructions.sh [RUNS]   (default 1; with 2 or more, prints every run and the
 #        spread: (max − min) / min per row)
 # Environment: BIN_DIR (default target/release; build it with
-#   `cargo build --release -p pluglet --bin pluglet -p example-device-plugin`),
+#   `cargo build --release --bins -p pluglet -p example-device-plugin -p admin-driver`),
+#   CLIENT (kept or ctl, see above),
 #   HELD (allocations held for the "held" row, default 10000; 0 skips that row),
 #   SETTLE (seconds to let the daemon settle before a dump, default 1.5),
 #   KEEP=1 (keep the work directory: the daemon's and the plugins' logs, the nodes' files, and
 #   every counted window's callgrind files in cg-*/<row>/ for callgrind_annotate),
-#   ROWS=held (only the rows of the nothing-held and the full node; default all).
+#   ROWS=held (only the rows of the nothing-held and the full node), ROWS=alloc (only the
+#   allocation, release and admin rows of the first node; default all).
 set -euo pipefail
 shopt -s extglob
 
@@ -42,6 +49,14 @@ BIN_DIR=${BIN_DIR:-target/release}
 HELD=${HELD:-10000}
 SETTLE=${SETTLE:-1.5}
 ROWS=${ROWS:-all}
+CLIENT=${CLIENT:-kept}
+case $CLIENT in
+kept | ctl) ;;
+*)
+    echo "error: CLIENT must be kept or ctl, not $CLIENT" >&2
+    exit 2
+    ;;
+esac
 
 for tool in valgrind callgrind_control; do
     command -v "$tool" >/dev/null || {
@@ -49,14 +64,15 @@ for tool in valgrind callgrind_control; do
         exit 2
     }
 done
-for bin in pluglet example-device-plugin; do
+for bin in pluglet example-device-plugin admin-driver; do
     [ -x "$BIN_DIR/$bin" ] || {
-        echo "error: $BIN_DIR/$bin missing: cargo build --release -p pluglet --bin pluglet -p example-device-plugin" >&2
+        echo "error: $BIN_DIR/$bin missing: cargo build --release --bins -p pluglet -p example-device-plugin -p admin-driver" >&2
         exit 2
     }
 done
 PLUGLET=$(realpath "$BIN_DIR/pluglet")
 PLUGIN=$(realpath "$BIN_DIR/example-device-plugin")
+DRIVER=$(realpath "$BIN_DIR/admin-driver")
 
 WORK=$(mktemp -d)
 CHILDREN=()
@@ -72,6 +88,26 @@ cleanup() {
 trap cleanup EXIT
 
 ctl() { "$PLUGLET" ctl --root "$ROOT" --timeout 60s "$@" >/dev/null; }
+
+# op COMMAND...: one admin operation (see admin-driver's commands), over the kept connection or
+# through `pluglet ctl`.
+op() {
+    if [ "$CLIENT" = ctl ]; then
+        case $1 in
+        allocate) ctl allocate --pod "$2" --container "$3" --resource "$4" --count "$5" ;;
+        release) ctl release --pod "$2" ;;
+        allocations) ctl allocations ;;
+        esac
+        return
+    fi
+    local answer
+    echo "$*" >&"${DRIVER_IO[1]}"
+    read -r answer <&"${DRIVER_IO[0]}" || answer="admin-driver ended"
+    [ "$answer" = ok ] || {
+        echo "error: $* -> $answer; logs in $WORK" >&2
+        exit 1
+    }
+}
 checkpoint() { echo "$ROOT/device-plugins/kubelet_internal_checkpoint"; }
 inode() { stat -c %i "$(checkpoint)" 2>/dev/null || echo none; }
 
@@ -140,9 +176,19 @@ start_daemon() {
         echo "error: the daemon did not become ready; its log: $WORK/daemon.log" >&2
         exit 1
     }
+    if [ "$CLIENT" = kept ]; then
+        coproc DRIVER_IO { "$DRIVER" --socket "$ROOT/pluglet.sock" 2>>"$WORK/driver.log"; }
+        DRIVER_PID=$DRIVER_IO_PID
+        CHILDREN+=("$DRIVER_PID")
+    fi
 }
 
 stop_daemon() {
+    if [ "$CLIENT" = kept ]; then
+        local fd=${DRIVER_IO[1]}
+        exec {fd}>&-
+        wait "$DRIVER_PID" 2>/dev/null || true
+    fi
     kill -TERM "$DAEMON_PID"
     wait "$DAEMON_PID" 2>/dev/null || true
 }
@@ -204,13 +250,13 @@ measure() {
         "$row" "$n" "$((total / n))" "$((writer / n))" "$written" >&2
 }
 
-alloc8() { ctl allocate --pod "p8-$1" --container c --resource bench.io/r8 --count 1; }
-release8() { ctl release --pod "p8-$1"; }
-alloc1024() { ctl allocate --pod "p1k-$1" --container c --resource bench.io/r1k --count 1; }
-release1024() { ctl release --pod "p1k-$1"; }
-alloc_all() { ctl allocate --pod "pall-$1" --container c --resource bench.io/r1k --count 1024; }
-release_previous_all() { ctl release --pod "pall-$(($1 - 1))"; }
-admin() { ctl allocations; }
+alloc8() { op allocate "p8-$1" c bench.io/r8 1; }
+release8() { op release "p8-$1"; }
+alloc1024() { op allocate "p1k-$1" c bench.io/r1k 1; }
+release1024() { op release "p1k-$1"; }
+alloc_all() { op allocate "pall-$1" c bench.io/r1k 1024; }
+release_previous_all() { op release "pall-$(($1 - 1))"; }
+admin() { op allocations; }
 register() {
     local before
     before=$(inode)
@@ -223,9 +269,9 @@ flip() {
     kill -USR1 "$BIG_PID"
     wait_checkpoint_after "$before"
 }
-alloc_held() { ctl allocate --pod "ph-$1" --container c --resource bench.io/held --count 1; }
-release_held() { ctl release --pod "ph-$1"; }
-alloc_sync() { ctl allocate --pod "ps-$1" --container c --resource bench.io/held --count 1; }
+alloc_held() { op allocate "ph-$1" c bench.io/held 1; }
+release_held() { op release "ph-$1"; }
+alloc_sync() { op allocate "ps-$1" c bench.io/held 1; }
 sync_one() { ctl sync-pods --keep-file "$KEEP_FILE"; }
 
 # The rows compared between a node holding nothing and one holding $HELD allocations: the
@@ -244,7 +290,7 @@ one_run() {
     : >"$RESULTS"
     echo "run $run" >&2
 
-    if [ "$ROWS" = all ]; then
+    if [ "$ROWS" = all ] || [ "$ROWS" = alloc ]; then
         ROOT=$WORK/node-a.$run
         mkdir -p "$ROOT"
         CG_DIR=$WORK/cg-a.$run
@@ -260,12 +306,14 @@ one_run() {
         measure "allocate 1 of 1,024" 16 alloc1024
         for ((i = 0; i < 16; i++)); do release1024 "$i"; done
         alloc_all w
-        ctl release --pod pall-w
-        ctl allocate --pod pall--1 --container c --resource bench.io/r1k --count 1
+        op release pall-w
+        op allocate pall--1 c bench.io/r1k 1
         measure "allocate 1,024 of 1,024" 4 alloc_all release_previous_all
-        ctl release --pod pall-3
+        op release pall-3
         for i in 0 1 2; do admin; done
         measure "admin round trip (allocations, empty)" 64 admin
+    fi
+    if [ "$ROWS" = all ]; then
         register w
         measure "kubelet.sock Register -> visible" 4 register
         start_plugin bench.io/big 10000
@@ -274,9 +322,12 @@ one_run() {
         flip
         flip
         measure "10,000-device update -> visible" 4 flip
+    fi
+    if [ "$ROWS" = all ] || [ "$ROWS" = alloc ]; then
         stop_daemon
         stop_children
     fi
+    [ "$ROWS" = alloc ] && return
 
     # Every sync-pods row keeps the full node's pods (none of them exists on the empty node).
     KEEP_FILE=$WORK/keep
@@ -314,7 +365,7 @@ one_run() {
 for ((run = 1; run <= RUNS; run++)); do one_run "$run"; done
 
 echo
-echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d), $RUNS run(s)"
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d), $RUNS run(s), CLIENT=$CLIENT"
 echo "| row | N | all threads | of which the checkpoint writer | all but the writer | checkpoint rewrites; writer instructions per rewrite | spread (all / all but the writer) |"
 echo "|---|---|---|---|---|---|---|"
 paste "$WORK"/results.* | awk -F'\t' -v runs="$RUNS" '
