@@ -58,7 +58,7 @@ impl AllocationPolicy for DevicePlugin {
     }
 
     fn allocate_packed(request: PackedRequest) -> Result<Vec<String>, Refusal> {
-        allocate(&RequestView::of_packed(&request))
+        allocate_packed(&request)
     }
 }
 
@@ -120,24 +120,137 @@ pub fn check_extended_resource_name(name: &str) -> Result<(), String> {
 /// repeats (the ids chosen, not all of them); the packing order is a counting sort by NUMA node.
 /// An id listed twice is offered once, but counts twice towards its node's free devices.
 pub fn allocate(request: &RequestView<'_>) -> Result<Vec<String>, Refusal> {
-    let count = request.count as usize;
-    let resource = request.resource;
-    let available = &request.available;
+    choose(
+        request.available.as_slice(),
+        request.resource,
+        request.must_include,
+        request.count,
+        request.preferred,
+    )
+}
+
+/// [`allocate`] of a request in columns: the same answer as for
+/// [`RequestView::of_packed`]`(request)`, read from the columns in place when their ends are in
+/// order and in range (as the host sends them), so no vector of the devices is made.
+pub fn allocate_packed(request: &PackedRequest) -> Result<Vec<String>, Refusal> {
+    match Columns::of(request) {
+        Some(columns) => choose(
+            &columns,
+            &request.resource,
+            &request.must_include,
+            request.count,
+            request.preferred.as_deref(),
+        ),
+        None => allocate(&RequestView::of_packed(request)),
+    }
+}
+
+/// The devices offered, by index.
+trait Offered<'a> {
+    /// How many.
+    fn len(&self) -> usize;
+    /// The id of device `i` (below [`Offered::len`]).
+    fn id(&self, i: usize) -> &'a str;
+    /// The NUMA nodes of device `i` (below [`Offered::len`]).
+    fn numa_nodes(&self, i: usize) -> &'a [i64];
+}
+
+impl<'a> Offered<'a> for [DeviceRef<'a>] {
+    fn len(&self) -> usize {
+        <[DeviceRef<'a>]>::len(self)
+    }
+
+    fn id(&self, i: usize) -> &'a str {
+        self[i].id
+    }
+
+    fn numa_nodes(&self, i: usize) -> &'a [i64] {
+        self[i].numa_nodes
+    }
+}
+
+/// The columns of a packed request whose ends are in order, in range and (for ids) on
+/// character boundaries, one NUMA end per id end: device `i` is what lies between its ends, the
+/// device [`RequestView::of_packed`] reads there.
+struct Columns<'a> {
+    ids: &'a str,
+    id_ends: &'a [u32],
+    numa_nodes: &'a [i64],
+    numa_ends: &'a [u32],
+}
+
+impl<'a> Columns<'a> {
+    /// The columns of `request`, or `None` when an end is out of order or range.
+    fn of(request: &'a PackedRequest) -> Option<Columns<'a>> {
+        fn in_order(ends: &[u32], len: usize) -> bool {
+            let mut last = 0;
+            ends.iter().all(|&end| {
+                let end = end as usize;
+                let fine = last <= end && end <= len;
+                last = end;
+                fine
+            })
+        }
+        let ids = request.ids.as_str();
+        let whole = in_order(&request.id_ends, ids.len())
+            && request
+                .id_ends
+                .iter()
+                .all(|&end| ids.is_char_boundary(end as usize))
+            && request.numa_ends.len() == request.id_ends.len()
+            && in_order(&request.numa_ends, request.numa_nodes.len());
+        whole.then_some(Columns {
+            ids,
+            id_ends: &request.id_ends,
+            numa_nodes: &request.numa_nodes,
+            numa_ends: &request.numa_ends,
+        })
+    }
+}
+
+/// Where item `i` of a column whose items end at `ends` starts.
+fn start(ends: &[u32], i: usize) -> usize {
+    i.checked_sub(1).map_or(0, |before| ends[before] as usize)
+}
+
+impl<'a> Offered<'a> for Columns<'a> {
+    fn len(&self) -> usize {
+        self.id_ends.len()
+    }
+
+    fn id(&self, i: usize) -> &'a str {
+        &self.ids[start(self.id_ends, i)..self.id_ends[i] as usize]
+    }
+
+    fn numa_nodes(&self, i: usize) -> &'a [i64] {
+        &self.numa_nodes[start(self.numa_ends, i)..self.numa_ends[i] as usize]
+    }
+}
+
+/// The policy over the devices `available` (see [`allocate`]).
+fn choose<'a, O: Offered<'a> + ?Sized>(
+    available: &O,
+    resource: &str,
+    must_include: &'a [String],
+    count: u32,
+    preferred: Option<&'a [String]>,
+) -> Result<Vec<String>, Refusal> {
+    let count = count as usize;
     let unsatisfiable = |message: String| Refusal::new(RefusalKind::Unsatisfiable, message);
-    let preferred = request.preferred.unwrap_or_default();
-    let found = first_indices(available, request.must_include.iter().chain(preferred));
+    let preferred = preferred.unwrap_or_default();
+    let found = first_indices(available, must_include.iter().chain(preferred));
 
     let mut chosen: Vec<usize> = Vec::with_capacity(count.min(available.len()));
     // Ids in the answer so far: a device whose id is here is skipped (chosen, or a repeat).
     let mut chosen_ids: FxHashSet<&str> =
         FxHashSet::with_capacity_and_hasher(chosen.capacity(), Default::default());
-    for id in request.must_include {
+    for id in must_include {
         let Some(&i) = found.get(id.as_str()).filter(|&&i| i != NOT_FOUND) else {
             return Err(unsatisfiable(format!(
                 "device {id} of {resource} must be included but is not available"
             )));
         };
-        if chosen_ids.insert(available[i].id) {
+        if chosen_ids.insert(available.id(i)) {
             chosen.push(i);
         }
     }
@@ -148,9 +261,8 @@ pub fn allocate(request: &RequestView<'_>) -> Result<Vec<String>, Refusal> {
         )));
     }
     if available.len() < count {
-        let distinct = available
-            .iter()
-            .map(|d| d.id)
+        let distinct = (0..available.len())
+            .map(|i| available.id(i))
             .collect::<FxHashSet<_>>()
             .len();
         return Err(unsatisfiable(format!(
@@ -163,14 +275,14 @@ pub fn allocate(request: &RequestView<'_>) -> Result<Vec<String>, Refusal> {
             break;
         }
         if let Some(&i) = found.get(id.as_str()).filter(|&&i| i != NOT_FOUND)
-            && chosen_ids.insert(available[i].id)
+            && chosen_ids.insert(available.id(i))
         {
             chosen.push(i);
         }
     }
     if chosen.len() < count {
-        PackingOrder::new(request, &chosen).offer(|i| {
-            if chosen_ids.insert(available[i].id) {
+        PackingOrder::new(available, &chosen).offer(|i| {
+            if chosen_ids.insert(available.id(i)) {
                 chosen.push(i);
             }
             chosen.len() == count
@@ -185,7 +297,7 @@ pub fn allocate(request: &RequestView<'_>) -> Result<Vec<String>, Refusal> {
     }
     Ok(chosen
         .into_iter()
-        .map(|i| available[i].id.to_owned())
+        .map(|i| available.id(i).to_owned())
         .collect())
 }
 
@@ -194,8 +306,8 @@ const NOT_FOUND: usize = usize::MAX;
 
 /// The first index in `available` of each of `wanted` ([`NOT_FOUND`] when absent), in one pass
 /// that ends once all are found; no pass at all when nothing is wanted.
-fn first_indices<'a>(
-    available: &[DeviceRef<'a>],
+fn first_indices<'a, O: Offered<'a> + ?Sized>(
+    available: &O,
     wanted: impl Iterator<Item = &'a String>,
 ) -> FxHashMap<&'a str, usize> {
     let mut found: FxHashMap<&str, usize> = FxHashMap::default();
@@ -203,11 +315,11 @@ fn first_indices<'a>(
         found.insert(id.as_str(), NOT_FOUND);
     }
     let mut missing = found.len();
-    for (i, device) in available.iter().enumerate() {
+    for i in 0..available.len() {
         if missing == 0 {
             break;
         }
-        if let Some(slot) = found.get_mut(device.id)
+        if let Some(slot) = found.get_mut(available.id(i))
             && *slot == NOT_FOUND
         {
             *slot = i;
@@ -239,14 +351,14 @@ struct PackingOrder {
 impl PackingOrder {
     /// Counts the devices per node and ranks the nodes; `chosen` are the devices already in the
     /// answer (their nodes come first, and they do not count as free).
-    fn new(request: &RequestView<'_>, chosen: &[usize]) -> PackingOrder {
+    fn new<'a, O: Offered<'a> + ?Sized>(available: &O, chosen: &[usize]) -> PackingOrder {
         let mut dense = [NO_TOPOLOGY; DENSE_NODES];
         let mut sparse: FxHashMap<i64, u32> = FxHashMap::default();
         let mut nodes: Vec<i64> = Vec::new();
         let mut listed: Vec<usize> = Vec::new();
-        let mut slot_of_device: Vec<u32> = Vec::with_capacity(request.available.len());
-        for device in &request.available {
-            let Some(node) = device.numa_nodes.iter().min().copied() else {
+        let mut slot_of_device: Vec<u32> = Vec::with_capacity(available.len());
+        for i in 0..available.len() {
+            let Some(node) = available.numa_nodes(i).iter().min().copied() else {
                 slot_of_device.push(NO_TOPOLOGY);
                 continue;
             };
@@ -570,5 +682,77 @@ mod tests {
             allocate(&RequestView::of(&request(vec![], &[], 0))).unwrap(),
             Vec::<String>::new()
         );
+    }
+
+    /// `request` in columns, as the host sends it.
+    fn packed(request: &AllocationRequest) -> PackedRequest {
+        let mut packed = PackedRequest {
+            resource: request.resource.clone(),
+            ids: String::new(),
+            id_ends: Vec::new(),
+            numa_nodes: Vec::new(),
+            numa_ends: Vec::new(),
+            must_include: request.must_include.clone(),
+            count: request.count,
+            preferred: request.preferred.clone(),
+        };
+        for d in &request.available {
+            packed.ids.push_str(&d.id);
+            packed.id_ends.push(packed.ids.len() as u32);
+            packed.numa_nodes.extend_from_slice(&d.numa_nodes);
+            packed.numa_ends.push(packed.numa_nodes.len() as u32);
+        }
+        packed
+    }
+
+    #[test]
+    fn columns_read_in_place_answer_as_the_records_do() {
+        let available: Vec<Device> = (0..40)
+            .map(|i| match i % 5 {
+                0 => dev(&format!("d{i}"), &[]),
+                1 => dev(&format!("d{i}"), &[1, 0]),
+                4 => dev(&format!("é{}", i / 10), &[(i % 3) as i64]),
+                _ => dev(&format!("d{i}"), &[(i % 3) as i64]),
+            })
+            .collect();
+        for (must, count, preferred) in [
+            (vec![], 1, None),
+            (vec![], 7, None),
+            (vec!["d3"], 5, None),
+            (vec!["d3", "d3"], 2, None),
+            (vec!["x"], 2, None),
+            (vec![], 40, None),
+            (vec![], 41, None),
+            (vec!["d2"], 4, Some(vec!["d7", "nope", "d2", "d13"])),
+        ] {
+            let mut r = request(available.clone(), &must, count);
+            r.preferred = preferred.map(|p| ids(&p));
+            let answer = allocate(&RequestView::of(&r));
+            assert_eq!(allocate_packed(&packed(&r)), answer, "{must:?} {count}");
+        }
+    }
+
+    #[test]
+    fn columns_out_of_order_answer_as_the_view_reads_them() {
+        let r = request(vec![dev("ab", &[0]), dev("c", &[1])], &[], 1);
+        for (id_ends, numa_ends) in [
+            (vec![5, 1], vec![1, 2]),
+            (vec![2, 1], vec![1, 2]),
+            (vec![2, 3], vec![2, 1]),
+            (vec![2, 3], vec![1]),
+            (vec![1, 3], vec![1, 2]),
+        ] {
+            let mut columns = packed(&r);
+            columns.ids = "éb".into();
+            columns.id_ends = id_ends;
+            columns.numa_ends = numa_ends;
+            assert_eq!(
+                allocate_packed(&columns),
+                allocate(&RequestView::of_packed(&columns)),
+                "{:?} {:?}",
+                columns.id_ends,
+                columns.numa_ends
+            );
+        }
     }
 }
