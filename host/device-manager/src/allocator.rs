@@ -615,7 +615,7 @@ impl Allocator {
             let (free, devices) = pods.free_devices(&key.resource, &offer.devices);
             let mut available = Candidates::with_capacity(free, free * ID_BYTES_GUESS);
             for d in devices {
-                available.push(d.id.as_str(), &d.numa);
+                available.push(d.id, d.numa);
             }
             available
         };
@@ -697,7 +697,7 @@ impl Allocator {
                     if device.health == Health::Healthy
                         && !pods.is_held(key.resource.as_str(), id.as_str()) =>
                 {
-                    numa_of.push((id.as_str(), device.numa.as_slice()));
+                    numa_of.push((id.as_str(), device.numa));
                 }
                 _ => {
                     return Err(AllocateError::Raced {

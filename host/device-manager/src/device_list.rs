@@ -5,17 +5,18 @@
 //! then converted, each device costs three allocations (id, health string, NUMA node list) plus
 //! the conversion, and the decoder steps through tonic's `BytesMut`-backed buffer one field at
 //! a time; that was half the daemon's CPU time for such an update. [`DeviceListCodec`] decodes
-//! the message from one contiguous slice into the device manager's own [`ListedDevice`] (health read
-//! in place, one allocation per id, one per NUMA list that is present), with prost's own
-//! varint, key and skip functions, and the same rules as the generated code: the last value of
+//! the message from one contiguous slice into the device manager's own columns ([`DeviceList`]:
+//! health read in place, no allocation per device) and makes the [`DeviceSet`] of it, with
+//! prost's own varint, key and skip functions, and the same rules as the generated code: the last value of
 //! a scalar or string field wins, repeated embedded messages merge, unknown fields are skipped,
 //! strings must be UTF-8. Field numbers: `docs/kubelet-compatibility.md`, "Device plugin API
 //! v1beta1".
 //!
 //! Most updates change one device's health and repeat every other device as it was. The decoder
-//! of a stream keeps the last list it read (when its ids are unique) and compares the next one
-//! with it in place: when the ids are the same in the same order, the update is
-//! [`DeviceUpdate::Changed`], only the devices that differ, and no other device is allocated.
+//! of a stream keeps the last set it made (when it refused no id; a copy sharing the set's
+//! columns, so the ids are held once) and compares the next message with it in place: when the
+//! ids are the same in the same order, the update is [`DeviceUpdate::Changed`], only the devices
+//! that differ, and nothing else is allocated.
 
 use pluglet_proto::v1beta1::Empty;
 use prost::Message as _;
@@ -25,7 +26,7 @@ use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 use crate::device_id::DeviceId;
-use crate::devices::{Health, ListedDevice};
+use crate::devices::{DeviceList, DeviceSet, Health, ListedDevice, Replaced};
 
 /// `ListAndWatchResponse.devices`.
 const RESPONSE_DEVICES: u32 = 1;
@@ -69,10 +70,15 @@ pub(crate) enum DeviceListError {
 }
 
 /// One ListAndWatch update as read.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) enum DeviceUpdate {
     /// The whole list: the stream's first update, or one whose ids differ from the last one's.
-    List(Vec<ListedDevice>),
+    List {
+        /// The devices served.
+        devices: DeviceSet,
+        /// The ids refused ([`DeviceSet::from_list`]).
+        refused: Replaced,
+    },
     /// The same `len` ids in the same order as the last update; these devices (by position)
     /// differ from it, every other is as it was.
     Changed {
@@ -102,11 +108,11 @@ impl Codec for DeviceListCodec {
     }
 }
 
-/// The decoder of one stream: remembers the last list read.
+/// The decoder of one stream: remembers the last set made.
 #[derive(Debug, Default)]
 pub(crate) struct DeviceListDecoder {
-    /// The last list, when its ids were unique (so positions name devices).
-    previous: Option<Vec<ListedDevice>>,
+    /// The last set, when it refused no id (so positions in the list name its devices).
+    previous: Option<DeviceSet>,
 }
 
 impl DeviceListDecoder {
@@ -115,24 +121,18 @@ impl DeviceListDecoder {
         if let Some(previous) = self.previous.as_mut() {
             let mut changes = Vec::new();
             if diff_devices(buf, previous, &mut changes)? {
-                for (at, device) in &changes {
-                    previous[*at] = device.clone();
-                }
-                return Ok(DeviceUpdate::Changed {
-                    len: previous.len(),
-                    changes,
-                });
+                let len = previous.capacity();
+                previous.apply_changes(len, &changes);
+                return Ok(DeviceUpdate::Changed { len, changes });
             }
         }
-        let devices = decode_devices(buf)?;
-        let mut seen = std::collections::HashSet::with_capacity(devices.len());
-        // An empty id is not served (the device set drops it), so positions in such a list
-        // would not name the set's devices: the next update is read as a whole list again.
-        let unique = devices
-            .iter()
-            .all(|d| !d.id.is_empty() && seen.insert(d.id.as_str()));
-        self.previous = unique.then(|| devices.clone());
-        Ok(DeviceUpdate::List(devices))
+        // The last set goes before the next is made, not after.
+        self.previous = None;
+        let (devices, refused) = DeviceSet::from_list(decode_devices(buf)?);
+        // An empty or repeated id is not served, so positions in such a list would not name
+        // the set's devices: the next update is read as a whole list again.
+        self.previous = (!refused.refused_any()).then(|| devices.clone());
+        Ok(DeviceUpdate::List { devices, refused })
     }
 }
 
@@ -165,18 +165,24 @@ impl Decoder for DeviceListDecoder {
     }
 }
 
-/// Decodes a `ListAndWatchResponse` message into its devices.
-pub(crate) fn decode_devices(mut buf: &[u8]) -> Result<Vec<ListedDevice>, DeviceListError> {
-    let mut devices = Vec::new();
+/// Decodes a `ListAndWatchResponse` message into its devices, as listed.
+pub(crate) fn decode_devices(mut buf: &[u8]) -> Result<DeviceList, DeviceListError> {
+    let mut devices = DeviceList::default();
+    let mut numa = Vec::new();
     while !buf.is_empty() {
         let (tag, wire_type) = key(&mut buf)?;
         if tag == RESPONSE_DEVICES {
             let device = embedded(wire_type, &mut buf, "devices")?;
+            numa.clear();
+            let (id, health) = read_device(device, &mut numa)?;
+            let id = std::str::from_utf8(id)
+                .map_err(|_| DeviceListError::NotUtf8 { field: "Device.ID" })?;
             if devices.is_empty() {
                 // Devices of one plugin are alike in size: room for as many as would fit.
-                devices.reserve(1 + buf.len() / (device.len() + 2));
+                let fit = 1 + buf.len() / (device.len() + 2);
+                devices = DeviceList::with_capacity(fit, fit * id.len());
             }
-            devices.push(decode_device(device)?);
+            devices.push(id, health, &numa);
         } else {
             skip(wire_type, tag, &mut buf)?;
         }
@@ -189,7 +195,7 @@ pub(crate) fn decode_devices(mut buf: &[u8]) -> Result<Vec<ListedDevice>, Device
 /// A malformed message is an error either way.
 fn diff_devices(
     mut buf: &[u8],
-    previous: &[ListedDevice],
+    previous: &DeviceSet,
     changes: &mut Vec<(usize, ListedDevice)>,
 ) -> Result<bool, DeviceListError> {
     let mut at = 0;
@@ -203,14 +209,14 @@ fn diff_devices(
         let bytes = embedded(wire_type, &mut buf, "devices")?;
         numa.clear();
         let (id, health) = read_device(bytes, &mut numa)?;
-        let Some(before) = previous.get(at).filter(|d| d.id.as_str().as_bytes() == id) else {
+        let Some(before) = previous.at(at).filter(|d| d.id.as_bytes() == id) else {
             return Ok(false);
         };
-        if before.health != health || before.numa != numa {
+        if before.health != health || before.numa != numa.as_slice() {
             changes.push((
                 at,
                 ListedDevice {
-                    id: before.id.clone(),
+                    id: DeviceId::from(before.id),
                     health,
                     numa: numa.clone(),
                 },
@@ -218,19 +224,7 @@ fn diff_devices(
         }
         at += 1;
     }
-    Ok(at == previous.len())
-}
-
-fn decode_device(buf: &[u8]) -> Result<ListedDevice, DeviceListError> {
-    let mut numa = Vec::new();
-    let (id, health) = read_device(buf, &mut numa)?;
-    let id = String::from_utf8(id.to_vec())
-        .map_err(|_| DeviceListError::NotUtf8 { field: "Device.ID" })?;
-    Ok(ListedDevice {
-        id: DeviceId::from(id),
-        health,
-        numa,
-    })
+    Ok(at == previous.capacity())
 }
 
 /// Reads one `Device` message: its id's bytes (not yet checked for UTF-8) and health; its NUMA
@@ -325,6 +319,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::devices::Device;
 
     fn wire(id: &str, health: &str, numa: Option<Vec<i64>>) -> v1beta1::Device {
         v1beta1::Device {
@@ -340,6 +335,31 @@ mod tests {
     fn reference(bytes: &[u8]) -> Result<Vec<ListedDevice>, prost::DecodeError> {
         ListAndWatchResponse::decode(bytes)
             .map(|r| r.devices.into_iter().map(ListedDevice::from_wire).collect())
+    }
+
+    /// What [`decode_devices`] makes of the bytes, as listed devices.
+    fn decoded(bytes: &[u8]) -> Result<Vec<ListedDevice>, DeviceListError> {
+        decode_devices(bytes).map(|list| list.iter().map(Device::to_listed).collect())
+    }
+
+    fn listed(set: &DeviceSet) -> Vec<ListedDevice> {
+        set.devices().map(Device::to_listed).collect()
+    }
+
+    /// The devices of a whole-list update.
+    fn whole(update: DeviceUpdate) -> Vec<ListedDevice> {
+        match update {
+            DeviceUpdate::List { devices, .. } => listed(&devices),
+            other => panic!("not a whole list: {other:?}"),
+        }
+    }
+
+    /// The count and changes of an update that kept the ids.
+    fn changed(update: DeviceUpdate) -> (usize, Vec<(usize, ListedDevice)>) {
+        match update {
+            DeviceUpdate::Changed { len, changes } => (len, changes),
+            other => panic!("not a change: {other:?}"),
+        }
     }
 
     proptest! {
@@ -361,7 +381,7 @@ mod tests {
                     .collect(),
             };
             let bytes = message.encode_to_vec();
-            prop_assert_eq!(decode_devices(&bytes).unwrap(), reference(&bytes).unwrap());
+            prop_assert_eq!(decoded(&bytes).unwrap(), reference(&bytes).unwrap());
         }
 
         #[test]
@@ -388,26 +408,23 @@ mod tests {
             };
             let (first, second) = (encode(&first), encode(&second));
             let mut decoder = DeviceListDecoder::default();
-            let DeviceUpdate::List(mut devices) = decoder.read(&first).unwrap() else {
+            let DeviceUpdate::List { devices: mut set, .. } = decoder.read(&first).unwrap() else {
                 panic!("the first update is a list");
             };
             match decoder.read(&second).unwrap() {
-                DeviceUpdate::List(list) => devices = list,
+                DeviceUpdate::List { devices, .. } => set = devices,
                 DeviceUpdate::Changed { len, changes } => {
-                    prop_assert_eq!(len, devices.len());
-                    for (at, device) in changes {
-                        devices[at] = device;
-                    }
+                    prop_assert_eq!(set.apply_changes(len, &changes), Some(!changes.is_empty()));
                 }
             }
-            prop_assert_eq!(devices, reference(&second).unwrap());
+            prop_assert_eq!(listed(&set), listed(&DeviceSet::new(reference(&second).unwrap())));
         }
 
         #[test]
         fn garbage_is_refused_where_the_generated_types_refuse_it(
             bytes in prop::collection::vec(any::<u8>(), 0..64)
         ) {
-            match (decode_devices(&bytes), reference(&bytes)) {
+            match (decoded(&bytes), reference(&bytes)) {
                 (Ok(ours), Ok(theirs)) => prop_assert_eq!(ours, theirs),
                 (Err(_), Err(_)) => {}
                 (ours, theirs) => prop_assert!(false, "ours {:?}, generated {:?}", ours, theirs),
@@ -441,28 +458,25 @@ mod tests {
             ("b", "Healthy", None),
             ("c", "Healthy", None),
         ]);
-        assert!(matches!(decoder.read(&first).unwrap(), DeviceUpdate::List(d) if d.len() == 3));
+        assert_eq!(whole(decoder.read(&first).unwrap()).len(), 3);
         let flipped = list(&[
             ("a", "Healthy", Some(vec![0])),
             ("b", "Unhealthy", None),
             ("c", "Healthy", Some(vec![1])),
         ]);
         assert_eq!(
-            decoder.read(&flipped).unwrap(),
-            DeviceUpdate::Changed {
-                len: 3,
-                changes: vec![
+            changed(decoder.read(&flipped).unwrap()),
+            (
+                3,
+                vec![
                     (1, device("b", Health::Unhealthy, &[])),
                     (2, device("c", Health::Healthy, &[1])),
-                ],
-            }
+                ]
+            )
         );
         assert_eq!(
-            decoder.read(&flipped).unwrap(),
-            DeviceUpdate::Changed {
-                len: 3,
-                changes: vec![]
-            },
+            changed(decoder.read(&flipped).unwrap()),
+            (3, vec![]),
             "compared with the update before, not the first"
         );
     }
@@ -482,16 +496,17 @@ mod tests {
             list(&[("b", "Healthy", None), ("a", "Healthy", None)]),
         ] {
             let mut fresh = DeviceListDecoder::default();
-            let DeviceUpdate::List(expected) = fresh.read(&other).unwrap() else {
-                panic!("a fresh decoder reads a list");
-            };
-            assert_eq!(decoder.read(&other).unwrap(), DeviceUpdate::List(expected));
+            let expected = whole(fresh.read(&other).unwrap());
+            assert_eq!(whole(decoder.read(&other).unwrap()), expected);
             decoder.read(&two).unwrap();
         }
         let duplicated = list(&[("a", "Healthy", None), ("a", "Unhealthy", None)]);
         decoder.read(&duplicated).unwrap();
         assert!(
-            matches!(decoder.read(&duplicated).unwrap(), DeviceUpdate::List(_)),
+            matches!(
+                decoder.read(&duplicated).unwrap(),
+                DeviceUpdate::List { .. }
+            ),
             "positions do not name devices when ids repeat"
         );
         let bad_health = [0x0a, 0x06, 0x0a, 0x01, b'a', 0x12, 0x01, 0xff];
@@ -513,9 +528,9 @@ mod tests {
         let first_len = bytes[1] as usize;
         bytes[1] = (first_len + more.len()) as u8;
         bytes.extend_from_slice(&more);
-        assert_eq!(decode_devices(&bytes).unwrap(), reference(&bytes).unwrap());
+        assert_eq!(decoded(&bytes).unwrap(), reference(&bytes).unwrap());
         assert_eq!(
-            decode_devices(&bytes).unwrap(),
+            decoded(&bytes).unwrap(),
             [ListedDevice {
                 id: "b".into(),
                 health: Health::Healthy,
@@ -531,12 +546,12 @@ mod tests {
         let mut bytes = vec![0x0a, device.len() as u8];
         bytes.extend_from_slice(&device);
         bytes.extend_from_slice(&[0x10, 0x01]); // response field 2, varint 1
-        assert_eq!(decode_devices(&bytes).unwrap(), reference(&bytes).unwrap());
+        assert_eq!(decoded(&bytes).unwrap(), reference(&bytes).unwrap());
 
         let bad = [0x0a, 0x03, 0x0a, 0x01, 0xff];
         assert!(reference(&bad).is_err());
         assert_eq!(
-            decode_devices(&bad).unwrap_err().to_string(),
+            decoded(&bad).unwrap_err().to_string(),
             "Device.ID is not UTF-8"
         );
     }

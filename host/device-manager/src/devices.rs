@@ -4,9 +4,22 @@
 //!
 //! Owned by the [`crate::registry`]; written by each endpoint's task (every ListAndWatch update
 //! is the full new list) and by disconnects; read by the allocator and the admin API.
+//!
+//! A node may serve a resource of 100,000 devices, so a [`DeviceSet`] holds its devices in
+//! columns rather than as [`ListedDevice`]s: every id once, one after another in one string
+//! with where each ends; the health one byte each; the NUMA nodes likewise one after another
+//! with where each device's nodes end. Its id index is a `hashbrown` [`HashTable`] of positions whose
+//! hash is the id's, read from that string, and the id order is a list of positions: neither
+//! copies an id. A device costs its id's bytes and about 20 bytes more (against some 250 as
+//! `ListedDevice`s with an index of copied ids). The ListAndWatch decoder builds the set
+//! ([`DeviceList`], then [`DeviceSet::from_list`]) and keeps a copy of it to compare the next
+//! update with, which shares these columns.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::hash::BuildHasher;
+use std::sync::{Arc, OnceLock};
+
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 use pluglet_proto::constants::HEALTHY;
 use pluglet_proto::v1beta1;
@@ -72,20 +85,218 @@ impl ListedDevice {
     }
 }
 
-/// Every device of one resource, in the order the plugin listed them.
+/// One device of a [`DeviceSet`] or a [`DeviceList`], read from its columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Device<'a> {
+    /// Device id, unique within its resource (in a set).
+    pub id: &'a str,
+    /// Current health.
+    pub health: Health,
+    /// NUMA nodes it is attached to; empty when the plugin gave no topology.
+    pub numa: &'a [i64],
+}
+
+impl Device<'_> {
+    /// The device as an owned [`ListedDevice`].
+    pub fn to_listed(self) -> ListedDevice {
+        ListedDevice {
+            id: DeviceId::from(self.id),
+            health: self.health,
+            numa: self.numa.to_vec(),
+        }
+    }
+}
+
+/// An end offset in a column. A column holds one plugin's device list, which is at most
+/// [`crate::endpoint::MAX_DEVICE_LIST_BYTES`] on the wire (a restored list was such a list),
+/// so it is far below 4 GiB.
+fn end(len: usize) -> u32 {
+    u32::try_from(len).expect("a device list column is below 4 GiB")
+}
+
+/// Where item `at` of a column whose items end at `ends` starts and ends.
+fn span(ends: &[u32], at: usize) -> std::ops::Range<usize> {
+    let start = at.checked_sub(1).map_or(0, |before| ends[before] as usize);
+    start..ends[at] as usize
+}
+
+/// Ids one after another, with where each ends.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct IdColumn {
+    text: String,
+    ends: Vec<u32>,
+}
+
+impl IdColumn {
+    fn push(&mut self, id: &str) {
+        self.text.push_str(id);
+        self.ends.push(end(self.text.len()));
+    }
+
+    fn get(&self, at: usize) -> &str {
+        &self.text[span(&self.ends, at)]
+    }
+
+    fn shrink_to_fit(&mut self) {
+        self.text.shrink_to_fit();
+        self.ends.shrink_to_fit();
+    }
+}
+
+/// Each device's NUMA nodes one after another, with where each device's nodes end.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct NumaColumn {
+    nodes: Vec<i64>,
+    ends: Vec<u32>,
+}
+
+impl NumaColumn {
+    fn push(&mut self, numa: &[i64]) {
+        self.nodes.extend_from_slice(numa);
+        self.ends.push(end(self.nodes.len()));
+    }
+
+    fn get(&self, at: usize) -> &[i64] {
+        &self.nodes[span(&self.ends, at)]
+    }
+
+    fn shrink_to_fit(&mut self) {
+        self.nodes.shrink_to_fit();
+        self.ends.shrink_to_fit();
+    }
+}
+
+/// Devices in the order a plugin listed them, as read: empty and repeated ids included.
+/// Held in columns (see the module doc); [`DeviceSet::from_list`] makes a set of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceList {
+    ids: IdColumn,
+    health: Vec<Health>,
+    numa: NumaColumn,
+}
+
+impl DeviceList {
+    /// Room for `devices` devices whose ids take about `id_bytes` bytes in all.
+    pub fn with_capacity(devices: usize, id_bytes: usize) -> DeviceList {
+        DeviceList {
+            ids: IdColumn {
+                text: String::with_capacity(id_bytes),
+                ends: Vec::with_capacity(devices),
+            },
+            health: Vec::with_capacity(devices),
+            numa: NumaColumn {
+                nodes: Vec::with_capacity(devices),
+                ends: Vec::with_capacity(devices),
+            },
+        }
+    }
+
+    /// Adds a device.
+    pub fn push(&mut self, id: &str, health: Health, numa: &[i64]) {
+        self.ids.push(id);
+        self.health.push(health);
+        self.numa.push(numa);
+    }
+
+    /// How many devices.
+    pub fn len(&self) -> usize {
+        self.health.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.health.is_empty()
+    }
+
+    /// The device at `at` (below [`DeviceList::len`]).
+    fn device(&self, at: usize) -> Device<'_> {
+        Device {
+            id: self.ids.get(at),
+            health: self.health[at],
+            numa: self.numa.get(at),
+        }
+    }
+
+    /// The devices, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Device<'_>> + '_ {
+        (0..self.len()).map(|at| self.device(at))
+    }
+
+    fn shrink_to_fit(&mut self) {
+        self.ids.shrink_to_fit();
+        self.health.shrink_to_fit();
+        self.numa.shrink_to_fit();
+    }
+}
+
+impl FromIterator<ListedDevice> for DeviceList {
+    fn from_iter<I: IntoIterator<Item = ListedDevice>>(devices: I) -> DeviceList {
+        let mut list = DeviceList::default();
+        for d in devices {
+            list.push(d.id.as_str(), d.health, &d.numa);
+        }
+        list
+    }
+}
+
+/// The ids of a set (each once), their index and their order.
+#[derive(Default)]
+struct Ids {
+    column: IdColumn,
+    /// Positions, hashed by their id (with `hasher`).
+    index: HashTable<u32>,
+    /// Positions ordered by id (Go's string order, as the checkpoint lists them).
+    by_id: Vec<u32>,
+    hasher: IdHasher,
+}
+
+impl std::fmt::Debug for Ids {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries((0..self.column.ends.len()).map(|at| self.column.get(at)))
+            .finish()
+    }
+}
+
+impl Ids {
+    fn position(&self, id: &str) -> Option<usize> {
+        let hash = self.hasher.hash_one(id);
+        self.index
+            .find(hash, |&at| self.column.get(at as usize) == id)
+            .map(|&at| at as usize)
+    }
+}
+
+/// Every device of one resource, in the order the plugin listed them, in columns (see the
+/// module doc).
 ///
 /// Cheap to clone (shared, copy-on-write): the checkpoint writer clones the sets under the state
 /// lock and does its sorting and encoding after releasing it.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct DeviceSet {
-    devices: Arc<Vec<ListedDevice>>,
-    index: Arc<HashMap<DeviceId, usize, IdHasher>>,
-    /// Positions in `devices`, ordered by id (Go's string order, as the checkpoint lists them).
-    by_id: Arc<Vec<usize>>,
+    ids: Arc<Ids>,
+    health: Arc<Vec<Health>>,
+    numa: Arc<NumaColumn>,
     healthy: usize,
     /// Changes with every change of the devices or their health (unique across sets; `0` for
     /// an empty set never changed), so a view built from the set can tell it is still current.
     generation: u64,
+    /// The devices as [`ListedDevice`]s, made by the first [`DeviceSet::iter`] of this copy.
+    listed: OnceLock<Vec<ListedDevice>>,
+}
+
+impl Clone for DeviceSet {
+    /// Shares the columns; the listed form ([`DeviceSet::iter`]) stays with the original.
+    fn clone(&self) -> DeviceSet {
+        DeviceSet {
+            ids: self.ids.clone(),
+            health: self.health.clone(),
+            numa: self.numa.clone(),
+            healthy: self.healthy,
+            generation: self.generation,
+            listed: OnceLock::new(),
+        }
+    }
 }
 
 /// The source of [`DeviceSet`] generations.
@@ -95,7 +306,8 @@ fn next_generation() -> u64 {
     GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// What [`DeviceSet::replace_checked`] did with a list.
+/// What [`DeviceSet::from_list`] refused of a list, and whether [`DeviceSet::replace_checked`]
+/// changed the set.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Replaced {
     /// Whether the set changed.
@@ -119,11 +331,47 @@ impl Replaced {
 }
 
 impl DeviceSet {
-    /// A set holding `devices` (see [`DeviceSet::replace`] for the ids it refuses).
+    /// A set holding `devices` (see [`DeviceSet::from_list`] for the ids it refuses).
     pub fn new(devices: Vec<ListedDevice>) -> DeviceSet {
-        let mut set = DeviceSet::default();
-        set.replace(devices);
-        set
+        DeviceSet::from_list(devices.into_iter().collect()).0
+    }
+
+    /// The set of a plugin's list: a device with an empty id is not served, and of devices
+    /// sharing an id only the last one listed is, at the place of the first (each id names one
+    /// device, as in the kubelet). Says which ids it refused.
+    pub fn from_list(list: DeviceList) -> (DeviceSet, Replaced) {
+        let hasher = IdHasher::default();
+        let (mut list, index, refused) = match index_of(&list.ids, &hasher) {
+            Some(index) => (list, index, Replaced::default()),
+            None => {
+                let (kept, refused) = served(&list, &hasher);
+                let index =
+                    index_of(&kept.ids, &hasher).expect("the ids served are unique and not empty");
+                (kept, index, refused)
+            }
+        };
+        list.shrink_to_fit();
+        let mut by_id: Vec<u32> = (0..end(list.len())).collect();
+        by_id.sort_unstable_by(|&a, &b| list.ids.get(a as usize).cmp(list.ids.get(b as usize)));
+        let healthy = list
+            .health
+            .iter()
+            .filter(|&&h| h == Health::Healthy)
+            .count();
+        let set = DeviceSet {
+            ids: Arc::new(Ids {
+                column: list.ids,
+                index,
+                by_id,
+                hasher,
+            }),
+            health: Arc::new(list.health),
+            numa: Arc::new(list.numa),
+            healthy,
+            generation: next_generation(),
+            listed: OnceLock::new(),
+        };
+        (set, refused)
     }
 
     /// Replaces the whole list (one ListAndWatch update): devices absent from `devices` are gone.
@@ -132,86 +380,37 @@ impl DeviceSet {
         self.replace_checked(devices).changed
     }
 
-    /// [`DeviceSet::replace`], saying which ids it refused: a device with an empty id is not
-    /// served, and of devices sharing an id only the last one listed is (each id names one
-    /// device, as in the kubelet).
+    /// [`DeviceSet::replace`], saying which ids it refused (see [`DeviceSet::from_list`]).
     pub fn replace_checked(&mut self, devices: Vec<ListedDevice>) -> Replaced {
-        // The common update (a health flip) keeps the same ids in the same order: keep the
-        // index and the id order instead of rebuilding them.
-        if devices.len() == self.devices.len()
-            && devices
-                .iter()
-                .zip(self.devices.iter())
-                .all(|(a, b)| a.id == b.id)
-        {
-            if devices
-                .iter()
-                .zip(self.devices.iter())
-                .all(|(a, b)| a.health == b.health && a.numa == b.numa)
-            {
-                return Replaced::default();
-            }
-            self.healthy = devices
-                .iter()
-                .filter(|d| d.health == Health::Healthy)
-                .count();
-            self.devices = Arc::new(devices);
-            self.generation = next_generation();
-            return Replaced {
-                changed: true,
-                ..Replaced::default()
-            };
-        }
-        let mut refused = Replaced::default();
-        let mut index = HashMap::with_capacity_and_hasher(devices.len(), IdHasher::default());
-        let mut list: Vec<ListedDevice> = Vec::with_capacity(devices.len());
-        for device in devices {
-            if device.id.is_empty() {
-                refused.empty_ids += 1;
-                continue;
-            }
-            match index.get(&device.id) {
-                Some(&at) => {
-                    if refused.duplicate_ids.len() < Replaced::NAMED {
-                        refused.duplicate_ids.push(device.id.clone());
-                    }
-                    refused.duplicates += 1;
-                    list[at] = device;
-                }
-                None => {
-                    index.insert(device.id.clone(), list.len());
-                    list.push(device);
-                }
-            }
-        }
-        if list == *self.devices {
-            return refused;
-        }
-        let mut by_id: Vec<usize> = (0..list.len()).collect();
-        by_id.sort_unstable_by(|&a, &b| list[a].id.cmp(&list[b].id));
-        self.healthy = list.iter().filter(|d| d.health == Health::Healthy).count();
-        self.devices = Arc::new(list);
-        self.index = Arc::new(index);
-        self.by_id = Arc::new(by_id);
-        self.generation = next_generation();
-        refused.changed = true;
+        let (set, mut refused) = DeviceSet::from_list(devices.into_iter().collect());
+        refused.changed = self.adopt(set);
         refused
+    }
+
+    /// Takes `set`'s devices in place of these (a new ListAndWatch list, made by the stream's
+    /// decoder, which keeps a copy sharing its columns); returns whether they differ from these.
+    pub fn adopt(&mut self, set: DeviceSet) -> bool {
+        let changed = !self.same_devices(&set);
+        *self = set;
+        changed
+    }
+
+    /// Whether `other` holds the same devices with the same health, in the same order.
+    fn same_devices(&self, other: &DeviceSet) -> bool {
+        (Arc::ptr_eq(&self.ids, &other.ids) || self.ids.column == other.ids.column)
+            && self.health == other.health
+            && self.numa == other.numa
     }
 
     /// Applies an update that kept the ids and their order (the ListAndWatch decoder's `Changed`):
     /// `changes` holds each changed device by position, `len` the update's device count.
     /// Returns whether anything changed, or `None` (and changes nothing) when the set does not
     /// hold those `len` devices in that order, so the positions do not name its devices.
-    pub fn apply_changes(
-        &mut self,
-        len: usize,
-        changes: Vec<(usize, ListedDevice)>,
-    ) -> Option<bool> {
-        let in_step = self.devices.len() == len
-            && self.index.len() == len
+    pub fn apply_changes(&mut self, len: usize, changes: &[(usize, ListedDevice)]) -> Option<bool> {
+        let in_step = self.capacity() == len
             && changes
                 .iter()
-                .all(|(at, d)| self.devices.get(*at).is_some_and(|old| old.id == d.id));
+                .all(|(at, d)| *at < len && self.ids.column.get(*at) == d.id.as_str());
         if !in_step {
             return None;
         }
@@ -219,29 +418,48 @@ impl DeviceSet {
             return Some(false);
         }
         self.generation = next_generation();
-        let devices = Arc::make_mut(&mut self.devices);
+        self.listed = OnceLock::new();
+        let health = Arc::make_mut(&mut self.health);
         for (at, device) in changes {
-            devices[at] = device;
+            health[*at] = device.health;
         }
-        self.healthy = devices
+        self.healthy = health.iter().filter(|&&h| h == Health::Healthy).count();
+        if changes
             .iter()
-            .filter(|d| d.health == Health::Healthy)
-            .count();
+            .any(|(at, d)| self.numa.get(*at) != d.numa.as_slice())
+        {
+            let mut order: Vec<&(usize, ListedDevice)> = changes.iter().collect();
+            // Stable: of two changes of one device, the later one stays later and wins.
+            order.sort_by_key(|(at, _)| *at);
+            let mut next = order.into_iter().peekable();
+            let mut numa = NumaColumn::default();
+            for at in 0..len {
+                let mut nodes = self.numa.get(at);
+                while let Some((_, device)) = next.next_if(|(changed, _)| *changed == at) {
+                    nodes = device.numa.as_slice();
+                }
+                numa.push(nodes);
+            }
+            numa.shrink_to_fit();
+            self.numa = Arc::new(numa);
+        }
         Some(true)
     }
 
     /// Turns every device unhealthy at once (the plugin's stream ended or its socket went).
     pub fn mark_all_unhealthy(&mut self) {
         self.generation = next_generation();
-        for device in Arc::make_mut(&mut self.devices) {
-            device.health = Health::Unhealthy;
+        self.listed = OnceLock::new();
+        match Arc::get_mut(&mut self.health) {
+            Some(health) => health.fill(Health::Unhealthy),
+            None => self.health = Arc::new(vec![Health::Unhealthy; self.health.len()]),
         }
         self.healthy = 0;
     }
 
     /// Every device, healthy or not (the kubelet's capacity).
     pub fn capacity(&self) -> usize {
-        self.devices.len()
+        self.health.len()
     }
 
     /// Healthy devices (the kubelet's allocatable).
@@ -250,8 +468,17 @@ impl DeviceSet {
     }
 
     /// The devices in plugin order.
+    pub fn devices(&self) -> impl ExactSizeIterator<Item = Device<'_>> + '_ {
+        (0..self.capacity()).map(|at| self.device(at))
+    }
+
+    /// The devices in plugin order as [`ListedDevice`]s, made on the first call and kept with
+    /// this copy of the set (a copy made for a writer drops them with itself).
+    /// [`DeviceSet::devices`] reads them without making anything.
     pub fn iter(&self) -> impl Iterator<Item = &ListedDevice> {
-        self.devices.iter()
+        self.listed
+            .get_or_init(|| self.devices().map(Device::to_listed).collect())
+            .iter()
     }
 
     /// See the field: equal generations mean the same devices with the same health.
@@ -259,35 +486,108 @@ impl DeviceSet {
         self.generation
     }
 
+    /// The device at `at` (below [`DeviceSet::capacity`]).
+    fn device(&self, at: usize) -> Device<'_> {
+        Device {
+            id: self.ids.column.get(at),
+            health: self.health[at],
+            numa: self.numa.get(at),
+        }
+    }
+
     /// The device at `position` in plugin order.
-    pub fn at(&self, position: usize) -> Option<&ListedDevice> {
-        self.devices.get(position)
+    pub fn at(&self, position: usize) -> Option<Device<'_>> {
+        (position < self.capacity()).then(|| self.device(position))
     }
 
     /// The position in plugin order of the device with this id.
     pub fn position(&self, id: &str) -> Option<usize> {
-        self.index.get(id).copied()
+        self.ids.position(id)
     }
 
     /// The device with this id.
-    pub fn get(&self, id: &str) -> Option<&ListedDevice> {
-        self.index.get(id).map(|&at| &self.devices[at])
+    pub fn get(&self, id: &str) -> Option<Device<'_>> {
+        self.position(id).map(|at| self.device(at))
     }
 
     /// Whether `id` is known and healthy.
     pub fn is_healthy(&self, id: &str) -> bool {
-        self.get(id).is_some_and(|d| d.health == Health::Healthy)
+        self.position(id)
+            .is_some_and(|at| self.health[at] == Health::Healthy)
     }
 
     /// Ids of the healthy devices, sorted (what the kubelet checkpoints as `RegisteredDevices`).
     pub fn healthy_ids(&self) -> Vec<DeviceId> {
-        self.by_id
+        self.ids
+            .by_id
             .iter()
-            .map(|&at| &self.devices[at])
-            .filter(|d| d.health == Health::Healthy)
-            .map(|d| d.id.clone())
+            .map(|&at| at as usize)
+            .filter(|&at| self.health[at] == Health::Healthy)
+            .map(|at| DeviceId::from(self.ids.column.get(at)))
             .collect()
     }
+}
+
+/// The index of `ids`, or `None` when one of them is empty or repeated.
+fn index_of(ids: &IdColumn, hasher: &IdHasher) -> Option<HashTable<u32>> {
+    let mut index: HashTable<u32> = HashTable::with_capacity(ids.ends.len());
+    for at in 0..ids.ends.len() {
+        let id = ids.get(at);
+        if id.is_empty() {
+            return None;
+        }
+        match index.entry(
+            hasher.hash_one(id),
+            |&other| ids.get(other as usize) == id,
+            |&other| hasher.hash_one(ids.get(other as usize)),
+        ) {
+            Entry::Occupied(_) => return None,
+            Entry::Vacant(place) => {
+                place.insert(end(at));
+            }
+        }
+    }
+    Some(index)
+}
+
+/// The devices of `list` a set serves (see [`DeviceSet::from_list`]) and what it refused.
+fn served(list: &DeviceList, hasher: &IdHasher) -> (DeviceList, Replaced) {
+    let mut refused = Replaced::default();
+    // For each device served, the position in `list` of the one listed last under its id.
+    let mut served: Vec<u32> = Vec::new();
+    let mut slots: HashTable<u32> = HashTable::new();
+    for at in 0..list.len() {
+        let id = list.ids.get(at);
+        if id.is_empty() {
+            refused.empty_ids += 1;
+            continue;
+        }
+        let id_of = |slot: u32| list.ids.get(served[slot as usize] as usize);
+        match slots.entry(
+            hasher.hash_one(id),
+            |&slot| id_of(slot) == id,
+            |&slot| hasher.hash_one(id_of(slot)),
+        ) {
+            Entry::Occupied(place) => {
+                let slot = *place.get() as usize;
+                if refused.duplicate_ids.len() < Replaced::NAMED {
+                    refused.duplicate_ids.push(DeviceId::from(id));
+                }
+                refused.duplicates += 1;
+                served[slot] = end(at);
+            }
+            Entry::Vacant(place) => {
+                place.insert(end(served.len()));
+                served.push(end(at));
+            }
+        }
+    }
+    let mut kept = DeviceList::with_capacity(served.len(), list.ids.text.len());
+    for &at in &served {
+        let d = list.device(at as usize);
+        kept.push(d.id, d.health, d.numa);
+    }
+    (kept, refused)
 }
 
 #[cfg(test)]
@@ -343,19 +643,19 @@ mod tests {
             device("b", Health::Healthy),
         ]);
         assert_eq!(
-            set.apply_changes(2, vec![(1, device("b", Health::Unhealthy))]),
+            set.apply_changes(2, &[(1, device("b", Health::Unhealthy))]),
             Some(true)
         );
         assert_eq!(set.allocatable(), 1);
         assert_eq!(set.healthy_ids(), ["a"]);
-        assert_eq!(set.apply_changes(2, vec![]), Some(false));
+        assert_eq!(set.apply_changes(2, &[]), Some(false));
         assert_eq!(
-            set.apply_changes(3, vec![]),
+            set.apply_changes(3, &[]),
             None,
             "another count: out of step"
         );
         assert_eq!(
-            set.apply_changes(2, vec![(0, device("b", Health::Healthy))]),
+            set.apply_changes(2, &[(0, device("b", Health::Healthy))]),
             None,
             "another id at that position: out of step"
         );
@@ -404,5 +704,72 @@ mod tests {
         set.mark_all_unhealthy();
         assert_eq!((set.capacity(), set.allocatable()), (2, 0));
         assert!(set.healthy_ids().is_empty());
+    }
+
+    #[test]
+    fn a_repeated_id_serves_the_last_device_at_the_place_of_the_first() {
+        let (set, refused) = DeviceSet::from_list(
+            [
+                wire("b", "Healthy", &[0]),
+                wire("", "Healthy", &[]),
+                wire("a", "Healthy", &[1]),
+                wire("b", "Unhealthy", &[1, 2]),
+                wire("c", "Healthy", &[]),
+                wire("a", "Healthy", &[3]),
+            ]
+            .into_iter()
+            .map(ListedDevice::from_wire)
+            .collect(),
+        );
+        assert_eq!((refused.empty_ids, refused.duplicates), (1, 2));
+        assert_eq!(refused.duplicate_ids, ["b", "a"]);
+        let served: Vec<(&str, Health, &[i64])> =
+            set.devices().map(|d| (d.id, d.health, d.numa)).collect();
+        assert_eq!(
+            served,
+            [
+                ("b", Health::Unhealthy, &[1, 2][..]),
+                ("a", Health::Healthy, &[3][..]),
+                ("c", Health::Healthy, &[][..]),
+            ]
+        );
+        assert_eq!(set.position("c"), Some(2));
+        assert_eq!(set.healthy_ids(), ["a", "c"], "in id order");
+        let listed: Vec<ListedDevice> = set.iter().cloned().collect();
+        assert_eq!(
+            listed,
+            set.devices().map(Device::to_listed).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_change_of_numa_nodes_moves_only_that_device() {
+        let mut set = DeviceSet::new(
+            [
+                wire("a", "Healthy", &[0]),
+                wire("b", "Healthy", &[]),
+                wire("c", "Healthy", &[1]),
+            ]
+            .into_iter()
+            .map(ListedDevice::from_wire)
+            .collect(),
+        );
+        let copy = set.clone();
+        let b = ListedDevice {
+            id: "b".into(),
+            health: Health::Unhealthy,
+            numa: vec![2, 3],
+        };
+        assert_eq!(set.apply_changes(3, &[(1, b)]), Some(true));
+        let numa: Vec<&[i64]> = set.devices().map(|d| d.numa).collect();
+        assert_eq!(numa, [&[0][..], &[2, 3][..], &[1][..]]);
+        assert_eq!(set.allocatable(), 2);
+        assert_eq!(
+            copy.get("b").unwrap().numa,
+            [] as [i64; 0],
+            "a copy keeps its own"
+        );
+        assert!(copy.is_healthy("b"));
+        assert_ne!(copy.generation(), set.generation());
     }
 }

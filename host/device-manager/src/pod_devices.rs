@@ -15,7 +15,7 @@ use pluglet_core::{ContainerName, PodUid, ResourceName};
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
 use crate::device_id::DeviceId;
-use crate::devices::{DeviceSet, Health, IdHasher, ListedDevice};
+use crate::devices::{Device, DeviceSet, Health, IdHasher};
 
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -240,7 +240,7 @@ impl PodDevices {
         &mut self,
         resource: &ResourceName,
         devices: &DeviceSet,
-    ) -> (usize, impl Iterator<Item = &ListedDevice>) {
+    ) -> (usize, impl Iterator<Item = Device<'_>>) {
         let current = self
             .free
             .get(resource)
@@ -556,8 +556,8 @@ impl FreeDevices {
             devices,
             count: 0,
         };
-        for (at, device) in free.devices.iter().enumerate() {
-            if device.health == Health::Healthy && !held(device.id.as_str()) {
+        for (at, device) in free.devices.devices().enumerate() {
+            if device.health == Health::Healthy && !held(device.id) {
                 free.bits[at / 64] |= 1 << (at % 64);
                 free.count += 1;
             }

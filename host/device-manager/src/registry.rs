@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::device_list::DeviceUpdate;
-use crate::devices::{DeviceSet, ListedDevice};
+use crate::devices::{Device, DeviceSet, ListedDevice};
 use crate::endpoint::{self, Endpoint, Flow};
 use crate::error::{AllocateError, ConnectError};
 use crate::persistence::WriteRequests;
@@ -291,8 +291,11 @@ impl Registry {
                         .is_some_and(|e| e.generation == generation) =>
                 {
                     match update {
-                        DeviceUpdate::List(devices) => {
-                            let replaced = entry.devices.replace_checked(devices);
+                        DeviceUpdate::List {
+                            devices,
+                            refused: replaced,
+                        } => {
+                            let changed = entry.devices.adopt(devices);
                             entry.last_error = replaced.refused_any().then(|| {
                                 format!(
                                     "the last device list had {} device(s) with an empty id \
@@ -318,10 +321,10 @@ impl Registry {
                                      sharing an id only the last one listed is; fix the plugin"
                                 );
                             }
-                            replaced.changed
+                            changed
                         }
                         DeviceUpdate::Changed { len, changes } => {
-                            match entry.devices.apply_changes(len, changes) {
+                            match entry.devices.apply_changes(len, &changes) {
                                 Some(changed) => changed,
                                 None => return false,
                             }
@@ -508,7 +511,7 @@ impl Registry {
                 resource: name.clone(),
                 capacity: r.devices.capacity(),
                 allocatable: r.devices.allocatable(),
-                devices: r.devices.iter().cloned().collect(),
+                devices: r.devices.devices().map(Device::to_listed).collect(),
                 policy: handlers.for_resource(name.as_str()).module().to_owned(),
                 endpoint: r.endpoint.as_ref().map(|e| e.path.clone()),
                 connected: r.endpoint.is_some(),
@@ -613,7 +616,14 @@ mod tests {
         }
 
         // News from an endpoint that is not (or no longer) the resource's is ignored.
-        registry.apply_devices(&gpu, Generation(999), DeviceUpdate::List(Vec::new()));
+        registry.apply_devices(
+            &gpu,
+            Generation(999),
+            DeviceUpdate::List {
+                devices: DeviceSet::default(),
+                refused: Default::default(),
+            },
+        );
         registry.disconnect(&gpu, Generation(999), "an old stream ended");
         assert_eq!(registry.counts(GPU), Some((3, 3)));
         let offer = registry.offer(&gpu).unwrap();

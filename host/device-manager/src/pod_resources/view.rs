@@ -44,20 +44,12 @@ pub fn allocatable<'a>(
 ) -> pb::AllocatableResourcesResponse {
     let mut devices = Vec::new();
     for (resource, set) in resources {
-        for device in set.iter().filter(|d| d.health == Health::Healthy) {
+        for device in set.devices().filter(|d| d.health == Health::Healthy) {
             if device.numa.is_empty() {
-                devices.push(container_devices(
-                    resource.as_str(),
-                    device.id.as_str(),
-                    NO_TOPOLOGY,
-                ));
+                devices.push(container_devices(resource.as_str(), device.id, NO_TOPOLOGY));
             }
-            for node in &device.numa {
-                devices.push(container_devices(
-                    resource.as_str(),
-                    device.id.as_str(),
-                    *node,
-                ));
+            for node in device.numa {
+                devices.push(container_devices(resource.as_str(), device.id, *node));
             }
         }
     }
