@@ -16,7 +16,7 @@
 //! update with, which shares these columns.
 
 use std::hash::BuildHasher;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
@@ -272,7 +272,7 @@ impl Ids {
 ///
 /// Cheap to clone (shared, copy-on-write): the checkpoint writer clones the sets under the state
 /// lock and does its sorting and encoding after releasing it.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct DeviceSet {
     ids: Arc<Ids>,
     health: Arc<Vec<Health>>,
@@ -281,22 +281,6 @@ pub struct DeviceSet {
     /// Changes with every change of the devices or their health (unique across sets; `0` for
     /// an empty set never changed), so a view built from the set can tell it is still current.
     generation: u64,
-    /// The devices as [`ListedDevice`]s, made by the first [`DeviceSet::iter`] of this copy.
-    listed: OnceLock<Vec<ListedDevice>>,
-}
-
-impl Clone for DeviceSet {
-    /// Shares the columns; the listed form ([`DeviceSet::iter`]) stays with the original.
-    fn clone(&self) -> DeviceSet {
-        DeviceSet {
-            ids: self.ids.clone(),
-            health: self.health.clone(),
-            numa: self.numa.clone(),
-            healthy: self.healthy,
-            generation: self.generation,
-            listed: OnceLock::new(),
-        }
-    }
 }
 
 /// The source of [`DeviceSet`] generations.
@@ -369,7 +353,6 @@ impl DeviceSet {
             numa: Arc::new(list.numa),
             healthy,
             generation: next_generation(),
-            listed: OnceLock::new(),
         };
         (set, refused)
     }
@@ -418,7 +401,6 @@ impl DeviceSet {
             return Some(false);
         }
         self.generation = next_generation();
-        self.listed = OnceLock::new();
         let health = Arc::make_mut(&mut self.health);
         for (at, device) in changes {
             health[*at] = device.health;
@@ -449,7 +431,6 @@ impl DeviceSet {
     /// Turns every device unhealthy at once (the plugin's stream ended or its socket went).
     pub fn mark_all_unhealthy(&mut self) {
         self.generation = next_generation();
-        self.listed = OnceLock::new();
         match Arc::get_mut(&mut self.health) {
             Some(health) => health.fill(Health::Unhealthy),
             None => self.health = Arc::new(vec![Health::Unhealthy; self.health.len()]),
@@ -470,15 +451,6 @@ impl DeviceSet {
     /// The devices in plugin order.
     pub fn devices(&self) -> impl ExactSizeIterator<Item = Device<'_>> + '_ {
         (0..self.capacity()).map(|at| self.device(at))
-    }
-
-    /// The devices in plugin order as [`ListedDevice`]s, made on the first call and kept with
-    /// this copy of the set (a copy made for a writer drops them with itself).
-    /// [`DeviceSet::devices`] reads them without making anything.
-    pub fn iter(&self) -> impl Iterator<Item = &ListedDevice> {
-        self.listed
-            .get_or_init(|| self.devices().map(Device::to_listed).collect())
-            .iter()
     }
 
     /// See the field: equal generations mean the same devices with the same health.
@@ -735,11 +707,6 @@ mod tests {
         );
         assert_eq!(set.position("c"), Some(2));
         assert_eq!(set.healthy_ids(), ["a", "c"], "in id order");
-        let listed: Vec<ListedDevice> = set.iter().cloned().collect();
-        assert_eq!(
-            listed,
-            set.devices().map(Device::to_listed).collect::<Vec<_>>()
-        );
     }
 
     #[test]

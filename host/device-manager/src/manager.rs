@@ -31,8 +31,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::allocator::{Allocation, AllocationInfo, Allocator};
 use crate::cdi::{Handoff, Reconciled};
-use crate::device_id::DeviceId;
-use crate::devices::{DeviceSet, Health};
+use crate::devices::DeviceSet;
 use crate::error::{AllocateError, ReleaseError, StartError};
 use crate::kind::DevicePluginKind;
 use crate::persistence::files::{SideResource, SideState, kubelet_data};
@@ -40,7 +39,7 @@ use crate::persistence::restore::RestoreReport;
 use crate::persistence::{
     JOURNAL_FILE_NAME, Paths, Persistence, SIDE_FILE_NAME, SideSource, Snapshot,
 };
-use crate::pod_devices::{HolderKey, PodDevices, PodName, group_by_numa};
+use crate::pod_devices::{HolderKey, PodDevices, PodName};
 use crate::registry::{Registry, ResourceInfo, Timings};
 
 /// How long a resource whose plugin disconnected stays (with its devices unhealthy) before it
@@ -530,31 +529,12 @@ fn snapshot_source(
                     .iter()
                     .zip(policies)
                     .map(|((name, devices), (module, sha256))| {
-                        (name.clone(), side_resource(devices, module, sha256))
+                        (name.clone(), SideResource::of(devices, &module, &sha256))
                     })
                     .collect(),
             }) as SideSource
         });
         (data, side)
-    }
-}
-
-/// The side file's record of `devices` under the policy `policy_module`: what
-/// [`SideResource::of`] gives, read from the set's columns (without the listed form).
-fn side_resource(
-    devices: &DeviceSet,
-    policy_module: String,
-    policy_sha256: String,
-) -> SideResource {
-    SideResource {
-        numa: group_by_numa(devices.devices().map(|d| (d.id, d.numa))),
-        unhealthy: devices
-            .devices()
-            .filter(|d| d.health == Health::Unhealthy)
-            .map(|d| DeviceId::from(d.id))
-            .collect(),
-        policy_module,
-        policy_sha256,
     }
 }
 

@@ -41,11 +41,11 @@ impl SideResource {
     /// The side file's record of `devices` under the policy `policy_module`.
     pub fn of(devices: &DeviceSet, policy_module: &str, policy_sha256: &str) -> SideResource {
         SideResource {
-            numa: group_by_numa(devices.iter().map(|d| (d.id.as_str(), d.numa.as_slice()))),
+            numa: group_by_numa(devices.devices().map(|d| (d.id, d.numa))),
             unhealthy: devices
-                .iter()
+                .devices()
                 .filter(|d| d.health == Health::Unhealthy)
-                .map(|d| d.id.clone())
+                .map(|d| DeviceId::from(d.id))
                 .collect(),
             policy_module: policy_module.to_owned(),
             policy_sha256: policy_sha256.to_owned(),
@@ -388,6 +388,7 @@ pub(crate) mod tests {
     use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
     use super::*;
+    use crate::devices::Device;
     use crate::pod_devices::{HolderKey, Holding};
 
     pub(crate) fn gpu_set() -> DeviceSet {
@@ -416,7 +417,7 @@ pub(crate) mod tests {
         assert_eq!(side.unhealthy, ["d2"]);
         let mut devices = side.devices();
         devices.sort_by(|a, b| a.id.cmp(&b.id));
-        let mut expected: Vec<ListedDevice> = gpu_set().iter().cloned().collect();
+        let mut expected: Vec<ListedDevice> = gpu_set().devices().map(Device::to_listed).collect();
         expected.sort_by(|a, b| a.id.cmp(&b.id));
         assert_eq!(devices, expected);
     }

@@ -20,7 +20,7 @@
 //!   nodes and the devices the checkpoint does not list (unhealthy ones), and gives the
 //!   devices alone when the checkpoint is corrupt.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 
 use pluglet_checkpoint::{CheckpointData, JournalRecord, PodDevicesEntry};
@@ -31,7 +31,7 @@ use prost::Message as _;
 use super::NO_CHECKPOINT;
 use super::files::{SideState, decode_journal_record};
 use crate::device_id::DeviceId;
-use crate::devices::{DeviceSet, Health, ListedDevice};
+use crate::devices::{DeviceSet, Health, IdHasher, ListedDevice};
 use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices};
 
 /// A file found corrupt at start and renamed.
@@ -278,8 +278,10 @@ pub fn restore(files: Files) -> Restored {
             })
             .unwrap_or_default();
         if let Some(Some(healthy)) = registered.get(name.as_str()) {
+            let mut known: HashSet<DeviceId, IdHasher> =
+                devices.iter().map(|d| d.id.clone()).collect();
             for id in healthy {
-                if !devices.iter().any(|d| d.id == id.as_str()) {
+                if known.insert(DeviceId::from(id.as_str())) {
                     devices.push(ListedDevice {
                         id: DeviceId::from(id.as_str()),
                         health: Health::Unhealthy,
