@@ -612,10 +612,10 @@ impl Allocator {
         let offer = self.inner.registry.offer(&key.resource)?;
         let available = {
             let mut pods = self.lock();
-            let (free, devices) = pods.free_devices(&key.resource, &offer.devices);
+            let (free, runs) = pods.free_devices(&key.resource, &offer.devices);
             let mut available = Candidates::with_capacity(free, free * ID_BYTES_GUESS);
-            for d in devices {
-                available.push(d.id, d.numa);
+            for run in runs {
+                available.extend_from_columns(run);
             }
             available
         };

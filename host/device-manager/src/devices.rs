@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
+use pluglet_handler_runtime::ColumnRun;
 
 use pluglet_proto::constants::HEALTHY;
 use pluglet_proto::v1beta1;
@@ -470,6 +471,28 @@ impl DeviceSet {
     /// The device at `position` in plugin order.
     pub fn at(&self, position: usize) -> Option<Device<'_>> {
         (position < self.capacity()).then(|| self.device(position))
+    }
+
+    /// The devices at `range` (positions in plugin order, within [`DeviceSet::capacity`]) as
+    /// one run of the set's columns, for the policy's candidates.
+    pub fn run(&self, range: std::ops::Range<usize>) -> ColumnRun<'_> {
+        let ids = &self.ids.column;
+        let (id_start, numa_start) = match range.start.checked_sub(1) {
+            Some(before) => (ids.ends[before], self.numa.ends[before]),
+            None => (0, 0),
+        };
+        let id_ends = &ids.ends[range.clone()];
+        let numa_ends = &self.numa.ends[range];
+        let id_end = id_ends.last().copied().unwrap_or(id_start);
+        let numa_end = numa_ends.last().copied().unwrap_or(numa_start);
+        ColumnRun {
+            ids: &ids.text[id_start as usize..id_end as usize],
+            id_ends,
+            id_start,
+            numa_nodes: &self.numa.nodes[numa_start as usize..numa_end as usize],
+            numa_ends,
+            numa_start,
+        }
     }
 
     /// The position in plugin order of the device with this id.

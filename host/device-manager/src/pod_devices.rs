@@ -12,10 +12,11 @@ use imbl::OrdMap;
 use std::sync::{Arc, OnceLock};
 
 use pluglet_core::{ContainerName, PodUid, ResourceName};
+use pluglet_handler_runtime::ColumnRun;
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
 use crate::device_id::DeviceId;
-use crate::devices::{Device, DeviceSet, Health, IdHasher};
+use crate::devices::{DeviceSet, Health, IdHasher};
 
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -240,7 +241,7 @@ impl PodDevices {
         &mut self,
         resource: &ResourceName,
         devices: &DeviceSet,
-    ) -> (usize, impl Iterator<Item = Device<'_>>) {
+    ) -> (usize, impl Iterator<Item = ColumnRun<'_>>) {
         let current = self
             .free
             .get(resource)
@@ -251,17 +252,15 @@ impl PodDevices {
             self.free.insert(resource.clone(), free);
         }
         let free = &self.free[resource];
-        let positions = free.bits.iter().enumerate().flat_map(|(w, &word)| {
-            let mut word = word;
-            std::iter::from_fn(move || {
-                (word != 0).then(|| {
-                    let bit = word.trailing_zeros() as usize;
-                    word &= word - 1;
-                    w * 64 + bit
-                })
-            })
+        let mut runs = free_runs(&free.bits).peekable();
+        let merged = std::iter::from_fn(move || {
+            let mut run = runs.next()?;
+            while let Some(next) = runs.next_if(|next| next.start == run.end) {
+                run.end = next.end;
+            }
+            Some(run)
         });
-        (free.count, positions.filter_map(|at| free.devices.at(at)))
+        (free.count, merged.map(|run| free.devices.run(run)))
     }
 
     /// Number of devices of `resource` held or reserved.
@@ -548,6 +547,23 @@ struct FreeDevices {
     count: usize,
 }
 
+/// The runs of consecutive set bits of `bits` (bit `i % 64` of word `i / 64` is position `i`), as
+/// ranges of positions in order; a run that crosses a word boundary comes as two.
+fn free_runs(bits: &[u64]) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    bits.iter().enumerate().flat_map(|(w, &word)| {
+        let mut word = word;
+        std::iter::from_fn(move || {
+            (word != 0).then(|| {
+                let start = word.trailing_zeros() as usize;
+                let len = (!(word >> start)).trailing_zeros() as usize;
+                let ones = if len == 64 { u64::MAX } else { (1 << len) - 1 };
+                word &= !(ones << start);
+                w * 64 + start..w * 64 + start + len
+            })
+        })
+    })
+}
+
 impl FreeDevices {
     /// The healthy devices of `devices` that `held` does not say are held.
     fn new(devices: DeviceSet, held: impl Fn(&str) -> bool) -> FreeDevices {
@@ -612,6 +628,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::devices::ListedDevice;
 
     fn key(pod: &str, container: &str) -> HolderKey {
         HolderKey {
@@ -628,6 +645,51 @@ mod tests {
             state: HoldingState::Reserved { token },
             pod: None,
         }
+    }
+
+    #[test]
+    fn free_runs_are_the_set_bits_in_order() {
+        let runs: Vec<_> = free_runs(&[0b1011_0110, u64::MAX, 1 << 63, 0, 1]).collect();
+        assert_eq!(
+            runs,
+            [1..3, 4..6, 7..8, 64..128, 191..192, 256..257],
+            "a run that crosses a word boundary comes as two"
+        );
+    }
+
+    #[test]
+    fn free_devices_are_the_healthy_devices_not_held_in_plugin_order() {
+        let devices: Vec<ListedDevice> = (0..150)
+            .map(|i| ListedDevice {
+                id: DeviceId::from(format!("d{i}").as_str()),
+                health: if i % 7 == 3 {
+                    Health::Unhealthy
+                } else {
+                    Health::Healthy
+                },
+                numa: (0..i % 3).map(|n| n as i64).collect(),
+            })
+            .collect();
+        let set = DeviceSet::new(devices.clone());
+        let mut pods = PodDevices::default();
+        pods.insert(
+            key("p", "c"),
+            reserved(&["d0", "d63", "d64", "d100", "d149"], 1),
+        );
+        let gpu = ResourceName::from("vendor.com/gpu");
+        let (count, runs) = pods.free_devices(&gpu, &set);
+        let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
+        for run in runs {
+            candidates.extend_from_columns(run);
+        }
+        let expected: Vec<(&str, &[i64])> = devices
+            .iter()
+            .filter(|d| d.health == Health::Healthy)
+            .filter(|d| !["d0", "d63", "d64", "d100", "d149"].contains(&d.id.as_str()))
+            .map(|d| (d.id.as_str(), d.numa.as_slice()))
+            .collect();
+        assert_eq!(count, expected.len());
+        assert_eq!(candidates.iter().collect::<Vec<_>>(), expected);
     }
 
     #[test]

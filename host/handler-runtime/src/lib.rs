@@ -97,6 +97,7 @@ pub use limits::{
     WASM_STACK_BYTES,
 };
 pub use types::{
-    Accepted, AllocationRequest, Call, CallContext, CandidateDevice, Candidates, Family, GuestLog,
-    Hook, LogLevel, PluginInfo, Refusal, RefusalKind, RegisteredPlugin, RegistrationFacts,
+    Accepted, AllocationRequest, Call, CallContext, CandidateDevice, Candidates, ColumnRun, Family,
+    GuestLog, Hook, LogLevel, PluginInfo, Refusal, RefusalKind, RegisteredPlugin,
+    RegistrationFacts,
 };

@@ -174,6 +174,29 @@ impl Candidates {
         self.numa_ends.push(end(self.numa_nodes.len()));
     }
 
+    /// Adds the devices of `run`, cut from columns of this same form: one copy per column
+    /// instead of one per device.
+    pub fn extend_from_columns(&mut self, run: ColumnRun<'_>) {
+        debug_assert_eq!(
+            run.ids.len(),
+            run.id_ends
+                .last()
+                .map_or(0, |&e| (e - run.id_start) as usize),
+            "a run's ids end at its last end"
+        );
+        let id_base = end(self.ids.len());
+        self.ids.push_str(run.ids);
+        self.id_ends
+            .extend(run.id_ends.iter().map(|&e| id_base + (e - run.id_start)));
+        let numa_base = end(self.numa_nodes.len());
+        self.numa_nodes.extend_from_slice(run.numa_nodes);
+        self.numa_ends.extend(
+            run.numa_ends
+                .iter()
+                .map(|&e| numa_base + (e - run.numa_start)),
+        );
+    }
+
     /// How many devices.
     pub fn len(&self) -> usize {
         self.id_ends.len()
@@ -201,6 +224,26 @@ impl Candidates {
         let numa = &self.numa_nodes[start(&self.numa_ends)..self.numa_ends[at] as usize];
         (id, numa)
     }
+}
+
+/// Consecutive devices of columns in the form [`Candidates`] holds (ids one after another with
+/// where each ends, NUMA nodes likewise), for [`Candidates::extend_from_columns`]. Ends are
+/// counted in the columns the run was cut from, where its first id starts at `id_start` and its
+/// first NUMA node at `numa_start`.
+#[derive(Clone, Copy, Debug)]
+pub struct ColumnRun<'a> {
+    /// The run's ids, one after another.
+    pub ids: &'a str,
+    /// Where each id ends (each at least `id_start`, `ids` ending at the last).
+    pub id_ends: &'a [u32],
+    /// Where the first id starts.
+    pub id_start: u32,
+    /// The run's NUMA nodes, one device's after another's.
+    pub numa_nodes: &'a [i64],
+    /// Where each device's nodes end (one per id).
+    pub numa_ends: &'a [u32],
+    /// Where the first device's nodes start.
+    pub numa_start: u32,
 }
 
 /// An end offset in a column (a column past 4 GiB cannot cross into a guest anyway).
@@ -455,6 +498,43 @@ mod tests {
             id: id.into(),
             numa_nodes: numa.to_vec(),
         }
+    }
+
+    #[test]
+    fn columns_are_added_as_the_same_devices_one_by_one() {
+        let devices: [(&str, &[i64]); 5] = [
+            ("a", &[0]),
+            ("bb", &[]),
+            ("é", &[1, 2]),
+            ("", &[3]),
+            ("dd", &[]),
+        ];
+        let mut source = Candidates::with_capacity(0, 0);
+        for (id, numa) in devices {
+            source.push(id, numa);
+        }
+        // Cut devices 1..4 out of the source's columns, and add them after one pushed device.
+        let run = ColumnRun {
+            ids: &source.ids[1..5],
+            id_ends: &source.id_ends[1..4],
+            id_start: source.id_ends[0],
+            numa_nodes: &source.numa_nodes[1..4],
+            numa_ends: &source.numa_ends[1..4],
+            numa_start: source.numa_ends[0],
+        };
+        let mut candidates = Candidates::with_capacity(0, 0);
+        candidates.push("x", &[9]);
+        candidates.extend_from_columns(run);
+        let mut expected = Candidates::with_capacity(0, 0);
+        expected.push("x", &[9]);
+        for (id, numa) in &devices[1..4] {
+            expected.push(id, numa);
+        }
+        assert_eq!(
+            candidates.iter().collect::<Vec<_>>(),
+            expected.iter().collect::<Vec<_>>()
+        );
+        assert_eq!(candidates.len(), 4);
     }
 
     #[test]
