@@ -291,12 +291,9 @@ fn next_generation() -> u64 {
     GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// What [`DeviceSet::from_list`] refused of a list, and whether [`DeviceSet::replace_checked`]
-/// changed the set.
+/// What [`DeviceSet::from_list`] refused of a list.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Replaced {
-    /// Whether the set changed.
-    pub changed: bool,
     /// Devices left out for an empty id.
     pub empty_ids: usize,
     /// Devices whose id an earlier device in the list had (the last one listed is served).
@@ -358,21 +355,9 @@ impl DeviceSet {
         (set, refused)
     }
 
-    /// Replaces the whole list (one ListAndWatch update): devices absent from `devices` are gone.
-    /// Returns whether anything changed.
-    pub fn replace(&mut self, devices: Vec<ListedDevice>) -> bool {
-        self.replace_checked(devices).changed
-    }
-
-    /// [`DeviceSet::replace`], saying which ids it refused (see [`DeviceSet::from_list`]).
-    pub fn replace_checked(&mut self, devices: Vec<ListedDevice>) -> Replaced {
-        let (set, mut refused) = DeviceSet::from_list(devices.into_iter().collect());
-        refused.changed = self.adopt(set);
-        refused
-    }
-
     /// Takes `set`'s devices in place of these (a new ListAndWatch list, made by the stream's
-    /// decoder, which keeps a copy sharing its columns); returns whether they differ from these.
+    /// decoder, which keeps a copy sharing its columns): devices absent from `set` are gone.
+    /// Returns whether they differ from these.
     pub fn adopt(&mut self, set: DeviceSet) -> bool {
         let changed = !self.same_devices(&set);
         *self = set;
@@ -660,13 +645,19 @@ mod tests {
     #[test]
     fn empty_ids_are_not_served_and_a_duplicate_id_is_served_once() {
         let mut set = DeviceSet::default();
-        let replaced = set.replace_checked(vec![
-            ListedDevice::from_wire(wire("", "Healthy", &[0])),
-            ListedDevice::from_wire(wire("a", "Healthy", &[0])),
-            ListedDevice::from_wire(wire("a", "Unhealthy", &[1])),
-            ListedDevice::from_wire(wire("b", "Healthy", &[0])),
-        ]);
-        assert!(replaced.changed && replaced.refused_any());
+        let (list, replaced) = DeviceSet::from_list(
+            [
+                wire("", "Healthy", &[0]),
+                wire("a", "Healthy", &[0]),
+                wire("a", "Unhealthy", &[1]),
+                wire("b", "Healthy", &[0]),
+            ]
+            .into_iter()
+            .map(ListedDevice::from_wire)
+            .collect(),
+        );
+        let changed = set.adopt(list);
+        assert!(changed && replaced.refused_any());
         assert_eq!((replaced.empty_ids, replaced.duplicates), (1, 1));
         assert_eq!(replaced.duplicate_ids, ["a"]);
         assert_eq!((set.capacity(), set.allocatable()), (2, 1));
@@ -683,11 +674,12 @@ mod tests {
             ListedDevice::from_wire(wire("a", "Healthy", &[])),
             ListedDevice::from_wire(wire("b", "Healthy", &[])),
         ]);
-        assert!(set.replace(vec![ListedDevice::from_wire(wire("c", "Healthy", &[0]))]));
+        let c = || DeviceSet::new(vec![ListedDevice::from_wire(wire("c", "Healthy", &[0]))]);
+        assert!(set.adopt(c()));
         assert_eq!(set.capacity(), 1);
         assert!(set.get("a").is_none());
         assert!(set.is_healthy("c"));
-        assert!(!set.replace(vec![ListedDevice::from_wire(wire("c", "Healthy", &[0]))]));
+        assert!(!set.adopt(c()));
     }
 
     #[test]
