@@ -57,11 +57,18 @@ fn mib(bytes: usize) -> String {
 }
 
 fn string(what: &str, s: &str) -> Result<(), HandlerFault> {
+    string_named(|| what.to_owned(), s)
+}
+
+/// Like [`string`], with the string's name made only when it is too long (an answer's ids are
+/// checked one by one, and naming each would cost more than the check).
+fn string_named(what: impl FnOnce() -> String, s: &str) -> Result<(), HandlerFault> {
     if s.len() > MAX_ANSWER_STRING_BYTES {
         return Err(HandlerFault::AnswerTooLarge {
             detail: format!(
-                "{what} is {} bytes, more than the {} a string may have \
+                "{} is {} bytes, more than the {} a string may have \
                  (MAX_ANSWER_STRING_BYTES)",
+                what(),
                 s.len(),
                 mib(MAX_ANSWER_STRING_BYTES)
             ),
@@ -109,7 +116,7 @@ pub(crate) fn check_allocate(answer: &Result<Vec<String>, Refusal>) -> Result<()
         });
     }
     for (i, id) in ids.iter().enumerate() {
-        string(&format!("id #{i}"), id)?;
+        string_named(|| format!("id #{i}"), id)?;
     }
     Ok(())
 }

@@ -36,8 +36,8 @@ pub struct RuntimeConfig {
     /// How many calls may run at once (pooling allocator slots); more calls wait for a slot.
     pub pool_size: u32,
     /// Period of the epoch ticker while calls run: the resolution of deadlines and of
-    /// [`LONG_CALL_CPU`](crate::LONG_CALL_CPU). With no call running it ticks every [`IDLE_EPOCH_TICK`], so an idle
-    /// daemon wakes up rarely.
+    /// [`LONG_CALL_CPU`](crate::LONG_CALL_CPU). With no guest code running it does not tick
+    /// at all, so an idle daemon has no timer of its own (see `ticker`).
     pub epoch_tick: Duration,
     /// Limits of handlers loaded without their own.
     pub default_limits: Limits,
@@ -47,10 +47,6 @@ pub struct RuntimeConfig {
     /// the short calls whatever runaway modules do.
     pub long_calls: u32,
 }
-
-/// Period of the epoch ticker while no call runs (a call starting then gets its first tick
-/// within this, and every [`RuntimeConfig::epoch_tick`] after).
-pub const IDLE_EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// One less than the cores, at least one.
 pub fn default_long_calls() -> u32 {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
@@ -19,11 +19,12 @@ use crate::cache::{ActiveCache, CacheStats, CompileCache};
 use crate::call_gate::CallGate;
 use crate::call_state::CallState;
 use crate::compiler::{ChildOutcome, Compiler, compile_in_child};
-use crate::config::{IDLE_EPOCH_TICK, RuntimeConfig, engine_config};
+use crate::config::{RuntimeConfig, engine_config};
 use crate::error::LoadError;
 use crate::handler::{ExportIndices, Handler, HandlerParts};
 use crate::limits::{Limits, check_limits};
 use crate::store::StoreFactory;
+use crate::ticker::Ticker;
 
 /// The WASI clock interface whose timers [`cap_guest_sleeps`] replaces (the version
 /// `wasmtime-wasi` provides; guests built for older 0.2 versions are linked to it).
@@ -161,13 +162,14 @@ impl Runtime {
             .map_err(link_err())?;
 
         let gate = Arc::new(CallGate::new());
-        spawn_ticker(&engine, config.epoch_tick, gate.clone())?;
+        let ticker = Ticker::spawn(&engine, config.epoch_tick)?;
         let cache = cache.map(|cache| ActiveCache::new(cache, &engine));
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
                 stores: Arc::new(StoreFactory {
                     engine,
                     pool_gate: gate,
+                    ticker,
                     long_calls: Arc::new(CallGate::new()),
                     config,
                     spares_kept: AtomicU32::new(0),
@@ -362,49 +364,3 @@ impl Runtime {
     }
 }
 
-/// Starts the epoch ticker: a dedicated thread holding only a weak reference to the engine, so it
-/// ends once the engine is gone. A late wake-up gives one tick, never a burst (missed ticks are
-/// skipped), so a stalled ticker cannot time calls out spuriously.
-fn spawn_ticker(
-    engine: &Engine,
-    busy_tick: Duration,
-    calls: Arc<CallGate>,
-) -> Result<(), LoadError> {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("pluglet-epoch".into())
-        .spawn(move || {
-            let idle_tick = IDLE_EPOCH_TICK.max(busy_tick);
-            let period = || {
-                if calls.running() > 0 {
-                    busy_tick
-                } else {
-                    idle_tick
-                }
-            };
-            let mut next = Instant::now() + period();
-            loop {
-                let tick = period();
-                next = next.min(Instant::now() + tick);
-                let now = Instant::now();
-                if next > now {
-                    std::thread::sleep(next - now);
-                }
-                let Some(engine) = weak.upgrade() else {
-                    return;
-                };
-                engine.increment_epoch();
-                drop(engine);
-                next += tick;
-                let now = Instant::now();
-                if next < now {
-                    next = now + tick;
-                }
-            }
-        })
-        .map_err(|e| LoadError::Engine {
-            reason: "the epoch ticker thread did not start".into(),
-            source: Some(Box::new(e)),
-        })?;
-    Ok(())
-}

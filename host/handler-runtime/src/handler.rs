@@ -436,13 +436,14 @@ impl Handler {
         store
             .set_fuel(fuel)
             .map_err(|e| fail(HandlerFault::Instantiate { source: e.into() }))?;
-        self.stores.arm_deadline(&self.limits, &mut store);
+        let ticking = self.stores.arm_deadline(&self.limits, &mut store);
 
         let outcome = match instance {
             Some(instance) => Ok(instance),
             None => self.pre.instantiate(&mut store),
         }
         .and_then(|instance| body(&mut store, &instance, &index));
+        drop(ticking);
         let elapsed = started.elapsed();
         let result = match outcome {
             Ok(value) => check(&value).map_err(fail).map(|()| {

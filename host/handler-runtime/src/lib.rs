@@ -79,6 +79,7 @@ mod handler;
 mod limits;
 mod spare;
 mod store;
+mod ticker;
 mod types;
 
 pub use answer::{MAX_ANSWER_IDS, MAX_ANSWER_STRING_BYTES, MAX_TRANSFER_BYTES};
@@ -86,7 +87,7 @@ pub use bindings::CONTRACT_VERSION;
 pub use cache::{CACHE_DIR, CacheError, CacheStats, CompileCache, KEY_FILE};
 pub use call_gate::{CallGate, GatePermit};
 pub use compiler::Compiler;
-pub use config::{IDLE_EPOCH_TICK, MAX_SPARES, RuntimeConfig, default_long_calls};
+pub use config::{MAX_SPARES, RuntimeConfig, default_long_calls};
 pub use deferred_release::{DeferredRelease, defer_release};
 pub use engine::{ModuleSource, Runtime};
 pub use error::{BoxError, HandlerError, HandlerFault, LoadError};

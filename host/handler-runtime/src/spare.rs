@@ -86,7 +86,7 @@ impl SpareBuilder {
         let instance = store
             .set_fuel(self.limits.fuel.unwrap_or(u64::MAX))
             .and_then(|()| {
-                self.stores.arm_deadline(&self.limits, &mut store);
+                let _ticking = self.stores.arm_deadline(&self.limits, &mut store);
                 self.pre.instantiate(&mut store)
             });
         let Ok(instance) = instance else {

@@ -14,6 +14,7 @@ use crate::call_gate::{CallGate, OwnedGatePermit};
 use crate::call_state::CallState;
 use crate::config::RuntimeConfig;
 use crate::limits::{LONG_CALL_CPU, Limits};
+use crate::ticker::{Ticker, Ticking};
 
 /// What every call's store is made from, shared by the runtime and its handlers: the engine,
 /// the gate in front of the instance pool, the long-call gate and the configuration.
@@ -26,6 +27,14 @@ pub(crate) struct StoreFactory {
     pub(crate) config: RuntimeConfig,
     /// Instances made ahead of their call, kept now (at most [`crate::MAX_SPARES`]).
     pub(crate) spares_kept: AtomicU32,
+    /// The epoch ticker, ticking while an armed deadline's guest code runs.
+    pub(crate) ticker: Arc<Ticker>,
+}
+
+impl Drop for StoreFactory {
+    fn drop(&mut self) {
+        self.ticker.close();
+    }
 }
 
 impl StoreFactory {
@@ -67,7 +76,10 @@ impl StoreFactory {
     /// Once the call has used [`LONG_CALL_CPU`] it is long: it goes on only with a permit of the
     /// runtime's long-call gate ([`crate::RuntimeConfig::long_calls`]), waiting for one (its
     /// CPU time not counted, its wall time still capped) while other long calls hold them all.
-    pub(crate) fn arm_deadline(&self, limits: &Limits, store: &mut Store<CallState>) {
+    ///
+    /// The epoch ticks while the returned guard is held: hold it until the guest code is done.
+    #[must_use = "the deadline only advances while the guard is held"]
+    pub(crate) fn arm_deadline(&self, limits: &Limits, store: &mut Store<CallState>) -> Ticking {
         let tick = self.config.epoch_tick;
         let budget = limits.deadline;
         let wall_cap = limits.wall_cap();
@@ -101,6 +113,7 @@ impl StoreFactory {
                 budget.saturating_sub(used()),
             )))
         });
+        self.ticker.start()
     }
 }
 

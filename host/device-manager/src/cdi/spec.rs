@@ -83,6 +83,23 @@ pub struct DeviceNode {
 }
 
 impl DeviceNode {
+    /// A runtime's checks of one node: absolute paths, permissions of `r`, `w` and `m`.
+    fn check(&self) -> Result<(), SpecError> {
+        absolute("device node container path", &self.path)?;
+        if let Some(host) = &self.host_path {
+            absolute("device node host path", host)?;
+        }
+        if let Some(p) = &self.permissions
+            && (p.is_empty() || !p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')))
+        {
+            return Err(SpecError::Permissions {
+                path: self.path.clone(),
+                permissions: p.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// The node as an error message shows it.
     fn describe(&self) -> String {
         format!(
@@ -106,6 +123,14 @@ pub struct Mount {
     /// Mount options.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub options: Vec<String>,
+}
+
+impl Mount {
+    /// A runtime's checks of one mount: absolute paths.
+    fn check(&self) -> Result<(), SpecError> {
+        absolute("mount host path", &self.host_path)?;
+        absolute("mount container path", &self.container_path)
+    }
 }
 
 /// Why an Allocate answer cannot be handed to a runtime as CDI.
@@ -195,12 +220,16 @@ impl Spec {
                 second,
             },
         )?
-        .map(|d| DeviceNode {
-            path: d.container_path.clone(),
-            host_path: (d.host_path != d.container_path).then(|| d.host_path.clone()),
-            permissions: (!d.permissions.is_empty()).then(|| d.permissions.clone()),
+        .map(|d| {
+            let node = DeviceNode {
+                path: d.container_path.clone(),
+                host_path: (d.host_path != d.container_path).then(|| d.host_path.clone()),
+                permissions: (!d.permissions.is_empty()).then(|| d.permissions.clone()),
+            };
+            node.check()?;
+            Ok(node)
         })
-        .collect();
+        .collect::<Result<_, SpecError>>()?;
         let mounts = merged(
             &response.mounts,
             |m| m.container_path.as_str(),
@@ -216,16 +245,20 @@ impl Spec {
                 second,
             },
         )?
-        .map(|m| Mount {
-            host_path: m.host_path.clone(),
-            container_path: m.container_path.clone(),
-            options: if m.read_only {
-                vec!["ro".into(), "bind".into()]
-            } else {
-                vec!["bind".into()]
-            },
+        .map(|m| {
+            let mount = Mount {
+                host_path: m.host_path.clone(),
+                container_path: m.container_path.clone(),
+                options: if m.read_only {
+                    vec!["ro".into(), "bind".into()]
+                } else {
+                    vec!["bind".into()]
+                },
+            };
+            mount.check()?;
+            Ok(mount)
         })
-        .collect();
+        .collect::<Result<_, SpecError>>()?;
         let edits = ContainerEdits {
             env,
             device_nodes,
@@ -248,7 +281,8 @@ impl Spec {
             }],
         };
         spec.cdi_version = spec.required_version().to_owned();
-        spec.validate()?;
+        // The edits were checked as they were made (each container path once, by the merge).
+        spec.validate_names()?;
         Ok(Some(spec))
     }
 
@@ -273,6 +307,36 @@ impl Spec {
     /// The checks a CDI runtime makes of a spec file: valid kind and device names, no device
     /// name twice, absolute paths, device permissions of `r`, `w` and `m`, `KEY=VALUE` envs.
     pub fn validate(&self) -> Result<(), SpecError> {
+        self.validate_names()?;
+        for device in &self.devices {
+            let edits = &device.container_edits;
+            for env in &edits.env {
+                match env.split_once('=') {
+                    Some((key, value))
+                        if !key.is_empty() && !key.contains('\0') && !value.contains('\0') => {}
+                    _ => return Err(SpecError::Env(env.clone())),
+                }
+            }
+            let mut paths = HashMap::with_hasher(IdHasher::default());
+            for node in &edits.device_nodes {
+                node.check()?;
+                if let Some(first) = paths.insert(node.path.as_str(), node) {
+                    return Err(SpecError::DuplicateNode {
+                        path: node.path.clone(),
+                        first: first.describe(),
+                        second: node.describe(),
+                    });
+                }
+            }
+            for mount in &edits.mounts {
+                mount.check()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The name checks of [`Spec::validate`]: valid kind and device names, no device name twice.
+    fn validate_names(&self) -> Result<(), SpecError> {
         let (vendor, class) = self
             .kind
             .split_once('/')
@@ -287,40 +351,6 @@ impl Spec {
             }
             if !seen.insert(device.name.as_str()) {
                 return Err(SpecError::DuplicateDevice(device.name.clone()));
-            }
-            let edits = &device.container_edits;
-            for env in &edits.env {
-                match env.split_once('=') {
-                    Some((key, value))
-                        if !key.is_empty() && !key.contains('\0') && !value.contains('\0') => {}
-                    _ => return Err(SpecError::Env(env.clone())),
-                }
-            }
-            let mut paths = HashMap::with_hasher(IdHasher::default());
-            for node in &edits.device_nodes {
-                absolute("device node container path", &node.path)?;
-                if let Some(host) = &node.host_path {
-                    absolute("device node host path", host)?;
-                }
-                if let Some(p) = &node.permissions
-                    && (p.is_empty() || !p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')))
-                {
-                    return Err(SpecError::Permissions {
-                        path: node.path.clone(),
-                        permissions: p.clone(),
-                    });
-                }
-                if let Some(first) = paths.insert(node.path.as_str(), node) {
-                    return Err(SpecError::DuplicateNode {
-                        path: node.path.clone(),
-                        first: first.describe(),
-                        second: node.describe(),
-                    });
-                }
-            }
-            for mount in &edits.mounts {
-                absolute("mount host path", &mount.host_path)?;
-                absolute("mount container path", &mount.container_path)?;
             }
         }
         Ok(())
