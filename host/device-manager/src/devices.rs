@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
-use pluglet_handler_runtime::ColumnRun;
+use pluglet_handler_runtime::{ColumnRun, ListColumn, TextColumn};
 
 use pluglet_proto::constants::HEALTHY;
 use pluglet_proto::v1beta1;
@@ -108,87 +108,29 @@ impl Device<'_> {
     }
 }
 
-/// An end offset in a column. A column holds one plugin's device list, which is at most
+/// A position in a set. A set holds one plugin's device list, which is at most
 /// [`crate::endpoint::MAX_DEVICE_LIST_BYTES`] on the wire (a restored list was such a list),
-/// so it is far below 4 GiB.
+/// so it has far fewer than 4 billion devices.
 fn end(len: usize) -> u32 {
-    u32::try_from(len).expect("a device list column is below 4 GiB")
-}
-
-/// Where item `at` of a column whose items end at `ends` starts and ends.
-fn span(ends: &[u32], at: usize) -> std::ops::Range<usize> {
-    let start = at.checked_sub(1).map_or(0, |before| ends[before] as usize);
-    start..ends[at] as usize
-}
-
-/// Ids one after another, with where each ends.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct IdColumn {
-    text: String,
-    ends: Vec<u32>,
-}
-
-impl IdColumn {
-    fn push(&mut self, id: &str) {
-        self.text.push_str(id);
-        self.ends.push(end(self.text.len()));
-    }
-
-    fn get(&self, at: usize) -> &str {
-        &self.text[span(&self.ends, at)]
-    }
-
-    fn shrink_to_fit(&mut self) {
-        self.text.shrink_to_fit();
-        self.ends.shrink_to_fit();
-    }
-}
-
-/// Each device's NUMA nodes one after another, with where each device's nodes end.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct NumaColumn {
-    nodes: Vec<i64>,
-    ends: Vec<u32>,
-}
-
-impl NumaColumn {
-    fn push(&mut self, numa: &[i64]) {
-        self.nodes.extend_from_slice(numa);
-        self.ends.push(end(self.nodes.len()));
-    }
-
-    fn get(&self, at: usize) -> &[i64] {
-        &self.nodes[span(&self.ends, at)]
-    }
-
-    fn shrink_to_fit(&mut self) {
-        self.nodes.shrink_to_fit();
-        self.ends.shrink_to_fit();
-    }
+    u32::try_from(len).expect("a device list has fewer than 4 billion devices")
 }
 
 /// Devices in the order a plugin listed them, as read: empty and repeated ids included.
 /// Held in columns (see the module doc); [`DeviceSet::from_list`] makes a set of it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceList {
-    ids: IdColumn,
+    ids: TextColumn,
     health: Vec<Health>,
-    numa: NumaColumn,
+    numa: ListColumn<i64>,
 }
 
 impl DeviceList {
     /// Room for `devices` devices whose ids take about `id_bytes` bytes in all.
     pub fn with_capacity(devices: usize, id_bytes: usize) -> DeviceList {
         DeviceList {
-            ids: IdColumn {
-                text: String::with_capacity(id_bytes),
-                ends: Vec::with_capacity(devices),
-            },
+            ids: TextColumn::with_capacity(devices, id_bytes),
             health: Vec::with_capacity(devices),
-            numa: NumaColumn {
-                nodes: Vec::with_capacity(devices),
-                ends: Vec::with_capacity(devices),
-            },
+            numa: ListColumn::with_capacity(devices, devices),
         }
     }
 
@@ -243,7 +185,7 @@ impl FromIterator<ListedDevice> for DeviceList {
 /// The ids of a set (each once), their index and their order.
 #[derive(Default)]
 struct Ids {
-    column: IdColumn,
+    column: TextColumn,
     /// Positions, hashed by their id (with `hasher`).
     index: HashTable<u32>,
     /// Positions ordered by id (Go's string order, as the checkpoint lists them).
@@ -254,7 +196,7 @@ struct Ids {
 impl std::fmt::Debug for Ids {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
-            .entries((0..self.column.ends.len()).map(|at| self.column.get(at)))
+            .entries((0..self.column.len()).map(|at| self.column.get(at)))
             .finish()
     }
 }
@@ -277,7 +219,7 @@ impl Ids {
 pub struct DeviceSet {
     ids: Arc<Ids>,
     health: Arc<Vec<Health>>,
-    numa: Arc<NumaColumn>,
+    numa: Arc<ListColumn<i64>>,
     healthy: usize,
     /// Changes with every change of the devices or their health (unique across sets; `0` for
     /// an empty set never changed), so a view built from the set can tell it is still current.
@@ -400,7 +342,7 @@ impl DeviceSet {
             // Stable: of two changes of one device, the later one stays later and wins.
             order.sort_by_key(|(at, _)| *at);
             let mut next = order.into_iter().peekable();
-            let mut numa = NumaColumn::default();
+            let mut numa = ListColumn::default();
             for at in 0..len {
                 let mut nodes = self.numa.get(at);
                 while let Some((_, device)) = next.next_if(|(changed, _)| *changed == at) {
@@ -461,22 +403,9 @@ impl DeviceSet {
     /// The devices at `range` (positions in plugin order, within [`DeviceSet::capacity`]) as
     /// one run of the set's columns, for the policy's candidates.
     pub fn run(&self, range: std::ops::Range<usize>) -> ColumnRun<'_> {
-        let ids = &self.ids.column;
-        let (id_start, numa_start) = match range.start.checked_sub(1) {
-            Some(before) => (ids.ends[before], self.numa.ends[before]),
-            None => (0, 0),
-        };
-        let id_ends = &ids.ends[range.clone()];
-        let numa_ends = &self.numa.ends[range];
-        let id_end = id_ends.last().copied().unwrap_or(id_start);
-        let numa_end = numa_ends.last().copied().unwrap_or(numa_start);
         ColumnRun {
-            ids: &ids.text[id_start as usize..id_end as usize],
-            id_ends,
-            id_start,
-            numa_nodes: &self.numa.nodes[numa_start as usize..numa_end as usize],
-            numa_ends,
-            numa_start,
+            ids: self.ids.column.run(range.clone()),
+            numa: self.numa.run(range),
         }
     }
 
@@ -509,9 +438,9 @@ impl DeviceSet {
 }
 
 /// The index of `ids`, or `None` when one of them is empty or repeated.
-fn index_of(ids: &IdColumn, hasher: &IdHasher) -> Option<HashTable<u32>> {
-    let mut index: HashTable<u32> = HashTable::with_capacity(ids.ends.len());
-    for at in 0..ids.ends.len() {
+fn index_of(ids: &TextColumn, hasher: &IdHasher) -> Option<HashTable<u32>> {
+    let mut index: HashTable<u32> = HashTable::with_capacity(ids.len());
+    for at in 0..ids.len() {
         let id = ids.get(at);
         if id.is_empty() {
             return None;
@@ -562,7 +491,7 @@ fn served(list: &DeviceList, hasher: &IdHasher) -> (DeviceList, Replaced) {
             }
         }
     }
-    let mut kept = DeviceList::with_capacity(served.len(), list.ids.text.len());
+    let mut kept = DeviceList::with_capacity(served.len(), list.ids.text().len());
     for &at in &served {
         let d = list.device(at as usize);
         kept.push(d.id, d.health, d.numa);

@@ -363,4 +363,3 @@ impl Runtime {
         }
     }
 }
-

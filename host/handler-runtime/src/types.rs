@@ -11,6 +11,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use wasmtime::component::{ComponentType, Lift, Lower};
 
+use crate::columns::{ListColumn, ListRun, TextColumn, TextRun};
+
 /// What a plugin said about itself in GetInfo (or in a device plugin Register).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ComponentType, Lift, Lower)]
 #[component(record)]
@@ -148,10 +150,8 @@ pub struct CandidateDevice {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "Vec<CandidateDevice>", into = "Vec<CandidateDevice>")]
 pub struct Candidates {
-    ids: String,
-    id_ends: Vec<u32>,
-    numa_nodes: Vec<i64>,
-    numa_ends: Vec<u32>,
+    ids: TextColumn,
+    numa: ListColumn<i64>,
 }
 
 impl Candidates {
@@ -159,96 +159,53 @@ impl Candidates {
     /// node each).
     pub fn with_capacity(devices: usize, id_bytes: usize) -> Candidates {
         Candidates {
-            ids: String::with_capacity(id_bytes),
-            id_ends: Vec::with_capacity(devices),
-            numa_nodes: Vec::with_capacity(devices),
-            numa_ends: Vec::with_capacity(devices),
+            ids: TextColumn::with_capacity(devices, id_bytes),
+            numa: ListColumn::with_capacity(devices, devices),
         }
     }
 
     /// Adds a device.
     pub fn push(&mut self, id: &str, numa_nodes: &[i64]) {
-        self.ids.push_str(id);
-        self.id_ends.push(end(self.ids.len()));
-        self.numa_nodes.extend_from_slice(numa_nodes);
-        self.numa_ends.push(end(self.numa_nodes.len()));
+        self.ids.push(id);
+        self.numa.push(numa_nodes);
     }
 
     /// Adds the devices of `run`, cut from columns of this same form: one copy per column
     /// instead of one per device.
     pub fn extend_from_columns(&mut self, run: ColumnRun<'_>) {
-        debug_assert_eq!(
-            run.ids.len(),
-            run.id_ends
-                .last()
-                .map_or(0, |&e| (e - run.id_start) as usize),
-            "a run's ids end at its last end"
-        );
-        let id_base = end(self.ids.len());
-        self.ids.push_str(run.ids);
-        self.id_ends
-            .extend(run.id_ends.iter().map(|&e| id_base + (e - run.id_start)));
-        let numa_base = end(self.numa_nodes.len());
-        self.numa_nodes.extend_from_slice(run.numa_nodes);
-        self.numa_ends.extend(
-            run.numa_ends
-                .iter()
-                .map(|&e| numa_base + (e - run.numa_start)),
-        );
+        self.ids.extend_from(run.ids);
+        self.numa.extend_from(run.numa);
     }
 
     /// How many devices.
     pub fn len(&self) -> usize {
-        self.id_ends.len()
+        self.ids.len()
     }
 
     /// Whether there is none.
     pub fn is_empty(&self) -> bool {
-        self.id_ends.is_empty()
+        self.ids.is_empty()
     }
 
     /// Each device's id and NUMA nodes, in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &[i64])> + '_ {
-        (0..self.len()).map(|at| self.get(at))
+        (0..self.len()).map(|at| (self.ids.get(at), self.numa.get(at)))
     }
 
     /// The ids, in order.
     pub fn ids(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
-        self.iter().map(|(id, _)| id)
-    }
-
-    /// The device at position `at` (which must be below [`Candidates::len`]).
-    fn get(&self, at: usize) -> (&str, &[i64]) {
-        let start = |ends: &[u32]| at.checked_sub(1).map_or(0, |before| ends[before] as usize);
-        let id = &self.ids[start(&self.id_ends)..self.id_ends[at] as usize];
-        let numa = &self.numa_nodes[start(&self.numa_ends)..self.numa_ends[at] as usize];
-        (id, numa)
+        (0..self.len()).map(|at| self.ids.get(at))
     }
 }
 
-/// Consecutive devices of columns in the form [`Candidates`] holds (ids one after another with
-/// where each ends, NUMA nodes likewise), for [`Candidates::extend_from_columns`]. Ends are
-/// counted in the columns the run was cut from, where its first id starts at `id_start` and its
-/// first NUMA node at `numa_start`.
+/// Consecutive devices cut from columns in the form [`Candidates`] holds, for
+/// [`Candidates::extend_from_columns`]: their ids and their NUMA nodes, one run of each.
 #[derive(Clone, Copy, Debug)]
 pub struct ColumnRun<'a> {
-    /// The run's ids, one after another.
-    pub ids: &'a str,
-    /// Where each id ends (each at least `id_start`, `ids` ending at the last).
-    pub id_ends: &'a [u32],
-    /// Where the first id starts.
-    pub id_start: u32,
-    /// The run's NUMA nodes, one device's after another's.
-    pub numa_nodes: &'a [i64],
-    /// Where each device's nodes end (one per id).
-    pub numa_ends: &'a [u32],
-    /// Where the first device's nodes start.
-    pub numa_start: u32,
-}
-
-/// An end offset in a column (a column past 4 GiB cannot cross into a guest anyway).
-fn end(len: usize) -> u32 {
-    u32::try_from(len).unwrap_or(u32::MAX)
+    /// The devices' ids.
+    pub ids: TextRun<'a>,
+    /// Each device's NUMA nodes (one list per id).
+    pub numa: ListRun<'a, i64>,
 }
 
 impl FromIterator<CandidateDevice> for Candidates {
@@ -345,10 +302,10 @@ impl<'a> From<&'a AllocationRequest> for PackedRequest<'a> {
         let columns = &request.available;
         PackedRequest {
             resource: &request.resource,
-            ids: &columns.ids,
-            id_ends: &columns.id_ends,
-            numa_nodes: &columns.numa_nodes,
-            numa_ends: &columns.numa_ends,
+            ids: columns.ids.text(),
+            id_ends: columns.ids.ends(),
+            numa_nodes: columns.numa.items(),
+            numa_ends: columns.numa.ends(),
             must_include: &request.must_include,
             count: request.count,
             preferred: request.preferred.as_deref(),
@@ -515,12 +472,8 @@ mod tests {
         }
         // Cut devices 1..4 out of the source's columns, and add them after one pushed device.
         let run = ColumnRun {
-            ids: &source.ids[1..5],
-            id_ends: &source.id_ends[1..4],
-            id_start: source.id_ends[0],
-            numa_nodes: &source.numa_nodes[1..4],
-            numa_ends: &source.numa_ends[1..4],
-            numa_start: source.numa_ends[0],
+            ids: source.ids.run(1..4),
+            numa: source.numa.run(1..4),
         };
         let mut candidates = Candidates::with_capacity(0, 0);
         candidates.push("x", &[9]);
