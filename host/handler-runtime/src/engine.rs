@@ -1,7 +1,7 @@
 //! The runtime ([`Runtime`]), created once per daemon: it wires the leaf modules together (the
 //! engine configuration of `config`, the call gates of `call_gate`, the store
-//! making of `store`, the compile cache and the compiler), links the host imports,
-//! runs the epoch ticker, and loads modules (compile + admission) into [`Handler`]s.
+//! making of `store`, the epoch ticker of `ticker`, the compile cache and the compiler), links
+//! the host imports, and loads modules (compile + admission) into [`Handler`]s.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
