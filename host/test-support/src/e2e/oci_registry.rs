@@ -300,7 +300,7 @@ pub fn wkg() -> PathBuf {
         assert!(
             path.is_file(),
             "PLUGLET_WKG={} is not a file: run the tests with `bash scripts/test.sh`, which \
-             installs wkg {WKG_VERSION} with `cargo install --locked wkg`",
+             installs wkg {WKG_VERSION} with `cargo install --debug --locked wkg`",
             path.display()
         );
         return path;
@@ -312,8 +312,8 @@ pub fn wkg() -> PathBuf {
     assert!(
         cached.is_file(),
         "no wkg: PLUGLET_WKG is unset and {} does not exist; run the tests with \
-         `bash scripts/test.sh` (it installs wkg {WKG_VERSION} there with `cargo install --locked \
-         wkg --version {WKG_VERSION} --root ~/.cache/pluglet/wkg-{WKG_VERSION}`) or set \
+         `bash scripts/test.sh` (it installs wkg {WKG_VERSION} there with `cargo install --debug \
+         --locked wkg --version {WKG_VERSION} --root ~/.cache/pluglet/wkg-{WKG_VERSION}`) or set \
          PLUGLET_WKG to a wkg {WKG_VERSION} binary",
         cached.display()
     );
