@@ -352,14 +352,32 @@ impl From<tonic::Status> for RpcError {
 /// Awaits one unary gRPC call for at most `deadline`: its answer, the plugin's error status,
 /// or a `DeadlineExceeded` status saying how long was waited. Every call Pluglet makes to a
 /// plugin goes through this, so no call can hang a registration or an allocation.
+///
+/// Callers also send the deadline to the peer (`grpc-timeout`), and a gRPC server gives up at
+/// the same moment the caller does, answering `Cancelled` (tonic) or `DeadlineExceeded`
+/// (grpc-go). Such an answer arriving once the deadline has passed is the same event as the
+/// caller's own timer, and is reported the same way, whichever of the two came first.
 pub async fn with_deadline<T>(
     deadline: Duration,
     call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> Result<T, RpcError> {
-    match tokio::time::timeout(deadline, call).await {
-        Ok(answer) => answer.map(tonic::Response::into_inner).map_err(RpcError),
-        Err(_) => Err(RpcError(tonic::Status::deadline_exceeded(format!(
+    let start = tokio::time::Instant::now();
+    let expired = || {
+        RpcError(tonic::Status::deadline_exceeded(format!(
             "no answer within {deadline:?}"
-        )))),
+        )))
+    };
+    match tokio::time::timeout(deadline, call).await {
+        Ok(Ok(answer)) => Ok(answer.into_inner()),
+        Ok(Err(status))
+            if matches!(
+                status.code(),
+                tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+            ) && start.elapsed() >= deadline =>
+        {
+            Err(expired())
+        }
+        Ok(Err(status)) => Err(RpcError(status)),
+        Err(_) => Err(expired()),
     }
 }

@@ -754,6 +754,47 @@ async fn connect_gives_up_at_the_deadline_naming_the_socket() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// with_deadline
+
+/// A peer told the deadline (`grpc-timeout`) gives up when the caller does: its `Cancelled`
+/// answer arriving at the deadline is reported as the deadline, as the caller's timer would
+/// have been (tokio's timeout polls the call before its timer, so here the answer comes first).
+#[tokio::test(start_paused = true)]
+async fn a_peer_giving_up_at_the_deadline_is_the_deadline() {
+    let deadline = Duration::from_secs(1);
+    for code in [tonic::Code::Cancelled, tonic::Code::DeadlineExceeded] {
+        let error = pluglet_uds::with_deadline(deadline, async {
+            tokio::time::sleep(deadline).await;
+            Err::<tonic::Response<()>, _>(tonic::Status::new(code, "Timeout expired"))
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(error.code(), tonic::Code::DeadlineExceeded, "{error}");
+        assert_eq!(error.to_string(), "DeadlineExceeded: no answer within 1s");
+    }
+}
+
+/// A peer's own error before the deadline is passed on as it is, `Cancelled` included.
+#[tokio::test(start_paused = true)]
+async fn a_peer_error_before_the_deadline_is_its_own() {
+    let deadline = Duration::from_secs(1);
+    let error = pluglet_uds::with_deadline(deadline, async {
+        tokio::time::sleep(deadline / 2).await;
+        Err::<tonic::Response<()>, _>(tonic::Status::cancelled("shutting down"))
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(error.to_string(), "Cancelled: shutting down");
+    let silent = pluglet_uds::with_deadline(
+        deadline,
+        std::future::pending::<Result<tonic::Response<()>, tonic::Status>>(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(silent.to_string(), "DeadlineExceeded: no answer within 1s");
+}
+
+// ---------------------------------------------------------------------------------------------
 // bind
 
 #[tokio::test]
