@@ -46,7 +46,7 @@ fn a_restart_loads_handlers_from_the_cache_and_a_corrupt_entry_is_recompiled() {
     let root = TestRoot::new();
     let path = root.path();
 
-    let first = Daemon::start(&path, &[]);
+    let first = Daemon::start_cold(&path, &[]);
     let log = first.log_text();
     assert!(first.terminate().success());
     let cold = lines(&log, "handler modules loaded");
@@ -147,7 +147,7 @@ fn a_restart_loads_handlers_from_the_cache_and_a_corrupt_entry_is_recompiled() {
 #[test]
 fn a_cold_start_compiles_in_a_compiler_process_not_in_the_daemon() {
     let root = TestRoot::new();
-    let daemon = Daemon::start(&root.path(), &[]);
+    let daemon = Daemon::start_cold(&root.path(), &[]);
     let log = daemon.log_text();
     let compiled = lines(&log, "handler compiled by a compiler process");
     assert_eq!(compiled.len(), 2, "both built-ins, each in a child: {log}");

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::compiled;
 use super::process::ChildGuard;
 use super::{DEADLINE, wait_for};
 
@@ -30,6 +31,8 @@ pub struct Daemon {
     root: PathBuf,
     child: ChildGuard,
     log: PathBuf,
+    /// The default state directory (`<root>/state`), unless `--state-dir` moved it.
+    state: Option<PathBuf>,
 }
 
 /// How long dropping a [`Daemon`] waits after SIGTERM before SIGKILL.
@@ -49,6 +52,14 @@ impl Daemon {
         d
     }
 
+    /// Like [`Daemon::start`], but a fresh root is not given the built-ins another daemon of
+    /// this process compiled ([`compiled`](super::compiled)): the daemon compiles them itself.
+    pub fn start_cold(root: &Path, extra: &[&str]) -> Daemon {
+        let mut d = Daemon::launch(root, extra, &[], false);
+        d.wait_ready();
+        d
+    }
+
     /// Starts the daemon without waiting.
     pub fn spawn(root: &Path, extra: &[&str]) -> Daemon {
         Daemon::spawn_with_env(root, extra, &[])
@@ -56,6 +67,16 @@ impl Daemon {
 
     /// Starts the daemon without waiting, with `env` added to its environment.
     pub fn spawn_with_env(root: &Path, extra: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Daemon {
+        Daemon::launch(root, extra, env, true)
+    }
+
+    /// Starts the daemon; `seed`: a fresh default state directory first gets the built-ins
+    /// compiled by an earlier daemon of this process.
+    fn launch(root: &Path, extra: &[&str], env: &[(&str, &std::ffi::OsStr)], seed: bool) -> Daemon {
+        let state = compiled::default_state(root, extra);
+        if let Some(state) = state.as_deref().filter(|_| seed) {
+            compiled::seed(state);
+        }
         let log = root.join(format!("pluglet-{}.log", unique()));
         // `extra` wins over the fast defaults.
         let timings: Vec<&str> = FAST_TIMINGS
@@ -80,6 +101,7 @@ impl Daemon {
             root: root.to_owned(),
             child,
             log,
+            state,
         }
     }
 
@@ -94,6 +116,9 @@ impl Daemon {
             }
             self.ctl(&["plugins"]).status.success().then_some(())
         });
+        if let Some(state) = &self.state {
+            compiled::capture(state);
+        }
     }
 
     /// The daemon's log so far.

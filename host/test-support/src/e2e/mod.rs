@@ -6,6 +6,7 @@
 //! (`target/<profile>`): `scripts/test.sh` builds them with `--features pluglet/test-hooks`, the
 //! features `cargo test` uses too, so `target/debug/pluglet` has the daemon's [`hooks`].
 
+mod compiled;
 pub mod daemon;
 pub mod devices;
 pub mod grpcio;
