@@ -59,9 +59,112 @@ pub struct PodDevicesEntry {
 impl PodDevicesEntry {
     /// This entry as the file lists it (one element of `PodDeviceEntries`).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(128);
-        encode_entry(&mut out, self);
+        self.parts().encode()
+    }
+
+    fn parts(&self) -> EntryParts<'_, String> {
+        EntryParts {
+            pod_uid: &self.pod_uid,
+            container_name: &self.container_name,
+            resource_name: &self.resource_name,
+            device_ids: self.device_ids.as_ref().map(|map| {
+                map.iter()
+                    .map(|(node, ids)| (*node, ids.as_deref()))
+                    .collect()
+            }),
+            alloc_resp: self.alloc_resp.as_deref(),
+        }
+    }
+}
+
+/// The fields of a [`PodDevicesEntry`] borrowed from wherever their owner keeps them, so that an
+/// entry can be written without copying its strings into one first. [`EntryParts::encode`]
+/// writes exactly what [`PodDevicesEntry::encode`] writes for the same values.
+pub struct EntryParts<'a, S> {
+    /// `PodUID`.
+    pub pod_uid: &'a str,
+    /// `ContainerName`.
+    pub container_name: &'a str,
+    /// `ResourceName`.
+    pub resource_name: &'a str,
+    /// `DeviceIDs`: each NUMA node once, in any order, with its ids (`None`: a nil list);
+    /// `None`: a nil map.
+    pub device_ids: Option<Vec<(i64, Option<&'a [S]>)>>,
+    /// `AllocResp`: the response's protobuf bytes (`None`: a nil slice).
+    pub alloc_resp: Option<&'a [u8]>,
+}
+
+impl<S: AsRef<str>> EntryParts<'_, S> {
+    /// The entry as the file lists it (one element of `PodDeviceEntries`), in a buffer sized for
+    /// it once.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.size_hint());
+        self.put(&mut out);
         out
+    }
+
+    /// About the encoded size, at least: the framing, each id with its quotes and comma, and the
+    /// response's base64 text.
+    fn size_hint(&self) -> usize {
+        let strings = self.pod_uid.len() + self.container_name.len() + self.resource_name.len();
+        let ids: usize = self
+            .device_ids
+            .iter()
+            .flatten()
+            .flat_map(|(_, ids)| ids.iter().copied().flatten())
+            .map(|id| id.as_ref().len() + 3)
+            .sum();
+        let numa = 24 * self.device_ids.as_ref().map_or(0, Vec::len);
+        let response = self.alloc_resp.map_or(0, |r| r.len().div_ceil(3) * 4);
+        96 + strings + ids + numa + response
+    }
+
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"PodUID\":");
+        put_json_string(out, self.pod_uid);
+        out.extend_from_slice(b",\"ContainerName\":");
+        put_json_string(out, self.container_name);
+        out.extend_from_slice(b",\"ResourceName\":");
+        put_json_string(out, self.resource_name);
+        out.extend_from_slice(b",\"DeviceIDs\":");
+        match &self.device_ids {
+            None => out.extend_from_slice(b"null"),
+            Some(nodes) => {
+                // Go encodes int64 keys as decimal strings and sorts them as strings.
+                let mut keyed: Vec<(String, Option<&[S]>)> = nodes
+                    .iter()
+                    .map(|(node, ids)| (node.to_string(), *ids))
+                    .collect();
+                keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                out.push(b'{');
+                for (i, (key, ids)) in keyed.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.push(b'"');
+                    out.extend_from_slice(key.as_bytes());
+                    out.extend_from_slice(b"\":");
+                    put_json_strings(out, *ids);
+                }
+                out.push(b'}');
+            }
+        }
+        out.extend_from_slice(b",\"AllocResp\":");
+        match self.alloc_resp {
+            None => out.extend_from_slice(b"null"),
+            Some(bytes) => {
+                // Straight into `out`: no text of its own to copy.
+                out.push(b'"');
+                let start = out.len();
+                out.resize(start + bytes.len().div_ceil(3) * 4, 0);
+                let written = BASE64
+                    .encode_slice(bytes, &mut out[start..])
+                    .expect("sized for the padded encoding");
+                out.truncate(start + written);
+                out.push(b'"');
+            }
+        }
+        out.push(b'}');
     }
 }
 
@@ -305,47 +408,11 @@ fn put_entries<T>(
 }
 
 fn encode_entry(out: &mut Vec<u8>, entry: &PodDevicesEntry) {
-    out.extend_from_slice(b"{\"PodUID\":");
-    put_json_string(out, &entry.pod_uid);
-    out.extend_from_slice(b",\"ContainerName\":");
-    put_json_string(out, &entry.container_name);
-    out.extend_from_slice(b",\"ResourceName\":");
-    put_json_string(out, &entry.resource_name);
-    out.extend_from_slice(b",\"DeviceIDs\":");
-    match &entry.device_ids {
-        None => out.extend_from_slice(b"null"),
-        Some(map) => {
-            // Go encodes int64 keys as decimal strings and sorts them as strings.
-            let mut keyed: Vec<(String, &Option<Vec<String>>)> =
-                map.iter().map(|(k, v)| (k.to_string(), v)).collect();
-            keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            out.push(b'{');
-            for (i, (key, ids)) in keyed.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.push(b'"');
-                out.extend_from_slice(key.as_bytes());
-                out.extend_from_slice(b"\":");
-                put_json_strings(out, ids.as_deref());
-            }
-            out.push(b'}');
-        }
-    }
-    out.extend_from_slice(b",\"AllocResp\":");
-    match &entry.alloc_resp {
-        None => out.extend_from_slice(b"null"),
-        Some(bytes) => {
-            out.push(b'"');
-            out.extend_from_slice(BASE64.encode(bytes).as_bytes());
-            out.push(b'"');
-        }
-    }
-    out.push(b'}');
+    entry.parts().put(out);
 }
 
 /// A `[]string` as Go encodes it: `null` when nil.
-fn put_json_strings(out: &mut Vec<u8>, list: Option<&[String]>) {
+fn put_json_strings<S: AsRef<str>>(out: &mut Vec<u8>, list: Option<&[S]>) {
     match list {
         None => out.extend_from_slice(b"null"),
         Some(list) => {
@@ -354,7 +421,7 @@ fn put_json_strings(out: &mut Vec<u8>, list: Option<&[String]>) {
                 if i > 0 {
                     out.push(b',');
                 }
-                put_json_string(out, s);
+                put_json_string(out, s.as_ref());
             }
             out.push(b']');
         }

@@ -50,7 +50,7 @@ pub mod store;
 
 pub use checksum::fnv1a_32;
 pub use error::{CheckpointError, FormatError};
-pub use format::{CheckpointData, DevicesPerNuma, PodDevicesEntry};
+pub use format::{CheckpointData, DevicesPerNuma, EntryParts, PodDevicesEntry};
 pub use journal::{Journal, JournalRecord};
 pub use side::{
     decode_side, encode_side, load_side, load_side_or_set_aside, save_side, save_side_with,

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use pluglet_checkpoint::{
-    CheckpointData, CheckpointError, Durability, JournalRecord, PodDevicesEntry,
+    CheckpointData, CheckpointError, Durability, EntryParts, JournalRecord, PodDevicesEntry,
 };
 use pluglet_core::ResourceName;
 use prost::Message as _;
@@ -129,13 +129,29 @@ fn kubelet_entry(key: &HolderKey, entry: &Holding) -> Option<PodDevicesEntry> {
 /// (`PodName`, `PodNamespace`) when they were given. A reader of the kubelet's format ignores
 /// keys it does not know, so records stay readable by versions before them.
 fn encode_entry(key: &HolderKey, entry: &Holding) -> Vec<u8> {
-    let Some(kubelet) = kubelet_entry(key, entry) else {
+    let HoldingState::Allocated { response } = &entry.state else {
         return Vec::new();
     };
-    let mut bytes = kubelet.encode();
+    // Written from the holding's own strings, as `kubelet_entry` would give them.
+    let alloc_resp = response.encode_to_vec();
+    let mut bytes = EntryParts {
+        pod_uid: key.pod_uid.as_str(),
+        container_name: key.container.as_str(),
+        resource_name: key.resource.as_str(),
+        device_ids: Some(
+            entry
+                .numa
+                .iter()
+                .map(|(node, ids)| (*node, Some(ids.as_slice())))
+                .collect(),
+        ),
+        alloc_resp: Some(&alloc_resp),
+    }
+    .encode();
     if let Some(pod) = &entry.pod
         && bytes.pop() == Some(b'}')
     {
+        bytes.reserve(32 + pod.name.len() + pod.namespace.len());
         for (name, value) in [("PodName", &pod.name), ("PodNamespace", &pod.namespace)] {
             bytes.extend_from_slice(b",\"");
             bytes.extend_from_slice(name.as_bytes());
@@ -516,6 +532,43 @@ pub(crate) mod tests {
         assert_eq!(encode_journal(&[], &next), whole(&next));
         assert_eq!(encode_journal(&[], &pods), whole(&pods));
         assert_ne!(encode_journal(&[], &next), encode_journal(&[], &pods));
+    }
+
+    /// A journal entry is written from the holding's own strings; it is byte for byte the
+    /// kubelet's entry of the same allocation (NUMA nodes in Go's string order, ids that need
+    /// escaping, a response of some size).
+    #[test]
+    fn a_journal_entry_is_the_kubelet_entry_of_the_holding() {
+        let ids: Vec<String> = (0..40).map(|i| format!("gpu-<{i}>&\"q\"")).collect();
+        let nodes = [-1i64, 2, 10, 0];
+        let response = ContainerAllocateResponse {
+            envs: [("VISIBLE".to_owned(), ids.join(","))].into(),
+            devices: ids
+                .iter()
+                .map(|id| pluglet_proto::v1beta1::DeviceSpec {
+                    container_path: format!("/dev/{id}"),
+                    host_path: format!("/dev/{id}"),
+                    permissions: "rw".into(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let key = HolderKey::new("pod-1", "ctr", "vendor.com/gpu");
+        let holding = Holding {
+            devices: ids.iter().map(DeviceId::new).collect(),
+            numa: group_by_numa(
+                ids.iter()
+                    .enumerate()
+                    .map(|(i, id)| (id.as_str(), &nodes[i % 4..i % 4 + 1])),
+            ),
+            state: HoldingState::Allocated { response },
+            pod: None,
+        };
+        let kubelet = kubelet_entry(&key, &holding).unwrap().encode();
+        assert_eq!(
+            String::from_utf8(encode_entry(&key, &holding)).unwrap(),
+            String::from_utf8(kubelet).unwrap()
+        );
     }
 
     #[test]
