@@ -77,6 +77,9 @@ impl PodDevicesEntry {
     }
 }
 
+/// A NUMA node and its device ids in [`EntryParts`] (`None`: a nil list).
+pub type NodeIds<'a, S> = (i64, Option<&'a [S]>);
+
 /// The fields of a [`PodDevicesEntry`] borrowed from wherever their owner keeps them, so that an
 /// entry can be written without copying its strings into one first. [`EntryParts::encode`]
 /// writes exactly what [`PodDevicesEntry::encode`] writes for the same values.
@@ -87,9 +90,8 @@ pub struct EntryParts<'a, S> {
     pub container_name: &'a str,
     /// `ResourceName`.
     pub resource_name: &'a str,
-    /// `DeviceIDs`: each NUMA node once, in any order, with its ids (`None`: a nil list);
-    /// `None`: a nil map.
-    pub device_ids: Option<Vec<(i64, Option<&'a [S]>)>>,
+    /// `DeviceIDs`: each NUMA node once, in any order; `None`: a nil map.
+    pub device_ids: Option<Vec<NodeIds<'a, S>>>,
     /// `AllocResp`: the response's protobuf bytes (`None`: a nil slice).
     pub alloc_resp: Option<&'a [u8]>,
 }
