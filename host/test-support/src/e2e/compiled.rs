@@ -15,9 +15,7 @@ use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// The compile cache's directory and key file in a state directory (the daemon's names).
-const CACHE_DIR: &str = "handler-cache";
-const KEY_FILE: &str = "handler-cache.key";
+use pluglet_handler_runtime::{CACHE_DIR, KEY_FILE};
 
 /// The node key and the finished entries (file name, bytes) of the first ready daemon.
 struct Compiled {
