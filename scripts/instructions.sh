@@ -40,7 +40,16 @@
 #   KEEP=1 (keep the work directory: the daemon's and the plugins' logs, the nodes' files, and
 #   every counted window's callgrind files in cg-*/<row>/ for callgrind_annotate),
 #   ROWS=held (only the rows of the nothing-held and the full node), ROWS=alloc (only the
-#   allocation, release and admin rows of the first node; default all).
+#   allocation, release and admin rows of the first node), ROWS=hook (only the hook call;
+#   default all),
+#   HOOK_BENCH (the hook_call bench's executable for the "hook call" row, default the newest
+#   target/release/deps/hook_call-*; build it with
+#   `cargo bench -p pluglet-handler-runtime --bench hook_call --no-run`).
+#
+# "hook call" is measured in process, not through the daemon: the hook_call bench makes a few
+# and then many `validate` calls on the built-in CSI handler, as the daemon makes them (a fresh
+# instance each), each run under callgrind from a compile cache a first run filled; the row is
+# the difference of the two runs' totals (every thread) over the difference of their calls.
 set -euo pipefail
 shopt -s extglob
 
@@ -65,14 +74,22 @@ for tool in valgrind callgrind_control; do
     }
 done
 for bin in pluglet example-device-plugin admin-driver; do
-    [ -x "$BIN_DIR/$bin" ] || {
+    [ "$ROWS" = hook ] || [ -x "$BIN_DIR/$bin" ] || {
         echo "error: $BIN_DIR/$bin missing: cargo build --release --bins -p pluglet -p example-device-plugin -p admin-driver" >&2
         exit 2
     }
 done
-PLUGLET=$(realpath "$BIN_DIR/pluglet")
-PLUGIN=$(realpath "$BIN_DIR/example-device-plugin")
-DRIVER=$(realpath "$BIN_DIR/admin-driver")
+PLUGLET=$(realpath -m "$BIN_DIR/pluglet")
+PLUGIN=$(realpath -m "$BIN_DIR/example-device-plugin")
+DRIVER=$(realpath -m "$BIN_DIR/admin-driver")
+if [ "$ROWS" = all ] || [ "$ROWS" = hook ]; then
+    HOOK_BENCH=${HOOK_BENCH:-$(find target/release/deps -maxdepth 1 -type f -executable \
+        -name 'hook_call-*' -printf '%T@ %p\n' 2>/dev/null | sort -rn | head -n 1 | cut -d' ' -f2-)}
+    [ -n "$HOOK_BENCH" ] && [ -x "$HOOK_BENCH" ] || {
+        echo "error: no hook_call bench executable (HOOK_BENCH): cargo bench -p pluglet-handler-runtime --bench hook_call --no-run" >&2
+        exit 2
+    }
+fi
 
 WORK=$(mktemp -d)
 CHILDREN=()
@@ -284,11 +301,38 @@ held_rows() {
     measure "sync-pods freeing 1 pod, $label" 4 sync_one alloc_sync
 }
 
+# The total instructions (every thread) of the hook_call bench making $1 calls under callgrind.
+hook_total() {
+    local out=$WORK/hook.$1.cg
+    PLUGLET_BENCH_CACHE_DIR=$WORK/hook-cache PLUGLET_BENCH_HOOK_CALLS=$1 \
+        valgrind --tool=callgrind --callgrind-out-file="$out" "$HOOK_BENCH" >/dev/null 2>&1
+    awk '/^(summary|totals):/ { print $2; exit }' "$out"
+}
+
+hook_row() {
+    local few=16 many=272 a b
+    mkdir -p "$WORK/hook-cache"
+    # Fills the compile cache, so that both counted runs load the module the same way; under
+    # valgrind too, whose CPU's features differ from the machine's (an entry compiled outside
+    # would be refused and compiled again inside).
+    hook_total 1 >/dev/null
+    a=$(hook_total "$few")
+    b=$(hook_total "$many")
+    echo "  hook call: $few calls $a, $many calls $b instructions" >&2
+    printf '%s\t%s\t%s\t0\t0\n' "hook call (validate, built-in CSI handler, in process)" \
+        $((many - few)) $(((b - a) / (many - few))) >>"$RESULTS"
+}
+
 one_run() {
     local run=$1
     RESULTS=$WORK/results.$run
     : >"$RESULTS"
     echo "run $run" >&2
+
+    if [ "$ROWS" = all ] || [ "$ROWS" = hook ]; then
+        hook_row
+        [ "$ROWS" = hook ] && return
+    fi
 
     if [ "$ROWS" = all ] || [ "$ROWS" = alloc ]; then
         ROOT=$WORK/node-a.$run

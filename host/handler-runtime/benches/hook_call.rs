@@ -4,13 +4,22 @@
 //!
 //! `cargo bench -p pluglet-handler-runtime --bench hook_call -- --warm-up-time 1 --measurement-time 3`
 //! prints criterion's figures, then the medians of a simple sample loop and their ratio.
+//!
+//! For instruction counts (`scripts/instructions.sh`, row "hook call"): with
+//! `PLUGLET_BENCH_HOOK_CALLS=N` the bench makes N `validate` calls and exits, nothing timed; with
+//! `PLUGLET_BENCH_CACHE_DIR=DIR` it loads the handler through a compile cache in DIR, so that a
+//! second run deserialises the module instead of compiling it. Two runs under callgrind with
+//! different N, the cache filled by a run before them, differ by the calls alone. A counted run
+//! has a pool of one slot (valgrind's address space has no room for the default 64).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use pluglet_handler_runtime::{CallContext, ModuleSource, PluginInfo, Runtime, RuntimeConfig};
+use pluglet_handler_runtime::{
+    CallContext, CompileCache, ModuleSource, PluginInfo, Runtime, RuntimeConfig,
+};
 
 fn wasm_plugin() -> PluginInfo {
     PluginInfo {
@@ -36,7 +45,23 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 }
 
 fn main() {
-    let runtime = Runtime::new(RuntimeConfig::default()).expect("runtime");
+    let counted = std::env::var("PLUGLET_BENCH_HOOK_CALLS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok());
+    // Counted runs go under valgrind, whose address space does not fit the default pool's
+    // reservation: one slot, as the daemon is run there (`--handler-pool-size 1`).
+    let mut config = RuntimeConfig::default();
+    if counted.is_some() {
+        config.pool_size = 1;
+    }
+    let runtime = match std::env::var_os("PLUGLET_BENCH_CACHE_DIR") {
+        Some(dir) => Runtime::with_cache(
+            config,
+            CompileCache::open(std::path::Path::new(&dir)).expect("compile cache"),
+        ),
+        None => Runtime::new(config),
+    }
+    .expect("runtime");
     let handler = runtime
         .load(
             ModuleSource::Builtin {
@@ -60,6 +85,12 @@ fn main() {
     };
     let native_call = || black_box(pluglet_handler_csi::validate(black_box(&native), None).is_ok());
     assert!(wasm_call() && native_call());
+    if let Some(calls) = counted {
+        for _ in 0..calls {
+            assert!(wasm_call());
+        }
+        return;
+    }
 
     let mut c = Criterion::default().configure_from_args();
     let mut group = c.benchmark_group("hook_call");
