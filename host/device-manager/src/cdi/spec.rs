@@ -100,7 +100,8 @@ impl DeviceNode {
         Ok(())
     }
 
-    /// The node as an error message shows it.
+    /// The node as an error message of [`Spec::validate`] shows it.
+    #[cfg(test)]
     fn describe(&self) -> String {
         format!(
             "{{path: {:?}, hostPath: {:?}, permissions: {:?}}}",
@@ -306,7 +307,10 @@ impl Spec {
 
     /// The checks a CDI runtime makes of a spec file: valid kind and device names, no device
     /// name twice, absolute paths, device permissions of `r`, `w` and `m`, `KEY=VALUE` envs.
-    pub fn validate(&self) -> Result<(), SpecError> {
+    /// The tests' judge of what [`Spec::for_allocation`] makes, which checks each part as it
+    /// makes it instead.
+    #[cfg(test)]
+    pub(crate) fn validate(&self) -> Result<(), SpecError> {
         self.validate_names()?;
         for device in &self.devices {
             let edits = &device.container_edits;
