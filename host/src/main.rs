@@ -12,8 +12,10 @@ use pluglet::config::{Config, ConfigError, LogConfig, hostname, log_level, to_to
 /// several times cheaper than with the system allocator (BENCHMARKS.md). Built with `no_thp`:
 /// otherwise it advises its arenas `MADV_HUGEPAGE`, and every 2 MiB range touched once stays
 /// resident as a whole huge page (57 of the 86 MiB of heap at idle; BENCHMARKS.md, "Memory").
+/// Wrapped to hand back what a burst of work freed once its thread goes idle
+/// ([`pluglet::ops::memory`]).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: pluglet::ops::memory::Trimming = pluglet::ops::memory::Trimming::new();
 
 /// EX_USAGE: the command was used incorrectly.
 const EXIT_USAGE: u8 = 64;
@@ -146,10 +148,16 @@ const MAX_BLOCKING_THREADS: usize = 16;
 const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    pluglet_core::idle::set_hook(|| {
+        pluglet::ops::memory::going_idle();
+    });
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(MAX_BLOCKING_THREADS)
         .thread_keep_alive(BLOCKING_KEEP_ALIVE)
+        .on_thread_park(|| {
+            pluglet::ops::memory::going_idle();
+        })
         .build()?)
 }
 

@@ -9,11 +9,14 @@
 //! - [`events`]: the daemon's bounded log of recent events, which every stage records into and
 //!   the admin API reads and follows;
 //! - [`backoff`]: the doubling retry delay;
+//! - [`idle`]: the hook a thread calls once a burst of work is over (the binary's allocator
+//!   returns freed memory there);
 //! - [`inotify`]: the per-user inotify limits and the advice every watcher gives when a watch
 //!   runs into one.
 
 pub mod backoff;
 pub mod events;
+pub mod idle;
 pub mod inotify;
 pub mod names;
 

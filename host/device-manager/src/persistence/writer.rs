@@ -110,6 +110,8 @@ impl Persistence {
                 }
             };
             requests.done(target, result.err());
+            // A rewrite of a large checkpoint freed its snapshot and bytes on this thread.
+            pluglet_core::idle::going_idle();
         }
         if self.inner.disk.lock().await.unsynced > 0
             && let Err(err) = self.sync_dirs().await
