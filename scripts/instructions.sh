@@ -242,6 +242,9 @@ settle() { sleep "$SETTLE"; }
 measure() {
     local row=$1 n=$2 op=$3 setup=${4:-} total=0 writer=0 written=0 i all w before
     if [ -z "$setup" ]; then
+        # The window starts once the warm-up has settled: its checkpoint rewrite, and the purge
+        # half a second after a thread hands back a burst's memory, fall outside it.
+        settle
         before=$(rewrites)
         dump >/dev/null
         for ((i = 0; i < n; i++)); do "$op" "$i"; done

@@ -11,7 +11,8 @@
 //!
 //! [`Trimming`] counts, per thread, the bytes freed in blocks of at least [`LARGE`] (a
 //! comparison per free; the small ones ride along with the large buffers of the same burst).
-//! [`going_idle`] trims when the thread has freed [`TRIM_AFTER`] or more since it last trimmed:
+//! [`going_idle`] trims when the thread has freed [`TRIM_AFTER`] or more since it last went idle
+//! (one burst; a busy node's steady traffic, a few buffers per call, never adds up to it):
 //! it hands the thread's empty pages back to mimalloc's arenas, and a purger thread returns the
 //! arenas' unused ranges to the kernel [`PURGE_AFTER`] later. It runs in the runtime workers'
 //! park hook and, through [`pluglet_core::idle`], where a thread of its own waits for more work.
@@ -32,7 +33,7 @@ pub const LARGE: usize = 16 * 1024;
 pub const TRIM_AFTER: usize = 2 * 1024 * 1024;
 
 thread_local! {
-    /// Bytes this thread freed in large blocks since it last trimmed. Const-initialized and
+    /// Bytes this thread freed in large blocks since it last went idle. Const-initialized and
     /// without a destructor, so the allocator may touch it at any point of a thread's life.
     static FREED: Cell<usize> = const { Cell::new(0) };
 }
@@ -90,15 +91,16 @@ unsafe impl GlobalAlloc for Trimming {
     }
 }
 
-/// Trims if this thread freed [`TRIM_AFTER`] or more in large blocks since it last did, and
-/// says whether it did; the hook of the runtime workers' park and of [`pluglet_core::idle`].
+/// Trims if this thread freed [`TRIM_AFTER`] or more in large blocks since it last went idle,
+/// and says whether it did; the count starts again either way. The hook of the runtime
+/// workers' park and of [`pluglet_core::idle`].
 ///
 /// The trim hands the thread's empty pages back to mimalloc's arenas (`mi_collect(false)`) and
 /// asks the purger for a purge [`PURGE_AFTER`] later. Purging here, at once, made allocate 1 of
 /// 100,000 devices 40 % slower: every call's buffers were returned to the kernel and faulted in
 /// again by the next.
 pub fn going_idle() -> bool {
-    let trim = FREED.with(|freed| freed.get() >= TRIM_AFTER && freed.replace(0) > 0);
+    let trim = FREED.with(|freed| freed.replace(0) >= TRIM_AFTER);
     if trim {
         collect(false);
         TRIMS.fetch_add(1, Ordering::Relaxed);
@@ -176,15 +178,14 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_that_freed_enough_trims_once_as_it_goes_idle() {
+    fn a_thread_that_freed_enough_in_one_burst_trims_once_as_it_goes_idle() {
         on_a_fresh_thread(|| {
             note_freed(TRIM_AFTER / 2);
             assert!(!going_idle(), "below the mark: no trim");
-            assert_eq!(
-                FREED.with(Cell::get),
-                TRIM_AFTER / 2,
-                "below the mark: the count kept"
-            );
+            assert_eq!(FREED.with(Cell::get), 0, "the next burst counts from zero");
+            note_freed(TRIM_AFTER / 2);
+            assert!(!going_idle(), "two small bursts are not one large one");
+            note_freed(TRIM_AFTER / 2);
             note_freed(TRIM_AFTER / 2);
             let before = trims();
             assert!(going_idle(), "at the mark: trimmed");
