@@ -1,9 +1,9 @@
 //! A thread that has finished a burst of work and is about to wait: the place where the
 //! binary's allocator hands back what the burst freed.
 //!
-//! The daemon's binary installs the hook ([`set_hook`]); its tokio workers reach it through the
-//! runtime's park hook. Long-lived threads of their own (the device manager's checkpoint writer)
-//! call [`going_idle`] before they wait for more work. Without a hook installed (the libraries'
+//! The daemon's binary installs the hook ([`set_hook`]) and runs the same function in its tokio
+//! runtime's park hook. Threads of their own (the device manager's checkpoint writer) call
+//! [`going_idle`] before they wait for more work. Without a hook installed (the libraries'
 //! tests, another binary), [`going_idle`] does nothing.
 
 use std::sync::OnceLock;

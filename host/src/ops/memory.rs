@@ -24,7 +24,6 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The smallest freed block the count takes in.
@@ -37,9 +36,6 @@ thread_local! {
     /// without a destructor, so the allocator may touch it at any point of a thread's life.
     static FREED: Cell<usize> = const { Cell::new(0) };
 }
-
-/// Trims done by this process.
-static TRIMS: AtomicU64 = AtomicU64::new(0);
 
 /// mimalloc, counting what each thread frees in large blocks.
 pub struct Trimming(mimalloc::MiMalloc);
@@ -103,7 +99,6 @@ pub fn going_idle() -> bool {
     let trim = FREED.with(|freed| freed.replace(0) >= TRIM_AFTER);
     if trim {
         collect(false);
-        TRIMS.fetch_add(1, Ordering::Relaxed);
         if let Some(purger) = purger() {
             purger.unpark();
         }
@@ -115,11 +110,6 @@ pub fn going_idle() -> bool {
 /// node, which trims all the time, purges at most twice a second and reuses its buffers in
 /// between.
 pub const PURGE_AFTER: Duration = Duration::from_millis(500);
-
-/// Trims done by this process so far.
-pub fn trims() -> u64 {
-    TRIMS.load(Ordering::Relaxed)
-}
 
 /// The thread that purges [`PURGE_AFTER`] after a trim (woken by `unpark`; several trims in
 /// that time make one more purge). Started with the first trim; `None` if it cannot be.
@@ -187,9 +177,7 @@ mod tests {
             assert!(!going_idle(), "two small bursts are not one large one");
             note_freed(TRIM_AFTER / 2);
             note_freed(TRIM_AFTER / 2);
-            let before = trims();
             assert!(going_idle(), "at the mark: trimmed");
-            assert!(trims() > before);
             assert_eq!(FREED.with(Cell::get), 0, "the count starts again");
             assert!(!going_idle(), "and the next idle does not trim again");
         });

@@ -110,7 +110,7 @@ impl Persistence {
                 }
             };
             requests.done(target, result.err());
-            // A rewrite of a large checkpoint freed its snapshot and bytes on this thread.
+            // Done until the next request: a large checkpoint's snapshot and bytes were freed here.
             pluglet_core::idle::going_idle();
         }
         if self.inner.disk.lock().await.unsynced > 0
