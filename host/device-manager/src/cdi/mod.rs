@@ -280,7 +280,10 @@ fn passed_through(response: &ContainerAllocateResponse) -> Vec<String> {
 }
 
 fn render(spec: &Spec) -> Vec<u8> {
-    let mut bytes = serde_json::to_vec(spec).unwrap_or_default();
+    let mut bytes = Vec::with_capacity(spec.json_len_hint() + 1);
+    if serde_json::to_writer(&mut bytes, spec).is_err() {
+        bytes.clear();
+    }
     bytes.push(b'\n');
     bytes
 }
