@@ -36,7 +36,10 @@ struct Phase {
     wall: Duration,
     latencies: Vec<Duration>,
     syncs: f64,
+    /// CPU seconds of the daemon, the peer and the clients.
     cpu: [f64; 3],
+    /// Of the daemon's, the seconds spent in the kernel.
+    daemon_sys: f64,
 }
 
 /// Registers the plugins and runs one client alone, then `CLIENTS` together, each making
@@ -70,7 +73,7 @@ pub fn parallel_rows(node: &mut Node, peer: &mut Peer, per_client: usize) {
         "\nallocations in parallel ({RESOURCES} device plugins of {DEVICES} devices; each client: allocate 1 + release in a loop, its own admin connection)"
     );
     println!(
-        "{:<22} {:>7} {:>10} {:>9} {:>9} {:>11} {:>11}   CPU ms per allocation: {:>7} {:>7} {:>7}",
+        "{:<22} {:>7} {:>10} {:>9} {:>9} {:>11} {:>11}   CPU ms per allocation: {:>7} {:>10} {:>7} {:>7}",
         "clients",
         "allocs",
         "allocs/s",
@@ -79,6 +82,7 @@ pub fn parallel_rows(node: &mut Node, peer: &mut Peer, per_client: usize) {
         "syncs/alloc",
         "syncs/op",
         "daemon",
+        "(of it sys)",
         "peer",
         "clients"
     );
@@ -87,7 +91,7 @@ pub fn parallel_rows(node: &mut Node, peer: &mut Peer, per_client: usize) {
         sorted.sort();
         let n = phase.allocations as f64;
         println!(
-            "{:<22} {:>7} {:>10.0} {:>9.3} {:>9.3} {:>11.3} {:>11.3}   {:>29.3} {:>7.3} {:>7.3}",
+            "{:<22} {:>7} {:>10.0} {:>9.3} {:>9.3} {:>11.3} {:>11.3}   {:>29.3} {:>10.3} {:>7.3} {:>7.3}",
             name,
             phase.allocations,
             n / phase.wall.as_secs_f64(),
@@ -96,6 +100,7 @@ pub fn parallel_rows(node: &mut Node, peer: &mut Peer, per_client: usize) {
             phase.syncs / n,
             phase.syncs / (2.0 * n),
             phase.cpu[0] * 1e3 / n,
+            phase.daemon_sys * 1e3 / n,
             phase.cpu[1] * 1e3 / n,
             phase.cpu[2] * 1e3 / n,
         );
@@ -168,6 +173,7 @@ fn run_phase(
         .collect();
     let syncs_before = counter(&scrape(addr), "pluglet_journal_syncs_total");
     let cpu_before = pids.map(cpu_seconds);
+    let sys_before = cpu_seconds_split(pids[0]).1;
     barrier.wait();
     let started = Instant::now();
     let latencies: Vec<Duration> = threads
@@ -176,6 +182,7 @@ fn run_phase(
         .collect();
     let wall = started.elapsed();
     let cpu_after = pids.map(cpu_seconds);
+    let sys_after = cpu_seconds_split(pids[0]).1;
     let syncs = counter(&scrape(addr), "pluglet_journal_syncs_total") - syncs_before;
     Phase {
         allocations: latencies.len(),
@@ -183,19 +190,26 @@ fn run_phase(
         latencies,
         syncs,
         cpu: [0, 1, 2].map(|i| cpu_after[i] - cpu_before[i]),
+        daemon_sys: sys_after - sys_before,
     }
 }
 
 /// User + system CPU time of process `pid` so far, seconds (`/proc/<pid>/stat`, every thread).
 fn cpu_seconds(pid: u32) -> f64 {
+    let (user, sys) = cpu_seconds_split(pid);
+    user + sys
+}
+
+/// User and system CPU time of process `pid` so far, seconds, apart.
+fn cpu_seconds_split(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
     // The fields after the command name (in parentheses, which may hold spaces): utime and
     // stime are the 12th and 13th of them, in clock ticks.
     let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 =
-        fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
-    ticks / clock_ticks()
+    let user: f64 = fields[11].parse().expect("utime");
+    let sys: f64 = fields[12].parse().expect("stime");
+    (user / clock_ticks(), sys / clock_ticks())
 }
 
 /// Clock ticks per second of `/proc/<pid>/stat` (the kernel's `USER_HZ`, 100 on Linux

@@ -12,8 +12,16 @@ use std::time::{Duration, Instant};
 /// given at each entry, so versions of a slot with different limits can share one count.
 #[derive(Debug, Default)]
 pub struct CallGate {
-    running: Mutex<u32>,
+    state: Mutex<GateState>,
     freed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// Calls holding a permit.
+    running: u32,
+    /// Calls waiting for one (a permit given back wakes them only if there are any).
+    waiting: u32,
 }
 
 impl CallGate {
@@ -28,29 +36,48 @@ impl CallGate {
     pub fn enter(&self, limit: u32, wait: Option<Duration>) -> Result<GatePermit<'_>, Duration> {
         let started = Instant::now();
         let limit = limit.max(1);
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        while *running >= limit {
-            running = match wait {
-                None => self.freed.wait(running).unwrap_or_else(|e| e.into_inner()),
+        let mut state = self.lock();
+        while state.running >= limit {
+            state = match wait {
+                None => {
+                    state.waiting += 1;
+                    self.freed.wait(state).unwrap_or_else(|e| e.into_inner())
+                }
                 Some(wait) => {
                     let Some(left) = wait.checked_sub(started.elapsed()).filter(|l| !l.is_zero())
                     else {
                         return Err(started.elapsed());
                     };
+                    state.waiting += 1;
                     self.freed
-                        .wait_timeout(running, left)
+                        .wait_timeout(state, left)
                         .unwrap_or_else(|e| e.into_inner())
                         .0
                 }
             };
+            state.waiting -= 1;
         }
-        *running += 1;
+        state.running += 1;
         Ok(GatePermit { gate: self })
+    }
+
+    /// A permit if fewer than `limit` calls hold one now; `None` (without waiting) otherwise.
+    pub fn try_enter(&self, limit: u32) -> Option<GatePermit<'_>> {
+        let mut state = self.lock();
+        if state.running >= limit.max(1) {
+            return None;
+        }
+        state.running += 1;
+        Some(GatePermit { gate: self })
     }
 
     /// How many calls hold a permit now.
     pub fn running(&self) -> u32 {
-        *self.running.lock().unwrap_or_else(|e| e.into_inner())
+        self.lock().running
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -89,8 +116,10 @@ impl Drop for OwnedGatePermit {
 
 impl CallGate {
     fn leave(&self) {
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        *running -= 1;
-        self.freed.notify_all();
+        let mut state = self.lock();
+        state.running -= 1;
+        if state.waiting > 0 {
+            self.freed.notify_all();
+        }
     }
 }

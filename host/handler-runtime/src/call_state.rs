@@ -64,6 +64,9 @@ impl wasmtime_wasi::clocks::HostMonotonicClock for CallClock {
     }
 }
 
+/// The error that stops a call running in place before it blocks (see [`crate::in_place`]).
+pub(crate) const HANDED_OFF: &str = "handed off: would block the async worker";
+
 /// A guest timer (`subscribe-duration` / `subscribe-instant`) that ends at the requested time or
 /// when the call's wall time runs out, whichever comes first. When it ends early the guest runs
 /// on into the epoch deadline and the call fails as a deadline, instead of the host thread
@@ -142,6 +145,10 @@ impl CallState {
         &mut self,
         requested: Option<Instant>,
     ) -> wasmtime::Result<wasmtime::component::Resource<wasmtime_wasi::p2::DynPollable>> {
+        // Waiting for a timer blocks the thread: not on an async worker.
+        if crate::in_place::hand_off() {
+            return Err(wasmtime::Error::msg(HANDED_OFF));
+        }
         // `None` from the addition: further away than a clock can say; the cap applies.
         let until = match (requested, self.wall_end) {
             (Some(requested), Some(end)) => Some(requested.min(end)),

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, HasSelf, Linker, Resource};
 
 use crate::admission::{self, ExportProblem};
 use crate::bindings::{self, CONTRACT_MAJOR, CONTRACT_VERSION};
@@ -47,6 +47,61 @@ fn cap_guest_sleeps(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
         "subscribe-instant",
         |mut store: wasmtime::StoreContextMut<'_, CallState>, (when,): (u64,)| {
             Ok((store.data_mut().sleep_until_instant(when)?,))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// The WASI stdio interfaces whose streams [`hand_off_stdio`] guards (the versions
+/// `wasmtime-wasi` provides).
+const STDIN: &str = "wasi:cli/stdin@0.2.12";
+const STDOUT: &str = "wasi:cli/stdout@0.2.12";
+const STDERR: &str = "wasi:cli/stderr@0.2.12";
+
+/// Replaces WASI's `get-stdin`, `get-stdout` and `get-stderr` with the same functions that
+/// first hand a call running in place off its async worker (see [`crate::in_place`]): WASI's
+/// synchronous streams wait on a tokio runtime of their own, which cannot start on a worker.
+/// A guest that never asks for its stdio never reaches them; a timer is the other way to a
+/// wait, guarded in [`cap_guest_sleeps`]'s timers.
+fn hand_off_stdio(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+    use wasmtime_wasi::cli::WasiCliView;
+    use wasmtime_wasi::p2::bindings::cli::{stderr, stdin, stdout};
+    use wasmtime_wasi::p2::{DynInputStream, DynOutputStream};
+
+    fn guard() -> wasmtime::Result<()> {
+        if crate::in_place::hand_off() {
+            return Err(wasmtime::Error::msg(crate::call_state::HANDED_OFF));
+        }
+        Ok(())
+    }
+
+    linker.allow_shadowing(true);
+    linker.instance(STDIN)?.func_wrap(
+        "get-stdin",
+        |mut store: wasmtime::StoreContextMut<'_, CallState>,
+         (): ()|
+         -> wasmtime::Result<(Resource<DynInputStream>,)> {
+            guard()?;
+            Ok((stdin::Host::get_stdin(&mut store.data_mut().cli())?,))
+        },
+    )?;
+    linker.instance(STDOUT)?.func_wrap(
+        "get-stdout",
+        |mut store: wasmtime::StoreContextMut<'_, CallState>,
+         (): ()|
+         -> wasmtime::Result<(Resource<DynOutputStream>,)> {
+            guard()?;
+            Ok((stdout::Host::get_stdout(&mut store.data_mut().cli())?,))
+        },
+    )?;
+    linker.instance(STDERR)?.func_wrap(
+        "get-stderr",
+        |mut store: wasmtime::StoreContextMut<'_, CallState>,
+         (): ()|
+         -> wasmtime::Result<(Resource<DynOutputStream>,)> {
+            guard()?;
+            Ok((stderr::Host::get_stderr(&mut store.data_mut().cli())?,))
         },
     )?;
     linker.allow_shadowing(false);
@@ -156,6 +211,7 @@ impl Runtime {
         let link_err = || engine_err("the host imports could not be linked");
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(link_err())?;
         cap_guest_sleeps(&mut linker).map_err(link_err())?;
+        hand_off_stdio(&mut linker).map_err(link_err())?;
         bindings::pluglet::handler::types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(link_err())?;
         bindings::pluglet::handler::host::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)

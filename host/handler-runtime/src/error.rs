@@ -166,6 +166,14 @@ pub enum HandlerFault {
         /// How long the call waited.
         waited: Duration,
     },
+    /// The call ran in place on an async worker and would have blocked it (see
+    /// [`run_in_place`](crate::run_in_place)): it stopped, and runs again on a blocking thread.
+    /// Never returned from `run_in_place`; not the module's failure.
+    #[error(
+        "handed off: the call would have blocked the async worker it ran on; it runs again on a \
+         blocking thread"
+    )]
+    HandedOff,
     /// The guest trapped (panicked, hit `unreachable`, …); `message` holds the guest's panic text
     /// from its stderr when it printed one.
     #[error("trapped: {message}")]

@@ -2,6 +2,7 @@
 //! fresh `Store` and instance per call with that call's limits.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use crate::bindings::pluglet::handler::types as wit_types;
 use crate::call_state::{CallState, MAX_LOG_LINES};
 use crate::deferred_release::release_or_defer;
 use crate::error::{HandlerError, HandlerFault, LoadError};
+use crate::in_place::{self, HANDED_OFF_CALLS};
 use crate::limits::{Limits, WASM_STACK_BYTES, check_limits};
 use crate::spare::{Spare, SpareBuilder, take_spare};
 use crate::store::StoreFactory;
@@ -127,6 +129,9 @@ pub struct Handler {
     limits: Limits,
     /// An instance made ahead of the next call, if any (see [`crate::spare`]).
     spare: Arc<Mutex<Option<Spare>>>,
+    /// Calls still to send straight off the async worker since one had to move (see
+    /// [`crate::in_place`]).
+    handed_off_calls: AtomicU32,
 }
 
 impl std::fmt::Debug for Handler {
@@ -138,20 +143,6 @@ impl std::fmt::Debug for Handler {
             .field("families", &self.families)
             .field("limits", &self.limits)
             .finish_non_exhaustive()
-    }
-}
-
-/// Runs a handler call (or other short work bounded by a deadline) from async code on the
-/// calling thread, with no hop to another thread and back: on tokio's multi-thread runtime the
-/// worker first hands its queued tasks to another thread (`block_in_place`), elsewhere the call
-/// simply runs. A hook call costs microseconds; a thread hop on a busy two-core node costs
-/// hundreds of them.
-pub fn run_in_place<T>(call: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(call)
-        }
-        _ => call(),
     }
 }
 
@@ -171,6 +162,7 @@ impl Handler {
             settings: parts.settings,
             limits: parts.limits,
             spare: Arc::default(),
+            handed_off_calls: AtomicU32::new(0),
         }
     }
 
@@ -199,6 +191,7 @@ impl Handler {
             settings: Arc::new(settings),
             limits,
             spare: Arc::default(),
+            handed_off_calls: AtomicU32::new(0),
         }))
     }
 
@@ -417,7 +410,23 @@ impl Handler {
                 family: hook.family(),
             }));
         };
-        let permit = self.stores.enter_pool();
+        // In place on an async worker, a call that would wait (or whose handler's calls have
+        // lately had to move) hands off at once (see `in_place`).
+        let permit = if in_place::in_place() {
+            let recently_moved = self
+                .handed_off_calls
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok();
+            match self.stores.try_enter_pool() {
+                Some(permit) if !recently_moved => Some(permit),
+                _ => {
+                    in_place::hand_off();
+                    return Err(fail(HandlerFault::HandedOff));
+                }
+            }
+        } else {
+            self.stores.enter_pool()
+        };
         let started = Instant::now();
         let spare = take_spare(&self.spare, &cx.node_name);
         let (mut store, instance) = match spare {
@@ -466,6 +475,11 @@ impl Handler {
                     fuel_used,
                 }
             }),
+            Err(_) if in_place::handing_off() => {
+                self.handed_off_calls
+                    .store(HANDED_OFF_CALLS, Ordering::Relaxed);
+                Err(fail(HandlerFault::HandedOff))
+            }
             Err(error) => Err(fail(self.classify(error, store.data(), fuel))),
         };
         // A call that failed leaves no spare behind: a module whose instantiation fails or runs

@@ -41,6 +41,7 @@
 //!   answer          checks of a guest's answer
 //! config            RuntimeConfig and the wasmtime configuration made from it
 //! limits            per-call limits             call_gate   the counting gate of calls
+//! in_place          hook calls from async code: on the worker, handed off when they would block
 //! error, types, bindings   the leaves every module may use
 //! ```
 //!
@@ -77,6 +78,7 @@ mod deferred_release;
 pub mod engine;
 mod error;
 mod handler;
+mod in_place;
 mod limits;
 mod spare;
 mod store;
@@ -94,7 +96,7 @@ pub use deferred_release::{DeferredRelease, defer_release};
 pub use engine::{ModuleSource, Runtime};
 pub use error::{BoxError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;
-pub use handler::run_in_place;
+pub use in_place::{HANDED_OFF_CALLS, hand_off, run_in_place};
 pub use limits::{
     FUEL_PER_DEVICE, LONG_CALL_CPU, Limits, MAX_MEMORY_MIB, MIN_WALL_CAP, WALL_CAP_FACTOR,
     WASM_STACK_BYTES,

@@ -46,6 +46,13 @@ impl StoreFactory {
             .map(|permit| permit.owned(&self.pool_gate))
     }
 
+    /// A slot of the instance pool if one is free now; `None` without waiting.
+    pub(crate) fn try_enter_pool(&self) -> Option<OwnedGatePermit> {
+        self.pool_gate
+            .try_enter(self.config.pool_size)
+            .map(|permit| permit.owned(&self.pool_gate))
+    }
+
     /// A fresh store for one call of `module` on `node_name`: WASI, the memory cap, the transfer
     /// bound; fuel and the deadline are armed by the caller.
     pub(crate) fn new_store(
@@ -100,6 +107,10 @@ impl StoreFactory {
             }
             if spent < LONG_CALL_CPU {
                 return Ok(UpdateDeadline::Continue(ticks(tick, LONG_CALL_CPU - spent)));
+            }
+            // A long call does not hold an async worker: it runs again off it.
+            if crate::in_place::hand_off() {
+                return Ok(UpdateDeadline::Interrupt);
             }
             if cx.data().long_permit.is_none() {
                 let left = wall_cap.saturating_sub(started.elapsed());

@@ -28,6 +28,9 @@ struct TickerState {
     running: u32,
     /// Set when the runtime is gone: the thread ends.
     closed: bool,
+    /// The thread waits for a runner (only then does a new one wake it: while it ticks, it
+    /// sees the runner at its next tick).
+    asleep: bool,
 }
 
 impl Ticker {
@@ -52,7 +55,8 @@ impl Ticker {
     pub(crate) fn start(self: &Arc<Ticker>) -> Ticking {
         let mut state = self.lock();
         state.running += 1;
-        if state.running == 1 {
+        if state.asleep {
+            state.asleep = false;
             self.wake.notify_all();
         }
         Ticking(self.clone())
@@ -94,8 +98,10 @@ fn run(ticker: &Weak<Ticker>, engine: &EngineWeak, tick: Duration) {
             };
             let mut state = shared.lock();
             while state.running == 0 && !state.closed {
+                state.asleep = true;
                 state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
             }
+            state.asleep = false;
             if state.closed {
                 return;
             }

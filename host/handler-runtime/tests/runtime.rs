@@ -1138,3 +1138,114 @@ mod deferred_release {
         handler.allocate(&cx(), &req).unwrap();
     }
 }
+
+/// Hook calls from async code run on the tokio worker as they are; one that would block it
+/// (a timer, its stdio, a long run) stops and runs again off the worker, with the same outcome
+/// as a call made outside any runtime.
+mod in_place {
+    use super::*;
+    use pluglet_handler_runtime::{HANDED_OFF_CALLS, HandlerError, run_in_place};
+
+    type Validated = Result<(), HandlerError>;
+
+    /// `validate` of a plugin named `name` through `run_in_place`: each attempt's outcome
+    /// ("handed off", "answered" or the fault) and the result.
+    fn attempts(h: &Handler, name: &str) -> (Vec<String>, Validated) {
+        let mut seen = Vec::new();
+        let result = run_in_place(|| {
+            let result = h
+                .validate(&cx(), &plugin("CSIPlugin", name, &["1.0.0"]), None)
+                .map(|call| assert!(call.value.is_ok(), "{:?}", call.value));
+            seen.push(match &result {
+                Ok(()) => "answered".to_string(),
+                Err(err) if matches!(err.fault, HandlerFault::HandedOff) => {
+                    "handed off".to_string()
+                }
+                Err(err) => err.fault.to_string(),
+            });
+            result
+        });
+        (seen, result)
+    }
+
+    /// [`attempts`] in a task of the runtime's workers, as the daemon makes its calls.
+    async fn on_worker(h: &Arc<Handler>, name: &str) -> (Vec<String>, Validated) {
+        let (h, name) = (h.clone(), name.to_owned());
+        tokio::spawn(async move { attempts(&h, &name) })
+            .await
+            .expect("the task ran")
+    }
+
+    fn limits(deadline_ms: u64) -> Limits {
+        Limits {
+            deadline: Duration::from_millis(deadline_ms),
+            memory_mib: 16,
+            fuel: None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_quick_call_runs_once_on_the_worker() {
+        let h = misbehave(&[("mode", "log"), ("lines", "3")], limits(2000));
+        let (seen, result) = on_worker(&h, "x.example.com").await;
+        result.unwrap();
+        assert_eq!(seen, ["answered"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_guest_reaching_for_its_stdio_runs_again_off_the_worker() {
+        // The panic message goes to stderr: WASI's stream would wait on a runtime of its own.
+        let h = misbehave(&[("mode", "panic")], limits(2000));
+        let (seen, result) = on_worker(&h, "x.example.com").await;
+        let err = result.unwrap_err();
+        assert_eq!(seen[0], "handed off");
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        let HandlerFault::Trapped { message } = &err.fault else {
+            panic!("expected a trap, got {err}");
+        };
+        assert!(message.contains("misbehave: asked to panic"), "{message}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_guest_sleeping_runs_again_off_the_worker() {
+        let h = misbehave(&[("mode", "sleep"), ("ms", "20")], limits(2000));
+        let (seen, result) = on_worker(&h, "x.example.com").await;
+        result.unwrap();
+        assert_eq!(seen, ["handed off", "answered"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_runaway_call_hands_off_then_meets_its_deadline() {
+        let h = misbehave(&[("mode", "loop")], limits(50));
+        let (seen, result) = on_worker(&h, "x.example.com").await;
+        let err = result.unwrap_err();
+        assert!(
+            matches!(err.fault, HandlerFault::Deadline { deadline } if deadline == Duration::from_millis(50)),
+            "{err:?}"
+        );
+        assert_eq!(seen[0], "handed off");
+        assert_eq!(seen.len(), 2, "{seen:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_long_call_the_handler_s_next_calls_go_straight_off_the_worker() {
+        // In `by-name` mode the plugin's name is the behaviour: "spin" runs 5 ms of CPU, past
+        // the long-call mark; "ok" answers at once.
+        let h = misbehave(&[("mode", "by-name"), ("ms", "5")], limits(2000));
+        let (seen, result) = on_worker(&h, "spin").await;
+        result.unwrap();
+        assert_eq!(seen, ["handed off", "answered"]);
+        for _ in 0..HANDED_OFF_CALLS {
+            let (seen, result) = on_worker(&h, "ok").await;
+            result.unwrap();
+            assert_eq!(
+                seen,
+                ["handed off", "answered"],
+                "sent straight off the worker"
+            );
+        }
+        let (seen, result) = on_worker(&h, "ok").await;
+        result.unwrap();
+        assert_eq!(seen, ["answered"], "in place again");
+    }
+}

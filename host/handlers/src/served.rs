@@ -299,6 +299,16 @@ impl Served {
             }
             Err(err) => err,
         };
+        // A call stopping to run again off the async worker is no outcome yet; nor is a failure
+        // whose fallback would run in place: both are decided, and counted once, on the rerun.
+        if matches!(err.fault(), HandlerFault::HandedOff)
+            || (self.fallback.is_some() && pluglet_handler_runtime::hand_off())
+        {
+            return Err(HandlerError {
+                fault: HandlerFault::HandedOff,
+                ..err
+            });
+        }
         let kind = FailureKind::of(err.fault());
         let message = pluglet_core::error_chain(&err);
         self.stats.failed(elapsed, kind, message.clone());
@@ -330,6 +340,17 @@ impl Served {
         let Some((gate, limit)) = &self.gate else {
             return Ok(None);
         };
+        if let Some(permit) = gate.try_enter(*limit) {
+            return Ok(Some(permit));
+        }
+        // Waiting would block an async worker: the call runs again off it, and waits there.
+        if pluglet_handler_runtime::hand_off() {
+            return Err(HandlerError {
+                module: self.module().to_owned(),
+                hook,
+                fault: HandlerFault::HandedOff,
+            });
+        }
         let wait = self.handler.limits().deadline.max(MIN_SLOT_WAIT);
         gate.enter(*limit, Some(wait))
             .map(Some)

@@ -40,7 +40,8 @@ impl FailureKind {
             HandlerFault::Fuel { .. } => FailureKind::Fuel,
             HandlerFault::MissingFamily { .. }
             | HandlerFault::Instantiate { .. }
-            | HandlerFault::Busy { .. } => FailureKind::Other,
+            | HandlerFault::Busy { .. }
+            | HandlerFault::HandedOff => FailureKind::Other,
         }
     }
 

@@ -146,13 +146,24 @@ impl Persistence {
     async fn sync_dirs(&self) -> Result<(), CheckpointError> {
         let paths = &self.inner.paths;
         if self.inner.durability == Durability::Fsync {
-            pluglet_handler_runtime::run_in_place(|| {
+            blocking(|| {
                 pluglet_checkpoint::sync_parent(&paths.checkpoint)?;
                 pluglet_checkpoint::sync_parent(&paths.side)
             })?;
         }
         self.inner.disk.lock().await.unsynced = 0;
         Ok(())
+    }
+}
+
+/// Runs blocking file work from async code: on a worker of tokio's multi-thread runtime after
+/// handing its queue to another thread (`block_in_place`), elsewhere as it is.
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
     }
 }
 
