@@ -65,45 +65,34 @@ const STDERR: &str = "wasi:cli/stderr@0.2.12";
 /// A guest that never asks for its stdio never reaches them; a timer is the other way to a
 /// wait, guarded in [`cap_guest_sleeps`]'s timers.
 fn hand_off_stdio(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
-    use wasmtime_wasi::cli::WasiCliView;
+    use wasmtime_wasi::cli::{WasiCliCtxView, WasiCliView};
     use wasmtime_wasi::p2::bindings::cli::{stderr, stdin, stdout};
-    use wasmtime_wasi::p2::{DynInputStream, DynOutputStream};
 
-    fn guard() -> wasmtime::Result<()> {
-        if crate::in_place::hand_off() {
-            return Err(wasmtime::Error::msg(crate::call_state::HANDED_OFF));
+    /// The `get-*` function that hands off first, then asks WASI's own.
+    fn guarded<R: Send + 'static>(
+        get: impl Fn(&mut WasiCliCtxView<'_>) -> wasmtime::Result<Resource<R>> + Send + Sync + 'static,
+    ) -> impl Fn(wasmtime::StoreContextMut<'_, CallState>, ()) -> wasmtime::Result<(Resource<R>,)>
+    + Send
+    + Sync
+    + 'static {
+        move |mut store, ()| {
+            if crate::in_place::hand_off() {
+                return Err(wasmtime::Error::msg(crate::call_state::HANDED_OFF));
+            }
+            Ok((get(&mut store.data_mut().cli())?,))
         }
-        Ok(())
     }
 
     linker.allow_shadowing(true);
-    linker.instance(STDIN)?.func_wrap(
-        "get-stdin",
-        |mut store: wasmtime::StoreContextMut<'_, CallState>,
-         (): ()|
-         -> wasmtime::Result<(Resource<DynInputStream>,)> {
-            guard()?;
-            Ok((stdin::Host::get_stdin(&mut store.data_mut().cli())?,))
-        },
-    )?;
-    linker.instance(STDOUT)?.func_wrap(
-        "get-stdout",
-        |mut store: wasmtime::StoreContextMut<'_, CallState>,
-         (): ()|
-         -> wasmtime::Result<(Resource<DynOutputStream>,)> {
-            guard()?;
-            Ok((stdout::Host::get_stdout(&mut store.data_mut().cli())?,))
-        },
-    )?;
-    linker.instance(STDERR)?.func_wrap(
-        "get-stderr",
-        |mut store: wasmtime::StoreContextMut<'_, CallState>,
-         (): ()|
-         -> wasmtime::Result<(Resource<DynOutputStream>,)> {
-            guard()?;
-            Ok((stderr::Host::get_stderr(&mut store.data_mut().cli())?,))
-        },
-    )?;
+    linker
+        .instance(STDIN)?
+        .func_wrap("get-stdin", guarded(|cli| stdin::Host::get_stdin(cli)))?;
+    linker
+        .instance(STDOUT)?
+        .func_wrap("get-stdout", guarded(|cli| stdout::Host::get_stdout(cli)))?;
+    linker
+        .instance(STDERR)?
+        .func_wrap("get-stderr", guarded(|cli| stderr::Host::get_stderr(cli)))?;
     linker.allow_shadowing(false);
     Ok(())
 }

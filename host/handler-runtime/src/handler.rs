@@ -417,13 +417,16 @@ impl Handler {
                 .handed_off_calls
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
                 .is_ok();
-            match self.stores.try_enter_pool() {
-                Some(permit) if !recently_moved => Some(permit),
-                _ => {
-                    in_place::hand_off();
-                    return Err(fail(HandlerFault::HandedOff));
-                }
+            let permit = if recently_moved {
+                None
+            } else {
+                self.stores.try_enter_pool()
+            };
+            if permit.is_none() {
+                in_place::hand_off();
+                return Err(fail(HandlerFault::HandedOff));
             }
+            permit
         } else {
             self.stores.enter_pool()
         };

@@ -3,9 +3,9 @@
 //!
 //! A hook call takes microseconds. Handing the worker's queue to another thread before each one
 //! (tokio's `block_in_place`) wakes a blocking-pool thread, moves the queue there and usually
-//! back: on a busy two-core node that hop costs more CPU than the call, and sixteen clients
-//! allocating at once spent a third of the daemon's CPU on it. So [`run_in_place`] runs the
-//! call on the worker. A call that would block the worker stops instead, before it blocks:
+//! back: on a busy two-core node that hop costs more CPU than the call, and without it sixteen
+//! clients allocating at once got about 16 % more allocations a second (docs/performance.md).
+//! So [`run_in_place`] runs the call on the worker. A call that would block the worker stops instead, before it blocks:
 //!
 //! - it would wait for a pool slot or for its slot's permit (the gates are full);
 //! - it has used [`LONG_CALL_CPU`](crate::LONG_CALL_CPU) (a runaway, or a very large request);
