@@ -78,6 +78,7 @@ fn entry(w: &Wanted) -> Result<(SlotKey, SlotEntry), String> {
     entry.memory_mib = limits.memory_mib;
     entry.fuel = limits.fuel;
     entry.max_concurrent_calls = limits.max_concurrent_calls;
+    entry.reuse_instances = limits.reuse_instances;
     if let Some(n) = limits.rollback_after {
         entry.rollback_after = n;
     }

@@ -1,5 +1,5 @@
-//! What one hook call is granted: the state of its fresh `Store`, built per call and dropped with
-//! it. It holds only that call's WASI context (empty environment and arguments, captured
+//! What one hook call is granted: the state of its `Store`, built for the call and dropped with
+//! it (or, for a handler that reuses instances, cleared for its next call). It holds only that call's WASI context (empty environment and arguments, captured
 //! stdout/stderr, no preopens, no network), its memory limiter, its node name, its handler's
 //! settings and the log lines it produced. The host imports (`pluglet:handler/host`) are
 //! implemented here, one impl block per WIT interface.
@@ -14,6 +14,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::bindings::pluglet::handler::{host, types as wit_types};
 use crate::call_gate::OwnedGatePermit;
+use crate::limits::MAX_CALLS_PER_INSTANCE;
 use crate::types::{GuestLog, LogLevel};
 
 /// At most this many log lines are kept per call; more are counted and dropped, so a chatty or
@@ -47,6 +48,8 @@ pub(crate) struct CallState {
     /// Held once the call is long (see [`crate::RuntimeConfig::long_calls`]); dropped with
     /// the store when the call ends.
     pub(crate) long_permit: Option<OwnedGatePermit>,
+    /// Calls this store's instance has served (see [`crate::Limits::reuse_instances`]).
+    pub(crate) calls: u32,
 }
 
 /// The guest's `wasi:clocks/monotonic-clock`: nanoseconds since the call's store was made.
@@ -120,7 +123,33 @@ impl CallState {
             clock_origin,
             wall_end: None,
             long_permit: None,
+            calls: 0,
         }
+    }
+
+    /// The node name the store's calls see.
+    pub(crate) fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// After a call that succeeded: whether this store's instance may serve another call of
+    /// its handler (see [`crate::Limits::reuse_instances`]); if so, what the call left in the
+    /// state is cleared. Not when it has served [`MAX_CALLS_PER_INSTANCE`] calls, when its
+    /// memory has grown past half the cap (a guest that keeps growing would meet the cap in a
+    /// later call that did nothing wrong), or when its guest printed (the captured output
+    /// cannot be cleared, and it would land in a later call's error).
+    pub(crate) fn reset_for_reuse(&mut self) -> bool {
+        self.calls += 1;
+        if self.calls >= MAX_CALLS_PER_INSTANCE
+            || self.limiter.largest > self.limiter.memory_bytes / 2
+            || !self.output.contents().is_empty()
+        {
+            return false;
+        }
+        self.logs.clear();
+        self.dropped_logs = 0;
+        self.long_permit = None;
+        true
     }
 
     /// A pollable for a guest timer ending after `nanos` (capped as [`CappedSleep`] says).
@@ -189,6 +218,8 @@ impl WasiView for CallState {
 /// A memory limiter that refuses growth past the cap by trapping, and remembers that it did.
 pub(crate) struct CallLimiter {
     memory_bytes: usize,
+    /// The largest size in bytes any memory of the instance has been given.
+    largest: usize,
     /// Set when a growth past the cap was refused.
     pub(crate) refused: bool,
 }
@@ -197,6 +228,7 @@ impl CallLimiter {
     fn new(memory_bytes: usize) -> CallLimiter {
         CallLimiter {
             memory_bytes,
+            largest: 0,
             refused: false,
         }
     }
@@ -226,6 +258,7 @@ impl wasmtime::ResourceLimiter for CallLimiter {
             // Trap rather than return -1: a Rust guest would abort with a bare `unreachable`.
             return Err(wasmtime::Error::new(MemoryCapExceeded));
         }
+        self.largest = self.largest.max(desired);
         Ok(true)
     }
 

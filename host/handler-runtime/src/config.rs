@@ -15,10 +15,11 @@ const CORE_INSTANCES_PER_COMPONENT: u32 = 20;
 const MEMORIES_PER_COMPONENT: u32 = 2;
 const TABLES_PER_COMPONENT: u32 = 8;
 
-/// Instances made ahead of their call (see [`crate::DeferredRelease`]) that a runtime keeps at most, over
-/// every handler; the pool has this many slots beyond [`RuntimeConfig::pool_size`] for them, so
-/// they never take a slot from a call.
-pub const MAX_SPARES: u32 = 4;
+/// Instances ready for a call (made ahead, see [`crate::DeferredRelease`], or kept after one,
+/// see [`Limits::reuse_instances`]) that a runtime keeps at most, over every handler; the pool
+/// has this many slots beyond [`RuntimeConfig::pool_size`] for them, so they never take a slot
+/// from a call.
+pub const MAX_SPARES: u32 = 8;
 
 /// Bytes of each linear memory (and table) slot reset with `memset` instead of `madvise` when a
 /// call's instance is freed, so its pages stay resident across calls: no page faults on the next

@@ -1,7 +1,9 @@
 //! Deferred release: freeing a call's instance later, and making the next one ahead, off the
 //! caller's critical path.
 //!
-//! Every hook call runs in a fresh instance in a pool slot. Freeing it (the store's drop resets
+//! A hook call runs in an instance in a pool slot (a fresh one unless its handler reuses
+//! instances, whose calls that succeed give theirs back to the handler and leave nothing
+//! here). Freeing it (the store's drop resets
 //! the slot's memory and tables for the next call) costs tens of microseconds after the answer
 //! is already known, and so does making the next call's store and instance before the guest
 //! runs. A caller that has a wait ahead of it (an RPC to a plugin, say) runs its calls inside

@@ -2,8 +2,8 @@
 //! fresh `Store` and instance per call with that call's limits.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, ComponentExportIndex, Instance, InstancePre};
@@ -16,7 +16,7 @@ use crate::deferred_release::release_or_defer;
 use crate::error::{HandlerError, HandlerFault, LoadError};
 use crate::in_place::{self, HANDED_OFF_CALLS};
 use crate::limits::{Limits, WASM_STACK_BYTES, check_limits};
-use crate::spare::{Spare, SpareBuilder, take_spare};
+use crate::spare::{SpareBuilder, Spares, keep_for_reuse, take_spare};
 use crate::store::StoreFactory;
 use crate::types::{
     Accepted, AllocationRequest, Call, CallContext, Family, GuestLog, Hook, ListedRequest,
@@ -127,8 +127,9 @@ pub struct Handler {
     indices: ExportIndices,
     settings: Arc<BTreeMap<String, String>>,
     limits: Limits,
-    /// An instance made ahead of the next call, if any (see [`crate::spare`]).
-    spare: Arc<Mutex<Option<Spare>>>,
+    /// Instances ready for the next calls: made ahead, or kept after a call (see
+    /// [`crate::spare`]).
+    spares: Arc<Spares>,
     /// Calls still to send straight off the async worker since one had to move (see
     /// [`crate::in_place`]).
     handed_off_calls: AtomicU32,
@@ -161,7 +162,7 @@ impl Handler {
             indices: parts.indices,
             settings: parts.settings,
             limits: parts.limits,
-            spare: Arc::default(),
+            spares: Arc::default(),
             handed_off_calls: AtomicU32::new(0),
         }
     }
@@ -190,7 +191,7 @@ impl Handler {
             indices: self.indices.clone(),
             settings: Arc::new(settings),
             limits,
-            spare: Arc::default(),
+            spares: Arc::default(),
             handed_off_calls: AtomicU32::new(0),
         }))
     }
@@ -380,13 +381,15 @@ impl Handler {
             node_name: node_name.to_owned(),
             settings: self.settings.clone(),
             limits: self.limits,
-            spare: self.spare.clone(),
+            spares: self.spares.clone(),
         }
     }
 
-    /// One call: wait for a pool slot, take the instance made ahead for it or build a fresh
-    /// store (WASI, limits) and instantiate, arm `fuel` and the deadline, run `body`, turn any
-    /// failure into a [`HandlerError`].
+    /// One call: wait for a pool slot, take a spare instance (made ahead, or kept from a call
+    /// before) or build a fresh store (WASI, limits) and instantiate, arm `fuel` and the
+    /// deadline, run `body`, turn any failure into a [`HandlerError`]; then keep the instance
+    /// for the next call (a handler that reuses instances, after a call that succeeded) or
+    /// free it.
     fn call<R>(
         &self,
         cx: &CallContext,
@@ -431,7 +434,7 @@ impl Handler {
             self.stores.enter_pool()
         };
         let started = Instant::now();
-        let spare = take_spare(&self.spare, &cx.node_name);
+        let spare = take_spare(&self.spares, &cx.node_name);
         let (mut store, instance) = match spare {
             Some((store, instance)) => (store, Some(instance)),
             None => {
@@ -450,11 +453,15 @@ impl Handler {
             .map_err(|e| fail(HandlerFault::Instantiate { source: e.into() }))?;
         let ticking = self.stores.arm_deadline(&self.limits, &mut store);
 
+        let mut ran_in = None;
         let outcome = match instance {
             Some(instance) => Ok(instance),
             None => self.pre.instantiate(&mut store),
         }
-        .and_then(|instance| body(&mut store, &instance, &index));
+        .and_then(|instance| {
+            ran_in = Some(instance);
+            body(&mut store, &instance, &index)
+        });
         drop(ticking);
         let elapsed = started.elapsed();
         let result = match outcome {
@@ -486,8 +493,18 @@ impl Handler {
             Err(error) => Err(fail(self.classify(error, store.data(), fuel))),
         };
         // A call that failed leaves no spare behind: a module whose instantiation fails or runs
-        // into its deadline is not instantiated again until its next call.
+        // into its deadline is not instantiated again until its next call. Nor is its instance
+        // ever kept: a trap may have stopped the guest halfway through its own state.
         let succeeded = result.is_ok();
+        let store = match ran_in {
+            Some(instance) if succeeded && self.limits.reuse_instances => {
+                match keep_for_reuse(&self.spares, &self.stores, store, instance) {
+                    Ok(()) => return result,
+                    Err(store) => store,
+                }
+            }
+            _ => store,
+        };
         release_or_defer(store, permit, || {
             succeeded.then(|| self.spare_builder(&cx.node_name))
         });

@@ -13,8 +13,8 @@
 //!   which cannot start on a worker.
 //!
 //! [`run_in_place`] then runs the whole closure again after `block_in_place`, where waiting is
-//! fine. A hook call runs in a fresh instance and its only effect is its answer, so running it
-//! again changes only the time it takes; the stopped attempt is not counted anywhere (see
+//! fine. A hook call's only effect is its answer, and the instance it stopped in is
+//! dropped (never kept for reuse), so running it again changes only the time it takes; the stopped attempt is not counted anywhere (see
 //! [`HandlerFault::HandedOff`](crate::HandlerFault::HandedOff)). A handler whose call had to
 //! move sends its next [`HANDED_OFF_CALLS`] calls straight to the blocking thread, so a guest
 //! that prints on every call, or a node whose requests are all large, pays for the stopped

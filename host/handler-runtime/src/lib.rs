@@ -4,8 +4,9 @@
 //! Start at [`Runtime`]: one wasmtime engine (pooling allocator, epoch ticker, no component-model
 //! concurrency) shared by every [`Handler`]. [`Runtime::load`] compiles a component once and admits
 //! it (imports checked against an allow-list, contract version and hook families read from its
-//! exports); each hook call then runs in a fresh `Store` and instance from a shared `InstancePre`,
-//! with a CPU deadline, a memory cap, optional fuel and captured stderr. A guest's refusal is a
+//! exports); each hook call then runs in a fresh `Store` and instance from a shared `InstancePre`
+//! (or, for a handler loaded with [`Limits::reuse_instances`], in one that served its calls
+//! before without fault), with a CPU deadline, a memory cap, optional fuel and captured stderr. A guest's refusal is a
 //! normal outcome ([`Refusal`]); a trap, a timeout or a memory blow-up is a [`HandlerError`] naming
 //! the handler, the hook and the cause. Which handler serves which plugin type or resource, and
 //! swapping them while the daemon runs, is the host's business (crate `pluglet-handlers`), not
@@ -23,7 +24,8 @@
 //! or, inside [`defer_release`], when the caller drops the [`DeferredRelease`] it gets (during a
 //! wait of its own, off its critical path); that drop also makes the handler's next instance
 //! ahead (a spare), so its next call only runs the guest (at most [`MAX_SPARES`] spares per
-//! runtime).
+//! runtime). A handler that reuses instances keeps the instance of a call that succeeded as its
+//! spare instead, so its calls neither make nor free one.
 //!
 //! The modules, each using only those below it (`scripts/check-module-cycles.py` checks that
 //! no two use each other, directly or round a circle):
@@ -35,7 +37,7 @@
 //!   admission       imports and exports of a component
 //! handler           one loaded module and its hook calls
 //!   deferred_release  an instance freed after the call returns, on the caller's drop
-//!   spare           an instance made ahead of the next call
+//!   spare           an instance made ahead of (or kept for) the next call
 //!   store           each call's Store and its deadline (store making)
 //!   call_state      what one call is granted (WASI, memory limiter, host imports)
 //!   answer          checks of a guest's answer
@@ -98,8 +100,8 @@ pub use error::{BoxError, HandlerError, HandlerFault, LoadError};
 pub use handler::Handler;
 pub use in_place::{HANDED_OFF_CALLS, hand_off, run_in_place};
 pub use limits::{
-    FUEL_PER_DEVICE, LONG_CALL_CPU, Limits, MAX_MEMORY_MIB, MIN_WALL_CAP, WALL_CAP_FACTOR,
-    WASM_STACK_BYTES,
+    FUEL_PER_DEVICE, LONG_CALL_CPU, Limits, MAX_CALLS_PER_INSTANCE, MAX_MEMORY_MIB, MIN_WALL_CAP,
+    WALL_CAP_FACTOR, WASM_STACK_BYTES,
 };
 pub use types::{
     Accepted, AllocationRequest, Call, CallContext, CandidateDevice, Candidates, ColumnRun, Family,

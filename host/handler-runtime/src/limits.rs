@@ -21,7 +21,18 @@ pub struct Limits {
     pub memory_mib: u32,
     /// Fuel (instruction budget) of one call; `None`: unlimited.
     pub fuel: Option<u64>,
+    /// Whether an instance whose call succeeded may serve the handler's later calls (at most
+    /// [`MAX_CALLS_PER_INSTANCE`], while its memory stays within half the cap and its guest
+    /// printed nothing) instead of a fresh instance each call. Only for modules whose calls
+    /// keep nothing in the guest between them: the built-ins, or an entry that says
+    /// `reuse_instances = true`.
+    pub reuse_instances: bool,
 }
+
+/// Calls one instance serves at most when [`Limits::reuse_instances`] is set; the next call
+/// then gets a fresh instance, so that whatever a guest leaves behind (a fragmented heap,
+/// handles it never closed) is bounded.
+pub const MAX_CALLS_PER_INSTANCE: u32 = 1_000;
 
 /// Fuel an `allocate` call gets per device offered, on top of [`Limits::fuel`]. Reading the
 /// request already costs the guest a few hundred instructions per device, so a fixed budget
@@ -50,12 +61,14 @@ impl Limits {
 }
 
 impl Default for Limits {
-    /// 50 ms, 16 MiB, 50 million fuel: generous for registration hooks, which run in microseconds.
+    /// 50 ms, 16 MiB, 50 million fuel, a fresh instance each call: generous for registration
+    /// hooks, which run in microseconds.
     fn default() -> Limits {
         Limits {
             deadline: Duration::from_millis(50),
             memory_mib: 16,
             fuel: Some(50_000_000),
+            reuse_instances: false,
         }
     }
 }

@@ -1,6 +1,9 @@
-//! Spares: an instance made ahead of a handler's next call, in a pool slot of its own, so that
-//! the call only runs the guest. A runtime keeps at most [`MAX_SPARES`] of them; a spare is made
-//! only for the node name it will serve. What triggers their making is [`crate::deferred_release`].
+//! Spares: instances ready for a handler's next calls, in pool slots of their own, so that a
+//! call only runs the guest. A spare is either made ahead (a fresh instance; what triggers its
+//! making is [`crate::deferred_release`]) or, for a handler that reuses instances
+//! ([`crate::Limits::reuse_instances`]), the instance of a call that succeeded, kept. A runtime
+//! keeps at most [`MAX_SPARES`] of them, a handler at most [`SPARES_PER_HANDLER`]; a spare
+//! serves only the node name its store was made for.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -14,11 +17,17 @@ use crate::config::MAX_SPARES;
 use crate::limits::Limits;
 use crate::store::StoreFactory;
 
-/// An instance made ahead of a call, in a pool slot of the spares.
+/// Spares one handler keeps at most: enough for the calls of one handler that run at once on
+/// a small node (each core runs one), while the others' share of [`MAX_SPARES`] stays.
+pub(crate) const SPARES_PER_HANDLER: usize = 2;
+
+/// A handler's spares, the last kept taken first.
+pub(crate) type Spares = Mutex<Vec<Spare>>;
+
+/// An instance ready for a call, in a pool slot of the spares.
 pub(crate) struct Spare {
     store: Store<CallState>,
     instance: Instance,
-    node_name: String,
     _counted: SpareCount,
 }
 
@@ -44,14 +53,41 @@ impl Drop for SpareCount {
     }
 }
 
-/// Takes the spare in `slot` if it was made for `node_name`: its store and instance, ready for
-/// the call's fuel and deadline (the instance now counts as the call's, not as a spare).
-pub(crate) fn take_spare(
-    slot: &Mutex<Option<Spare>>,
-    node_name: &str,
-) -> Option<(Store<CallState>, Instance)> {
-    let spare = lock(slot).take().filter(|r| r.node_name == node_name)?;
+/// Takes a spare of `spares` for `node_name`: its store and instance, ready for the call's fuel
+/// and deadline (the instance now counts as the call's, not as a spare). A spare made for
+/// another node is dropped.
+pub(crate) fn take_spare(spares: &Spares, node_name: &str) -> Option<(Store<CallState>, Instance)> {
+    let spare = lock(spares)
+        .pop()
+        .filter(|s| s.store.data().node_name() == node_name)?;
     Some((spare.store, spare.instance))
+}
+
+/// Keeps the instance of a call that succeeded as a spare of its handler if the store may
+/// serve another call ([`CallState::reset_for_reuse`]) and there is room; gives the store back
+/// otherwise, to be freed.
+pub(crate) fn keep_for_reuse(
+    spares: &Spares,
+    stores: &Arc<StoreFactory>,
+    mut store: Store<CallState>,
+    instance: Instance,
+) -> Result<(), Store<CallState>> {
+    if !store.data_mut().reset_for_reuse() {
+        return Err(store);
+    }
+    let mut kept = lock(spares);
+    if kept.len() >= SPARES_PER_HANDLER {
+        return Err(store);
+    }
+    let Some(counted) = SpareCount::take(stores) else {
+        return Err(store);
+    };
+    kept.push(Spare {
+        store,
+        instance,
+        _counted: counted,
+    });
+    Ok(())
 }
 
 /// What makes a handler's spare: the runtime, the handler's compiled component, its
@@ -63,7 +99,7 @@ pub(crate) struct SpareBuilder {
     pub(crate) node_name: String,
     pub(crate) settings: Arc<BTreeMap<String, String>>,
     pub(crate) limits: Limits,
-    pub(crate) spare: Arc<Mutex<Option<Spare>>>,
+    pub(crate) spares: Arc<Spares>,
 }
 
 impl SpareBuilder {
@@ -71,7 +107,7 @@ impl SpareBuilder {
     /// already. The instantiation runs under the handler's fuel and deadline like a call; if it
     /// fails, no spare is kept (the next call instantiates, and reports the failure).
     pub(crate) fn build(self) {
-        if lock(&self.spare).is_some() {
+        if !lock(&self.spares).is_empty() {
             return;
         }
         let Some(counted) = SpareCount::take(&self.stores) else {
@@ -96,12 +132,11 @@ impl SpareBuilder {
         let spare = Spare {
             store,
             instance,
-            node_name: self.node_name,
             _counted: counted,
         };
-        let mut slot = lock(&self.spare);
-        if slot.is_none() {
-            *slot = Some(spare);
+        let mut kept = lock(&self.spares);
+        if kept.is_empty() {
+            kept.push(spare);
         }
     }
 }

@@ -450,6 +450,7 @@ mod limits {
             deadline: Duration::from_millis(deadline_ms),
             memory_mib,
             fuel,
+            reuse_instances: false,
         }
     }
 
@@ -1139,6 +1140,155 @@ mod deferred_release {
     }
 }
 
+/// A handler loaded with `reuse_instances` runs each call in the instance a call before it
+/// succeeded in, up to a bound; any doubt about that instance gives the next call a fresh one.
+mod reuse {
+    use super::*;
+
+    /// A 16 MiB cap: the `alloc-some` mode's 10 MiB pass it by half.
+    fn reusing(settings: &[(&str, &str)]) -> (Runtime, Arc<Handler>) {
+        let rt = Runtime::new(RuntimeConfig {
+            pool_size: 1,
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime");
+        let mut all = vec![("allocate", "by-request"), ("mib", "10")];
+        all.extend_from_slice(settings);
+        let settings = all
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let limits = Limits {
+            deadline: GENEROUS,
+            memory_mib: 16,
+            reuse_instances: true,
+            ..Limits::default()
+        };
+        let handler = rt
+            .load(guest("misbehave"), settings, Some(limits))
+            .expect("the module loads");
+        (rt, handler)
+    }
+
+    /// One `allocate` call whose guest runs `mode` first: its log lines, or its fault's text.
+    fn call(handler: &Handler, node: &str, mode: &str) -> Result<Vec<String>, String> {
+        let req = request(vec![dev("a", &[0]), dev("b", &[0])], &[], 1, Some(&[mode]));
+        let cx = CallContext {
+            node_name: node.into(),
+        };
+        match handler.allocate(&cx, &req) {
+            Ok(call) => {
+                call.value.expect("an answer, not a refusal");
+                Ok(call.logs.into_iter().map(|l| l.message).collect())
+            }
+            Err(err) => Err(err.fault.to_string()),
+        }
+    }
+
+    fn nth(n: u32) -> Result<Vec<String>, String> {
+        Ok(vec![format!("call {n} of this instance")])
+    }
+
+    #[test]
+    fn calls_run_in_the_instance_of_the_call_before() {
+        let (rt, handler) = reusing(&[]);
+        for n in 1..=5 {
+            assert_eq!(call(&handler, "node-7", "count"), nth(n));
+        }
+        assert_eq!(rt.spares(), 1, "the instance is kept between calls");
+        // Inside a keeper nothing is left to free: the instance went back to the handler.
+        let (logs, deferred) =
+            pluglet_handler_runtime::defer_release(|| call(&handler, "node-7", "count"));
+        assert_eq!(logs, nth(6));
+        assert!(deferred.is_empty());
+        drop(handler);
+        assert_eq!(
+            rt.spares(),
+            0,
+            "a handler dropped gives its kept instance back"
+        );
+    }
+
+    #[test]
+    fn a_failed_call_or_a_refused_answer_is_never_run_in_again() {
+        let (_rt, handler) = reusing(&[]);
+        assert!(call(&handler, "node-7", "count").is_ok());
+        let fault = call(&handler, "node-7", "panic").unwrap_err();
+        assert!(fault.contains("asked to panic"), "{fault}");
+        assert_eq!(
+            call(&handler, "node-7", "count"),
+            nth(1),
+            "a fresh instance after the trap"
+        );
+        assert_eq!(call(&handler, "node-7", "count"), nth(2));
+        // The guest ran without fault, but the host refused its answer.
+        let fault = call(&handler, "node-7", "huge-ids:70000").unwrap_err();
+        assert!(fault.contains("answer too large"), "{fault}");
+        assert_eq!(
+            call(&handler, "node-7", "count"),
+            nth(1),
+            "a fresh instance after the refused answer"
+        );
+    }
+
+    #[test]
+    fn an_instance_grown_past_half_its_cap_is_not_kept() {
+        let (_rt, handler) = reusing(&[]);
+        assert!(call(&handler, "node-7", "count").is_ok());
+        call(&handler, "node-7", "alloc-some").expect("10 MiB fit in the 16 MiB cap");
+        assert_eq!(call(&handler, "node-7", "count"), nth(1));
+    }
+
+    #[test]
+    fn an_instance_serves_at_most_max_calls_per_instance() {
+        let (_rt, handler) = reusing(&[]);
+        for n in 1..=pluglet_handler_runtime::MAX_CALLS_PER_INSTANCE {
+            assert_eq!(call(&handler, "node-7", "count"), nth(n));
+        }
+        assert_eq!(call(&handler, "node-7", "count"), nth(1));
+    }
+
+    #[test]
+    fn an_instance_serves_only_the_node_name_it_was_made_for() {
+        let (_rt, handler) = reusing(&[]);
+        assert!(call(&handler, "node-7", "count").is_ok());
+        assert_eq!(call(&handler, "node-8", "count"), nth(1));
+        assert_eq!(call(&handler, "node-8", "count"), nth(2));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_handed_off_the_worker_is_not_run_again_in_the_instance_it_left() {
+        let (_rt, handler) = reusing(&[]);
+        let on_worker = |mode: &'static str| {
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                pluglet_handler_runtime::run_in_place(|| call(&handler, "node-7", mode))
+            })
+        };
+        assert_eq!(on_worker("count").await.unwrap(), nth(1));
+        assert_eq!(on_worker("count").await.unwrap(), nth(2));
+        // The panic's text goes to stderr: the call stops there and runs again off the worker.
+        let fault = on_worker("panic").await.unwrap().unwrap_err();
+        assert!(fault.contains("asked to panic"), "{fault}");
+        assert_eq!(on_worker("count").await.unwrap(), nth(1));
+    }
+
+    #[test]
+    fn without_reuse_every_call_gets_a_fresh_instance() {
+        let (_rt, handler) = reusing(&[]);
+        let fresh = handler
+            .reconfigured(
+                "fresh".into(),
+                [("allocate".to_string(), "by-request".to_string())].into(),
+                None,
+            )
+            .expect("reconfigured");
+        for _ in 0..3 {
+            assert_eq!(call(&fresh, "node-7", "count"), nth(1));
+        }
+    }
+}
+
 /// Hook calls from async code run on the tokio worker as they are; one that would block it
 /// (a timer, its stdio, a long run) stops and runs again off the worker, with the same outcome
 /// as a call made outside any runtime.
@@ -1181,6 +1331,7 @@ mod in_place {
             deadline: Duration::from_millis(deadline_ms),
             memory_mib: 16,
             fuel: None,
+            reuse_instances: false,
         }
     }
 

@@ -8,6 +8,8 @@
 //! memory_mib = 16
 //! fuel = 50000000
 //! max_concurrent_calls = 1           # calls of this slot at once (default: half the cores)
+//! reuse_instances = true             # a call may run in an instance that served one before
+//!                                    # (default: a fresh instance each call)
 //! settings = { min_version = "1.2.0" }
 //! rollback_after = 3                 # failures during probation before the previous version
 //!                                    # comes back (0: never)
@@ -54,6 +56,7 @@ struct EntryConfig {
     memory_mib: Option<u32>,
     fuel: Option<u64>,
     max_concurrent_calls: Option<u32>,
+    reuse_instances: Option<bool>,
     #[serde(default)]
     settings: BTreeMap<String, toml::Value>,
     rollback_after: Option<u32>,
@@ -104,6 +107,10 @@ pub struct SlotEntry {
     /// `max_concurrent_calls`, if given: how many calls of the slot may run at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_calls: Option<u32>,
+    /// `reuse_instances`, if given: whether a call may run in an instance that served an
+    /// earlier call of the slot (for modules whose calls keep no state in the guest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse_instances: Option<bool>,
     /// Settings handed to the guest, as strings.
     pub settings: BTreeMap<String, String>,
     /// Failures during probation before the previous version comes back (0: never).
@@ -141,6 +148,7 @@ impl SlotEntry {
             memory_mib: None,
             fuel: None,
             max_concurrent_calls: None,
+            reuse_instances: None,
             settings: BTreeMap::new(),
             rollback_after: DEFAULT_ROLLBACK_AFTER,
             on_failure: OnFailure::default(),
@@ -177,6 +185,9 @@ impl SlotEntry {
         if let Some(fuel) = self.fuel {
             limits.fuel = Some(fuel);
         }
+        if let Some(reuse) = self.reuse_instances {
+            limits.reuse_instances = reuse;
+        }
         limits
     }
 }
@@ -204,7 +215,8 @@ pub enum FileError {
     #[error(
         "{path} is not a valid handlers file: {message}; expected [plugin_types.<type>] and \
          [resources.\"<resource>\"] tables with module, settings and optional \
-         sha256/deadline_ms/memory_mib/fuel/max_concurrent_calls/rollback_after/on_failure"
+         sha256/deadline_ms/memory_mib/fuel/max_concurrent_calls/reuse_instances/rollback_after/\
+         on_failure"
     )]
     Parse {
         /// The file.
@@ -356,6 +368,7 @@ fn check(
         memory_mib: entry.memory_mib,
         fuel: entry.fuel,
         max_concurrent_calls: entry.max_concurrent_calls,
+        reuse_instances: entry.reuse_instances,
         settings,
         rollback_after: entry.rollback_after.unwrap_or(DEFAULT_ROLLBACK_AFTER),
         on_failure: entry.on_failure.unwrap_or_default(),
@@ -375,7 +388,7 @@ mod tests {
         let file = parse_text(
             "[plugin_types.CSIPlugin]\nmodule = \"a.wasm\"\nsettings = { n = 3, b = true }\n\
              [resources.\"vendor.com/gpu\"]\nmodule = \"/abs/p.wasm\"\nrollback_after = 0\n\
-             on_failure = \"builtin\"\n",
+             on_failure = \"builtin\"\nreuse_instances = true\n",
         )
         .unwrap();
         let csi = &file.entries[&SlotKey::PluginType("CSIPlugin".into())];
@@ -384,10 +397,15 @@ mod tests {
         assert_eq!(csi.on_failure, OnFailure::Fail);
         assert_eq!(csi.settings["n"], "3");
         assert_eq!(csi.settings["b"], "true");
+        assert!(
+            !csi.limits(Limits::default()).reuse_instances,
+            "fresh by default"
+        );
         let gpu = &file.entries[&SlotKey::Resource("vendor.com/gpu".into())];
         assert_eq!(gpu.module, Path::new("/abs/p.wasm"));
         assert_eq!(gpu.rollback_after, 0);
         assert_eq!(gpu.on_failure, OnFailure::Builtin);
+        assert!(gpu.limits(Limits::default()).reuse_instances);
     }
 
     #[test]

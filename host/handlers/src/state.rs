@@ -272,6 +272,7 @@ mod tests {
                 deadline_ms: None,
                 memory_mib: None,
                 max_concurrent_calls: None,
+                reuse_instances: None,
                 fuel: None,
                 settings: Default::default(),
                 rollback_after: 3,

@@ -134,7 +134,8 @@ fn entries_replace_builtins_with_their_settings_and_limits() {
         Limits {
             deadline: Duration::from_millis(40),
             memory_mib: 8,
-            fuel: Some(1_000_000)
+            fuel: Some(1_000_000),
+            reuse_instances: false,
         }
     );
     let plugin = PluginInfo {

@@ -67,6 +67,9 @@ pub struct Limits {
     /// `max_concurrent_calls`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_calls: Option<u32>,
+    /// `reuse_instances`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse_instances: Option<bool>,
     /// `rollback_after`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback_after: Option<u32>,

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use pluglet_handler_runtime::{Handler, LoadError, ModuleSource, Runtime};
+use pluglet_handler_runtime::{Handler, Limits, LoadError, ModuleSource, Runtime};
 
 use crate::slot::SlotKey;
 
@@ -43,18 +43,24 @@ impl Builtins {
     }
 
     /// Loads each distinct module once, with the runtime's default limits and no settings.
+    /// Built-ins keep nothing in the guest between calls, so their instances are reused
+    /// ([`Limits::reuse_instances`]).
     pub fn load(
         runtime: &Runtime,
         plugin_types: Vec<(String, ModuleSource)>,
         policy: ModuleSource,
     ) -> Result<Builtins, LoadError> {
+        let limits = Limits {
+            reuse_instances: true,
+            ..runtime.config().default_limits
+        };
         let mut loaded: BTreeMap<String, Arc<Handler>> = BTreeMap::new();
         let mut load = |source: ModuleSource| -> Result<Arc<Handler>, LoadError> {
             let id = source.id();
             if let Some(handler) = loaded.get(&id) {
                 return Ok(handler.clone());
             }
-            let handler = runtime.load(source, BTreeMap::new(), None)?;
+            let handler = runtime.load(source, BTreeMap::new(), Some(limits))?;
             loaded.insert(id, handler.clone());
             Ok(handler)
         };
