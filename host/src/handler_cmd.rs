@@ -123,6 +123,10 @@ pub struct TestArgs {
     /// per device offered, as in the daemon.
     #[arg(long)]
     pub fuel: Option<u64>,
+    /// Run the vectors' cases one after another in the instance of the case before, as an entry
+    /// with `reuse_instances = true` is run (default: a fresh instance each call).
+    #[arg(long)]
+    pub reuse_instances: bool,
 }
 
 /// A hook to run.
@@ -444,6 +448,7 @@ fn test(args: TestArgs, output: OutputFormat) -> anyhow::Result<()> {
     if let Some(fuel) = args.fuel {
         limits.fuel = Some(fuel);
     }
+    limits.reuse_instances = args.reuse_instances;
     let cx = CallContext {
         node_name: args.node_name.clone(),
     };

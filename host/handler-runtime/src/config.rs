@@ -19,7 +19,7 @@ const TABLES_PER_COMPONENT: u32 = 8;
 /// see [`Limits::reuse_instances`]) that a runtime keeps at most, over every handler; the pool
 /// has this many slots beyond [`RuntimeConfig::pool_size`] for them, so they never take a slot
 /// from a call.
-pub const MAX_SPARES: u32 = 8;
+pub const MAX_SPARES: u32 = 6;
 
 /// Bytes of each linear memory (and table) slot reset with `memset` instead of `madvise` when a
 /// call's instance is freed, so its pages stay resident across calls: no page faults on the next

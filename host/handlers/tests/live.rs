@@ -151,6 +151,39 @@ fn entries_replace_builtins_with_their_settings_and_limits() {
 }
 
 #[test]
+fn an_entry_with_reuse_instances_runs_its_calls_in_one_instance_and_others_each_in_a_fresh_one() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "counting.wasm");
+    write_toml(
+        dir.path(),
+        "[plugin_types.CSIPlugin]\nmodule = \"counting.wasm\"\nreuse_instances = true\n\
+         settings = { mode = \"count\" }\n\
+         [resources.\"vendor.com/gpu\"]\nmodule = \"counting.wasm\"\n\
+         settings = { allocate = \"count\" }\n",
+    );
+    let handlers = load(dir.path(), None).unwrap();
+    let plugin = PluginInfo {
+        plugin_type: "CSIPlugin".into(),
+        name: "x.example.com".into(),
+        endpoint: "/p/csi.sock".into(),
+        supported_versions: vec![],
+    };
+    let csi = handlers.for_plugin_type("CSIPlugin").unwrap();
+    assert!(csi.handler().limits().reuse_instances);
+    let gpu = handlers.for_resource(GPU);
+    assert!(!gpu.handler().limits().reuse_instances, "fresh by default");
+    for n in 1..=3 {
+        let call = csi.validate(&cx(), &plugin, None).unwrap();
+        assert_eq!(call.logs[0].message, format!("call {n} of this instance"));
+        let call = gpu.allocate(&cx(), &request(1)).unwrap();
+        assert_eq!(call.logs[0].message, "call 1 of this instance");
+    }
+    // The built-ins always reuse.
+    let builtin = handlers.for_plugin_type("DevicePlugin").unwrap();
+    assert!(builtin.handler().limits().reuse_instances);
+}
+
+#[test]
 fn at_start_a_bad_entry_fails_naming_the_file_the_entry_and_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     write_toml(dir.path(), "[plugin_types.CSIPlugin]\nmodul = 1\n");
