@@ -14,6 +14,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::bindings::pluglet::handler::{host, types as wit_types};
 use crate::call_gate::OwnedGatePermit;
+use crate::config::MEMORY_KEEP_RESIDENT;
 use crate::limits::MAX_CALLS_PER_INSTANCE;
 use crate::types::{GuestLog, LogLevel};
 
@@ -134,14 +135,18 @@ impl CallState {
 
     /// After a call that succeeded: whether this store's instance may serve another call of
     /// its handler (see [`crate::Limits::reuse_instances`]); if so, what the call left in the
-    /// state is cleared. Not when it has served [`MAX_CALLS_PER_INSTANCE`] calls, when its
-    /// memory has grown past half the cap (a guest that keeps growing would meet the cap in a
-    /// later call that did nothing wrong), or when its guest printed (the captured output
-    /// cannot be cleared, and it would land in a later call's error).
+    /// state is cleared. Not when it has served [`MAX_CALLS_PER_INSTANCE`] calls; not when its
+    /// memory is larger than half the cap (a guest that keeps growing would meet the cap in a
+    /// later call that did nothing wrong) or than what the pool keeps resident of a freed
+    /// instance (`MEMORY_KEEP_RESIDENT`: a kept instance holds its memory while it waits, and an
+    /// idle node should hold no more than it did with fresh instances); not when its guest
+    /// printed (the captured output cannot be cleared, and it would land in a later call's
+    /// error).
     pub(crate) fn reset_for_reuse(&mut self) -> bool {
         self.calls += 1;
+        let memory_bound = (self.limiter.memory_bytes / 2).min(MEMORY_KEEP_RESIDENT);
         if self.calls >= MAX_CALLS_PER_INSTANCE
-            || self.limiter.largest > self.limiter.memory_bytes / 2
+            || self.limiter.largest > memory_bound
             || !self.output.contents().is_empty()
         {
             return false;

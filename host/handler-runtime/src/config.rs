@@ -28,7 +28,7 @@ pub const MAX_SPARES: u32 = 6;
 /// has `PAGEMAP_SCAN` (Linux 6.7+) only the pages a call dirtied are reset, so the memory figure
 /// can cover an allocation policy's 1,024-device request (about 1 MiB of guest heap) without
 /// slowing small calls; elsewhere the low `MEMORY_KEEP_RESIDENT` bytes are reset every time.
-const MEMORY_KEEP_RESIDENT: usize = 2 << 20;
+pub(crate) const MEMORY_KEEP_RESIDENT: usize = 2 << 20;
 const TABLE_KEEP_RESIDENT: usize = 64 << 10;
 
 /// Configuration of a [`Runtime`](crate::Runtime).

@@ -22,10 +22,10 @@ pub struct Limits {
     /// Fuel (instruction budget) of one call; `None`: unlimited.
     pub fuel: Option<u64>,
     /// Whether an instance whose call succeeded may serve the handler's later calls (at most
-    /// [`MAX_CALLS_PER_INSTANCE`], while its memory stays within half the cap and its guest
-    /// printed nothing) instead of a fresh instance each call. Only for modules whose calls
-    /// keep nothing in the guest between them: the built-ins, or an entry that says
-    /// `reuse_instances = true`.
+    /// [`MAX_CALLS_PER_INSTANCE`], while its memory stays within half the cap and 2 MiB and
+    /// its guest printed nothing) instead of a fresh instance each call. Only for modules
+    /// whose calls keep nothing in the guest between them: the built-ins, or an entry that
+    /// says `reuse_instances = true`.
     pub reuse_instances: bool,
 }
 

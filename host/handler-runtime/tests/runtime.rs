@@ -1240,6 +1240,41 @@ mod reuse {
     }
 
     #[test]
+    fn the_builtin_policy_is_kept_after_choosing_among_1024_devices() {
+        let rt = Runtime::new(RuntimeConfig {
+            pool_size: 1,
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime");
+        let limits = Limits {
+            reuse_instances: true,
+            ..Limits::default()
+        };
+        let handler = rt
+            .load(
+                builtin("device-plugin", pluglet_wasm_guests::DEVICE_PLUGIN),
+                BTreeMap::new(),
+                Some(limits),
+            )
+            .expect("the built-in loads");
+        let devices = (0..1024)
+            .map(|i| dev(&format!("dev-{i:04}"), &[0]))
+            .collect();
+        let req = request(devices, &[], 1024, None);
+        for _ in 0..3 {
+            assert_eq!(
+                handler.allocate(&cx(), &req).unwrap().value.unwrap().len(),
+                1024
+            );
+            assert_eq!(
+                rt.spares(),
+                1,
+                "its memory stays within what the pool keeps resident, so it is kept"
+            );
+        }
+    }
+
+    #[test]
     fn an_instance_serves_at_most_max_calls_per_instance() {
         let (_rt, handler) = reusing(&[]);
         for n in 1..=pluglet_handler_runtime::MAX_CALLS_PER_INSTANCE {
