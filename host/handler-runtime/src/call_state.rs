@@ -1,7 +1,8 @@
 //! What one hook call is granted: the state of its `Store`, built for the call and dropped with
-//! it (or, for a handler that reuses instances, cleared for its next call). It holds only that call's WASI context (empty environment and arguments, captured
-//! stdout/stderr, no preopens, no network), its memory limiter, its node name, its handler's
-//! settings and the log lines it produced. The host imports (`pluglet:handler/host`) are
+//! it (or, for a handler that reuses instances, cleared for its next call). It holds only that
+//! call's WASI context (empty environment and arguments, captured stdout/stderr, no preopens, no
+//! network), its memory limiter, its node name, its handler's settings and the log lines it
+//! produced. The host imports (`pluglet:handler/host`) are
 //! implemented here, one impl block per WIT interface.
 
 use std::collections::BTreeMap;

@@ -1,5 +1,6 @@
 //! A loaded handler: one compiled component behind a shared `InstancePre`, called through a
-//! fresh `Store` and instance per call with that call's limits.
+//! fresh `Store` and instance per call (or, with [`Limits::reuse_instances`], one an earlier
+//! call succeeded in) with that call's limits.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
