@@ -16,10 +16,9 @@ const MEMORIES_PER_COMPONENT: u32 = 2;
 const TABLES_PER_COMPONENT: u32 = 8;
 
 /// Instances ready for a call (made ahead, see [`crate::DeferredRelease`], or kept after one,
-/// see [`Limits::reuse_instances`]) that a runtime keeps at most, over every handler; the pool
-/// has this many slots beyond [`RuntimeConfig::pool_size`] for them, so they never take a slot
-/// from a call.
-pub const MAX_SPARES: u32 = 6;
+/// see [`Limits::reuse_instances`]) that a runtime keeps at most, over every handler, however
+/// large its pool (see [`RuntimeConfig::spare_slots`]).
+pub const MAX_SPARES: u32 = 16;
 
 /// Bytes of each linear memory (and table) slot reset with `memset` instead of `madvise` when a
 /// call's instance is freed, so its pages stay resident across calls: no page faults on the next
@@ -49,6 +48,20 @@ pub struct RuntimeConfig {
     pub long_calls: u32,
 }
 
+impl RuntimeConfig {
+    /// Spares this runtime keeps at most, over every handler: two per call slot and four more,
+    /// at most [`MAX_SPARES`]. The pool has this many slots beyond [`RuntimeConfig::pool_size`]
+    /// for them, so they never take a slot from a call. Each slot reserves address space for
+    /// its memories (about 8.6 GB with their guard regions), so a runtime sized for one call at
+    /// a time, as the daemon is run under valgrind, keeps six, which its address space holds.
+    pub fn spare_slots(&self) -> u32 {
+        self.pool_size
+            .saturating_mul(2)
+            .saturating_add(4)
+            .min(MAX_SPARES)
+    }
+}
+
 /// One less than the cores, at least one.
 pub fn default_long_calls() -> u32 {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -76,7 +89,7 @@ pub(crate) fn engine_config(config: &RuntimeConfig) -> Result<Config, LoadError>
         });
     }
     let mut pool = PoolingAllocationConfig::default();
-    let slots = config.pool_size.saturating_add(MAX_SPARES);
+    let slots = config.pool_size.saturating_add(config.spare_slots());
     pool.total_component_instances(slots)
         .total_core_instances(slots * CORE_INSTANCES_PER_COMPONENT)
         .total_memories(slots * MEMORIES_PER_COMPONENT)

@@ -14,7 +14,8 @@
 //! one instance for its next call (a spare: a fresh store and instance, never one a call has
 //! run in). The next call of that handler takes it and only runs the guest. Spares are made on
 //! tokio's blocking pool when there is a runtime (the caller's task goes on at once), on the
-//! dropping thread otherwise; a runtime keeps at most [`MAX_SPARES`](crate::MAX_SPARES) of them, in pool slots of
+//! dropping thread otherwise; a runtime keeps at most
+//! [`RuntimeConfig::spare_slots`](crate::RuntimeConfig::spare_slots) of them, in pool slots of
 //! their own. Calls outside [`defer_release`] neither make nor need spares. A spare's guest
 //! clock and its captured output start when it was made; its fuel and deadline are set when
 //! the call takes it, so the call gets the whole budget and the instantiation's work is not

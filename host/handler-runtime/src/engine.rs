@@ -226,8 +226,9 @@ impl Runtime {
         })
     }
 
-    /// How many instances are kept made ahead of their calls now (at most [`crate::MAX_SPARES`]; see
-    /// [`crate::DeferredRelease`]).
+    /// How many instances are kept ready for a call now, made ahead or kept after one (at most
+    /// [`RuntimeConfig::spare_slots`]; see [`crate::DeferredRelease`] and
+    /// [`crate::Limits::reuse_instances`]).
     pub fn spares(&self) -> u32 {
         self.inner
             .stores

@@ -23,8 +23,8 @@
 //! context, limits, node name and settings. A call's instance is freed before the call returns,
 //! or, inside [`defer_release`], when the caller drops the [`DeferredRelease`] it gets (during a
 //! wait of its own, off its critical path); that drop also makes the handler's next instance
-//! ahead (a spare), so its next call only runs the guest (at most [`MAX_SPARES`] spares per
-//! runtime). A handler that reuses instances keeps the instance of a call that succeeded as its
+//! ahead (a spare), so its next call only runs the guest (at most
+//! [`RuntimeConfig::spare_slots`] spares per runtime). A handler that reuses instances keeps the instance of a call that succeeded as its
 //! spare instead, so its calls neither make nor free one.
 //!
 //! The modules, each using only those below it (`scripts/check-module-cycles.py` checks that

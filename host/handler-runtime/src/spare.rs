@@ -2,8 +2,9 @@
 //! call only runs the guest. A spare is either made ahead (a fresh instance; what triggers its
 //! making is [`crate::deferred_release`]) or, for a handler that reuses instances
 //! ([`crate::Limits::reuse_instances`]), the instance of a call that succeeded, kept. A runtime
-//! keeps at most [`MAX_SPARES`] of them, a handler at most [`SPARES_PER_HANDLER`]; a spare
-//! serves only the node name its store was made for.
+//! keeps at most [`RuntimeConfig::spare_slots`](crate::RuntimeConfig::spare_slots) of them, a
+//! handler at most [`SPARES_PER_HANDLER`]; a spare serves only the node name its store was made
+//! for.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -13,12 +14,11 @@ use wasmtime::Store;
 use wasmtime::component::{Instance, InstancePre};
 
 use crate::call_state::CallState;
-use crate::config::MAX_SPARES;
 use crate::limits::Limits;
 use crate::store::StoreFactory;
 
 /// Spares one handler keeps at most: enough for the calls of one handler that run at once on
-/// a small node (each core runs one), while the others' share of [`MAX_SPARES`] stays.
+/// a small node (each core runs one), while the others' share of the runtime's spares stays.
 pub(crate) const SPARES_PER_HANDLER: usize = 2;
 
 /// A handler's spares, the last kept taken first.
@@ -35,12 +35,13 @@ pub(crate) struct Spare {
 struct SpareCount(Arc<StoreFactory>);
 
 impl SpareCount {
-    /// Counts one more spare, unless the runtime keeps [`MAX_SPARES`] already.
+    /// Counts one more spare, unless the runtime keeps as many as it has slots for already.
     fn take(stores: &Arc<StoreFactory>) -> Option<SpareCount> {
+        let slots = stores.config.spare_slots();
         stores
             .spares_kept
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < MAX_SPARES).then_some(n + 1)
+                (n < slots).then_some(n + 1)
             })
             .ok()
             .map(|_| SpareCount(stores.clone()))
@@ -103,8 +104,8 @@ pub(crate) struct SpareBuilder {
 }
 
 impl SpareBuilder {
-    /// Makes the handler's spare, unless it has one or the runtime keeps [`MAX_SPARES`]
-    /// already. The instantiation runs under the handler's fuel and deadline like a call; if it
+    /// Makes the handler's spare, unless it has one or the runtime keeps as many as it has
+    /// slots for already. The instantiation runs under the handler's fuel and deadline like a call; if it
     /// fails, no spare is kept (the next call instantiates, and reports the failure).
     pub(crate) fn build(self) {
         if !lock(&self.spares).is_empty() {

@@ -25,7 +25,7 @@ pub(crate) struct StoreFactory {
     /// Admits long calls ([`RuntimeConfig::long_calls`]).
     pub(crate) long_calls: Arc<CallGate>,
     pub(crate) config: RuntimeConfig,
-    /// Instances made ahead of their call, kept now (at most [`crate::MAX_SPARES`]).
+    /// Instances ready for a call, kept now (at most [`RuntimeConfig::spare_slots`]).
     pub(crate) spares_kept: AtomicU32,
     /// The epoch ticker, ticking while an armed deadline's guest code runs.
     pub(crate) ticker: Arc<Ticker>,

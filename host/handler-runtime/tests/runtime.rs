@@ -1094,7 +1094,13 @@ mod deferred_release {
     fn a_runtime_keeps_at_most_max_spares_made_ahead() {
         let (rt, handler) = one_slot();
         let req = request(vec![dev("a", &[0])], &[], 1, None);
-        let handlers: Vec<_> = (0..pluglet_handler_runtime::MAX_SPARES + 2)
+        let max = RuntimeConfig {
+            pool_size: 1,
+            ..RuntimeConfig::default()
+        }
+        .spare_slots();
+        assert_eq!(max, 6, "two per call slot and four more");
+        let handlers: Vec<_> = (0..max + 2)
             .map(|i| {
                 handler
                     .reconfigured(format!("copy-{i}"), BTreeMap::new(), None)
@@ -1107,7 +1113,7 @@ mod deferred_release {
             call.unwrap();
             drop(deferred);
         }
-        assert_eq!(rt.spares(), pluglet_handler_runtime::MAX_SPARES);
+        assert_eq!(rt.spares(), max);
         // Every handler still answers, with or without a spare, in the one call slot.
         for h in &handlers {
             h.allocate(&cx(), &req).unwrap();
