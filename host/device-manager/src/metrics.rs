@@ -8,7 +8,6 @@
 //! name is counted under `resource_name="invalid"`, so a misbehaving client cannot create series
 //! at will. Capacity and allocatable per resource are read at scrape time by the daemon.
 
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -72,12 +71,6 @@ pub enum Stage {
     CdiRemove,
 }
 
-/// How many [`Stage`]s there are.
-const STAGES: usize = 9;
-
-/// The operations timed in stages (`operation` label values).
-const OPERATIONS: [&str; 2] = ["allocate", "release"];
-
 impl Stage {
     /// The `stage` label value.
     pub fn label(self) -> &'static str {
@@ -117,10 +110,6 @@ pub struct Metrics {
     checkpoint_writes: Family<WriteOutcome, Counter>,
     checkpoint_duration: Histogram,
     stage_duration: Histograms<StageLabel>,
-    /// Each series of `stage_duration` once it exists, by operation and stage: an allocation
-    /// times seven stages, and finding a series in the family means hashing its labels and
-    /// taking the family's lock each time.
-    stage_series: Arc<[OnceLock<Histogram>; OPERATIONS.len() * STAGES]>,
 }
 
 fn default_histogram() -> Histogram {
@@ -152,7 +141,6 @@ impl Default for Metrics {
             checkpoint_writes: Family::default(),
             checkpoint_duration: disk_histogram(),
             stage_duration: Family::new_with_constructor(stage_histogram),
-            stage_series: Arc::new(std::array::from_fn(|_| OnceLock::new())),
         }
     }
 }
@@ -262,21 +250,12 @@ impl Metrics {
     }
 
     pub(crate) fn stage(&self, operation: &'static str, stage: Stage, elapsed: Duration) {
-        let series = || {
-            self.stage_duration
-                .get_or_create(&StageLabel {
-                    operation,
-                    stage: stage.label(),
-                })
-                .clone()
-        };
-        let seconds = elapsed.as_secs_f64();
-        match OPERATIONS.iter().position(|&o| o == operation) {
-            Some(op) => self.stage_series[op * STAGES + stage as usize]
-                .get_or_init(series)
-                .observe(seconds),
-            None => series().observe(seconds),
-        }
+        self.stage_duration
+            .get_or_create(&StageLabel {
+                operation,
+                stage: stage.label(),
+            })
+            .observe(elapsed.as_secs_f64());
     }
 
     pub(crate) fn checkpoint_write(&self, ok: bool, elapsed: Duration) {
@@ -336,33 +315,6 @@ fn outcome(ok: bool) -> WriteOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stages_are_counted_in_their_family_series_whether_cached_or_not() {
-        assert_eq!(
-            Stage::CdiRemove as usize + 1,
-            STAGES,
-            "STAGES counts every stage"
-        );
-        let metrics = Metrics::default();
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        for _ in 0..2 {
-            metrics.stage("allocate", Stage::Policy, Duration::from_micros(20));
-            metrics.stage("release", Stage::CdiRemove, Duration::from_micros(20));
-        }
-        metrics.stage("resize", Stage::Commit, Duration::from_micros(20));
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        for (series, count) in [
-            ("operation=\"allocate\",stage=\"policy\"", 2),
-            ("operation=\"release\",stage=\"cdi_remove\"", 2),
-            ("operation=\"resize\",stage=\"commit\"", 1),
-        ] {
-            let line = format!("pluglet_device_stage_duration_seconds_count{{{series}}} {count}");
-            assert!(text.contains(&line), "{line} in\n{text}");
-        }
-    }
 
     #[test]
     fn odd_resource_names_share_one_label() {

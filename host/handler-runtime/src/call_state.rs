@@ -2,8 +2,8 @@
 //! it (or, for a handler that reuses instances, cleared for its next call). It holds only that
 //! call's WASI context (empty environment and arguments, captured stdout/stderr, no preopens, no
 //! network), its memory limiter, its node name, its handler's settings and the log lines it
-//! produced. The host imports (`pluglet:handler/host`) are
-//! implemented here, one impl block per WIT interface.
+//! produced. The host imports (`pluglet:handler/host`) are implemented here, one impl block per
+//! WIT interface.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,7 +51,7 @@ pub(crate) struct CallState {
     /// the store when the call ends.
     pub(crate) long_permit: Option<OwnedGatePermit>,
     /// Calls this store's instance has served (see [`crate::Limits::reuse_instances`]).
-    pub(crate) calls: u32,
+    calls: u32,
 }
 
 /// The guest's `wasi:clocks/monotonic-clock`: nanoseconds since the call's store was made.

@@ -454,15 +454,12 @@ impl Handler {
             .map_err(|e| fail(HandlerFault::Instantiate { source: e.into() }))?;
         let ticking = self.stores.arm_deadline(&self.limits, &mut store);
 
-        let mut ran_in = None;
-        let outcome = match instance {
+        let instance = match instance {
             Some(instance) => Ok(instance),
             None => self.pre.instantiate(&mut store),
-        }
-        .and_then(|instance| {
-            ran_in = Some(instance);
-            body(&mut store, &instance, &index)
-        });
+        };
+        let ran_in = instance.as_ref().ok().copied();
+        let outcome = instance.and_then(|instance| body(&mut store, &instance, &index));
         drop(ticking);
         let elapsed = started.elapsed();
         let result = match outcome {

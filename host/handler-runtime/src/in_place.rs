@@ -5,7 +5,8 @@
 //! (tokio's `block_in_place`) wakes a blocking-pool thread, moves the queue there and usually
 //! back: on a busy two-core node that hop costs more CPU than the call, and without it sixteen
 //! clients allocating at once got about 16 % more allocations a second (docs/performance.md).
-//! So [`run_in_place`] runs the call on the worker. A call that would block the worker stops instead, before it blocks:
+//! So [`run_in_place`] runs the call on the worker. A call that would block the worker stops
+//! instead, before it blocks:
 //!
 //! - it would wait for a pool slot or for its slot's permit (the gates are full);
 //! - it has used [`LONG_CALL_CPU`](crate::LONG_CALL_CPU) (a runaway, or a very large request);
@@ -13,8 +14,9 @@
 //!   which cannot start on a worker.
 //!
 //! [`run_in_place`] then runs the whole closure again after `block_in_place`, where waiting is
-//! fine. A hook call's only effect is its answer, and the instance it stopped in is
-//! dropped (never kept for reuse), so running it again changes only the time it takes; the stopped attempt is not counted anywhere (see
+//! fine. A hook call's only effect is its answer, and the instance it stopped in is dropped
+//! (never kept for reuse), so running it again changes only the time it takes; the stopped
+//! attempt is not counted anywhere (see
 //! [`HandlerFault::HandedOff`](crate::HandlerFault::HandedOff)). A handler whose call had to
 //! move sends its next [`HANDED_OFF_CALLS`] calls straight to the blocking thread, so a guest
 //! that prints on every call, or a node whose requests are all large, pays for the stopped

@@ -6,8 +6,8 @@
 //! it (imports checked against an allow-list, contract version and hook families read from its
 //! exports); each hook call then runs in a fresh `Store` and instance from a shared `InstancePre`
 //! (or, for a handler loaded with [`Limits::reuse_instances`], in one that served its calls
-//! before without fault), with a CPU deadline, a memory cap, optional fuel and captured stderr. A guest's refusal is a
-//! normal outcome ([`Refusal`]); a trap, a timeout or a memory blow-up is a [`HandlerError`] naming
+//! before without fault), with a CPU deadline, a memory cap, optional fuel and captured stderr.
+//! A guest's refusal is a normal outcome ([`Refusal`]); a trap, a timeout or a memory blow-up is a [`HandlerError`] naming
 //! the handler, the hook and the cause. Which handler serves which plugin type or resource, and
 //! swapping them while the daemon runs, is the host's business (crate `pluglet-handlers`), not
 //! this mechanism's.
@@ -24,8 +24,9 @@
 //! or, inside [`defer_release`], when the caller drops the [`DeferredRelease`] it gets (during a
 //! wait of its own, off its critical path); that drop also makes the handler's next instance
 //! ahead (a spare), so its next call only runs the guest (at most
-//! [`RuntimeConfig::spare_slots`] spares per runtime). A handler that reuses instances keeps the instance of a call that succeeded as its
-//! spare instead, so its calls neither make nor free one.
+//! [`RuntimeConfig::spare_slots`] spares per runtime). A handler that reuses instances keeps
+//! the instance of a call that succeeded as its spare instead, so its calls neither make nor
+//! free one.
 //!
 //! The modules, each using only those below it (`scripts/check-module-cycles.py` checks that
 //! no two use each other, directly or round a circle):

@@ -105,8 +105,8 @@ pub(crate) struct SpareBuilder {
 
 impl SpareBuilder {
     /// Makes the handler's spare, unless it has one or the runtime keeps as many as it has
-    /// slots for already. The instantiation runs under the handler's fuel and deadline like a call; if it
-    /// fails, no spare is kept (the next call instantiates, and reports the failure).
+    /// slots for already. The instantiation runs under the handler's fuel and deadline like a
+    /// call; if it fails, no spare is kept (the next call instantiates, and reports the failure).
     pub(crate) fn build(self) {
         if !lock(&self.spares).is_empty() {
             return;
