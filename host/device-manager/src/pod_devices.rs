@@ -294,8 +294,15 @@ impl PodDevices {
             self.touch(key);
             let old = match from.entries.get_key_value(key) {
                 Some((shared, kept)) => {
-                    self.hold(&key.resource, &kept.entry.devices);
-                    self.entries.insert(shared.clone(), kept.clone())
+                    match self.entries.insert(shared.clone(), kept.clone()) {
+                        // The same devices (a reservation become an allocation, the commonest
+                        // change): what is held stays as it is.
+                        Some(old) if old.entry.devices == kept.entry.devices => continue,
+                        old => {
+                            self.hold(&key.resource, &kept.entry.devices);
+                            old
+                        }
+                    }
                 }
                 None => self.entries.remove(key),
             };
@@ -645,6 +652,60 @@ mod tests {
             state: HoldingState::Reserved { token },
             pod: None,
         }
+    }
+
+    #[test]
+    fn adopting_a_copy_s_changes_keeps_what_is_held_and_free_right() {
+        let devices: Vec<ListedDevice> = (0..4)
+            .map(|i| ListedDevice {
+                id: DeviceId::from(format!("d{i}").as_str()),
+                health: Health::Healthy,
+                numa: Vec::new(),
+            })
+            .collect();
+        let set = DeviceSet::new(devices);
+        let gpu = ResourceName::from("vendor.com/gpu");
+        let free = |pods: &mut PodDevices| {
+            let (_, runs) = pods.free_devices(&gpu, &set);
+            let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
+            for run in runs {
+                candidates.extend_from_columns(run);
+            }
+            candidates.iter().map(|(id, _)| id.to_owned()).collect::<Vec<_>>()
+        };
+        let mut pods = PodDevices::default();
+        pods.insert(key("p", "c"), reserved(&["d0", "d1"], 7));
+        assert_eq!(free(&mut pods), ["d2", "d3"]);
+
+        // A reservation committed on a copy: the same devices, now allocated.
+        let mut copy = pods.without_index();
+        assert!(copy.commit(&key("p", "c"), 7, ContainerAllocateResponse::default()));
+        let touched = copy.take_touched();
+        pods.adopt(&copy, &touched);
+        assert!(matches!(
+            pods.get(&key("p", "c")).unwrap().state,
+            HoldingState::Allocated { .. }
+        ));
+        assert_eq!(pods.held_count("vendor.com/gpu"), 2);
+        assert_eq!(free(&mut pods), ["d2", "d3"]);
+
+        // Other devices for the same key: the old ones are free again, the new ones held.
+        let mut copy = pods.without_index();
+        copy.insert(key("p", "c"), reserved(&["d1", "d3"], 8));
+        let touched = copy.take_touched();
+        pods.adopt(&copy, &touched);
+        assert!(!pods.is_held("vendor.com/gpu", "d0"));
+        assert!(pods.is_held("vendor.com/gpu", "d1"));
+        assert!(pods.is_held("vendor.com/gpu", "d3"));
+        assert_eq!(free(&mut pods), ["d0", "d2"]);
+
+        // Released on a copy: nothing held.
+        let mut copy = pods.without_index();
+        copy.release("p", None);
+        let touched = copy.take_touched();
+        pods.adopt(&copy, &touched);
+        assert_eq!(pods.held_count("vendor.com/gpu"), 0);
+        assert_eq!(free(&mut pods), ["d0", "d1", "d2", "d3"]);
     }
 
     #[test]
