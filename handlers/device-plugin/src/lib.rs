@@ -153,6 +153,20 @@ trait Offered<'a> {
     fn id(&self, i: usize) -> &'a str;
     /// The NUMA nodes of device `i` (below [`Offered::len`]).
     fn numa_nodes(&self, i: usize) -> &'a [i64];
+    /// Calls `f` with each device's lowest NUMA node (`None`: no topology), in list order.
+    fn for_each_lowest_node(&self, mut f: impl FnMut(Option<i64>)) {
+        for i in 0..self.len() {
+            f(lowest(self.numa_nodes(i)));
+        }
+    }
+}
+
+/// The lowest of a device's NUMA nodes (most devices have one).
+fn lowest(nodes: &[i64]) -> Option<i64> {
+    match nodes {
+        [one] => Some(*one),
+        _ => nodes.iter().min().copied(),
+    }
 }
 
 impl<'a> Offered<'a> for [DeviceRef<'a>] {
@@ -182,21 +196,23 @@ struct Columns<'a> {
 impl<'a> Columns<'a> {
     /// The columns of `request`, or `None` when an end is out of order or range.
     fn of(request: &'a PackedRequest) -> Option<Columns<'a>> {
+        // Never decreasing, and the last within `len`: one pass without a branch per end.
         fn in_order(ends: &[u32], len: usize) -> bool {
             let mut last = 0;
-            ends.iter().all(|&end| {
-                let end = end as usize;
-                let fine = last <= end && end <= len;
+            let mut backwards = false;
+            for &end in ends {
+                backwards |= end < last;
                 last = end;
-                fine
-            })
+            }
+            !backwards && last as usize <= len
         }
         let ids = request.ids.as_str();
         let whole = in_order(&request.id_ends, ids.len())
-            && request
-                .id_ends
-                .iter()
-                .all(|&end| ids.is_char_boundary(end as usize))
+            && (ids.is_ascii()
+                || request
+                    .id_ends
+                    .iter()
+                    .all(|&end| ids.is_char_boundary(end as usize)))
             && request.numa_ends.len() == request.id_ends.len()
             && in_order(&request.numa_ends, request.numa_nodes.len());
         whole.then_some(Columns {
@@ -224,6 +240,16 @@ impl<'a> Offered<'a> for Columns<'a> {
 
     fn numa_nodes(&self, i: usize) -> &'a [i64] {
         &self.numa_nodes[start(self.numa_ends, i)..self.numa_ends[i] as usize]
+    }
+
+    fn for_each_lowest_node(&self, mut f: impl FnMut(Option<i64>)) {
+        // One pass along the ends, each device's nodes starting where the last one's ended.
+        let mut start = 0;
+        for &end in self.numa_ends {
+            let end = end as usize;
+            f(lowest(&self.numa_nodes[start..end]));
+            start = end;
+        }
     }
 }
 
@@ -357,23 +383,32 @@ impl PackingOrder {
         let mut nodes: Vec<i64> = Vec::new();
         let mut listed: Vec<usize> = Vec::new();
         let mut slot_of_device: Vec<u32> = Vec::with_capacity(available.len());
-        for i in 0..available.len() {
-            let Some(node) = available.numa_nodes(i).iter().min().copied() else {
+        // The node of the device before and its slot: neighbours usually share a node.
+        let mut last: Option<(i64, u32)> = None;
+        available.for_each_lowest_node(|node| {
+            let Some(node) = node else {
                 slot_of_device.push(NO_TOPOLOGY);
-                continue;
+                return;
             };
-            let slot = match usize::try_from(node) {
-                Ok(n) if n < DENSE_NODES => &mut dense[n],
-                _ => sparse.entry(node).or_insert(NO_TOPOLOGY),
+            let slot = match last {
+                Some((last_node, slot)) if last_node == node => slot,
+                _ => {
+                    let slot = match usize::try_from(node) {
+                        Ok(n) if n < DENSE_NODES => &mut dense[n],
+                        _ => sparse.entry(node).or_insert(NO_TOPOLOGY),
+                    };
+                    if *slot == NO_TOPOLOGY {
+                        *slot = nodes.len() as u32;
+                        nodes.push(node);
+                        listed.push(0);
+                    }
+                    last = Some((node, *slot));
+                    *slot
+                }
             };
-            if *slot == NO_TOPOLOGY {
-                *slot = nodes.len() as u32;
-                nodes.push(node);
-                listed.push(0);
-            }
-            listed[*slot as usize] += 1;
-            slot_of_device.push(*slot);
-        }
+            listed[slot as usize] += 1;
+            slot_of_device.push(slot);
+        });
 
         let mut used = vec![false; nodes.len()];
         let mut free = listed.clone();
@@ -728,6 +763,21 @@ mod tests {
             let mut r = request(available.clone(), &must, count);
             r.preferred = preferred.map(|p| ids(&p));
             let answer = allocate(&RequestView::of(&r));
+            assert_eq!(allocate_packed(&packed(&r)), answer, "{must:?} {count}");
+        }
+    }
+
+    #[test]
+    fn columns_of_one_node_each_answer_as_the_view() {
+        // The shape the daemon sends most: every device on exactly one node, nodes interleaved
+        // and out of order, the lowest node not the first listed.
+        let available: Vec<Device> = (0..60)
+            .map(|i| dev(&format!("d{i}"), &[[3, 1, 2, 1, 0][i % 5]]))
+            .collect();
+        for (must, count) in [(vec![], 1), (vec![], 13), (vec!["d4"], 3), (vec![], 60)] {
+            let r = request(available.clone(), &must, count);
+            let answer = allocate(&RequestView::of(&r));
+            assert!(answer.is_ok(), "{must:?} {count}");
             assert_eq!(allocate_packed(&packed(&r)), answer, "{must:?} {count}");
         }
     }
