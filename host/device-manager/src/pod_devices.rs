@@ -671,7 +671,10 @@ mod tests {
             for run in runs {
                 candidates.extend_from_columns(run);
             }
-            candidates.iter().map(|(id, _)| id.to_owned()).collect::<Vec<_>>()
+            candidates
+                .iter()
+                .map(|(id, _)| id.to_owned())
+                .collect::<Vec<_>>()
         };
         let mut pods = PodDevices::default();
         pods.insert(key("p", "c"), reserved(&["d0", "d1"], 7));

@@ -50,20 +50,20 @@ pub enum CdiError {
 
 /// What an allocation is to a runtime.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Planned {
+pub struct Planned<'a> {
     /// The spec file name in the directory.
     pub file: String,
     /// Its content.
-    pub spec: Spec,
+    pub spec: Spec<'a>,
     /// The fully qualified name of the device it defines.
     pub name: String,
 }
 
 /// The spec of the allocation `key` holds with the plugin's `response`, if it has edits.
-pub fn plan(
+pub fn plan<'a>(
     key: &HolderKey,
-    response: &ContainerAllocateResponse,
-) -> Result<Option<Planned>, SpecError> {
+    response: &'a ContainerAllocateResponse,
+) -> Result<Option<Planned<'a>>, SpecError> {
     let (kind, device) = identity(key);
     let Some(spec) = Spec::for_allocation(&kind, &device, response)? else {
         return Ok(None);
@@ -279,7 +279,7 @@ fn passed_through(response: &ContainerAllocateResponse) -> Vec<String> {
         .collect()
 }
 
-fn render(spec: &Spec) -> Vec<u8> {
+fn render(spec: &Spec<'_>) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(spec.json_len_hint() + 1);
     if serde_json::to_writer(&mut bytes, spec).is_err() {
         bytes.clear();

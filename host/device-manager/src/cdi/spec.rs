@@ -17,6 +17,7 @@
 //! read-only settings), a path that is not absolute, permissions other than `r`, `w` and `m`,
 //! an env name that is empty or holds `=`.
 
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
@@ -26,43 +27,44 @@ use super::names::{self, Kind};
 use crate::devices::IdHasher;
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
-/// A CDI spec file's content.
+/// A CDI spec file's content. Its device nodes borrow the plugin's answer they were made from
+/// (an allocation of 1,024 devices makes 1,024 of them), and own their strings when read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Spec {
+pub struct Spec<'a> {
     /// The lowest CDI version that carries the content (see [`Spec::required_version`]).
     #[serde(rename = "cdiVersion")]
     pub cdi_version: String,
     /// `vendor/class`.
     pub kind: String,
     /// The devices of the kind this file defines.
-    pub devices: Vec<SpecDevice>,
+    pub devices: Vec<SpecDevice<'a>>,
 }
 
 /// One named device of a spec (an entry of CDI's `devices`) and its edits.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SpecDevice {
+pub struct SpecDevice<'a> {
     /// The name after `=` in `vendor/class=name`.
     pub name: String,
     /// What the runtime adds to the container.
     #[serde(rename = "containerEdits")]
-    pub container_edits: ContainerEdits,
+    pub container_edits: ContainerEdits<'a>,
 }
 
 /// The edits of one device.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContainerEdits {
+pub struct ContainerEdits<'a> {
     /// `KEY=VALUE` entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<String>,
     /// Device nodes.
     #[serde(rename = "deviceNodes", default, skip_serializing_if = "Vec::is_empty")]
-    pub device_nodes: Vec<DeviceNode>,
+    pub device_nodes: Vec<DeviceNode<'a>>,
     /// Mounts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<Mount>,
 }
 
-impl ContainerEdits {
+impl ContainerEdits<'_> {
     /// True when there is nothing for a runtime to do.
     pub fn is_empty(&self) -> bool {
         self.env.is_empty() && self.device_nodes.is_empty() && self.mounts.is_empty()
@@ -71,18 +73,18 @@ impl ContainerEdits {
 
 /// A device node to create in the container.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceNode {
+pub struct DeviceNode<'a> {
     /// Path in the container.
-    pub path: String,
+    pub path: Cow<'a, str>,
     /// Path on the host, when it differs (cdiVersion 0.5.0).
     #[serde(rename = "hostPath", default, skip_serializing_if = "Option::is_none")]
-    pub host_path: Option<String>,
+    pub host_path: Option<Cow<'a, str>>,
     /// Cgroup permissions, some of `r`, `w` and `m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub permissions: Option<String>,
+    pub permissions: Option<Cow<'a, str>>,
 }
 
-impl DeviceNode {
+impl DeviceNode<'_> {
     /// A runtime's checks of one node: absolute paths, permissions of `r`, `w` and `m`.
     fn check(&self) -> Result<(), SpecError> {
         absolute("device node container path", &self.path)?;
@@ -93,8 +95,8 @@ impl DeviceNode {
             && (p.is_empty() || !p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')))
         {
             return Err(SpecError::Permissions {
-                path: self.path.clone(),
-                permissions: p.clone(),
+                path: self.path.to_string(),
+                permissions: p.to_string(),
             });
         }
         Ok(())
@@ -192,7 +194,7 @@ pub enum SpecError {
     DuplicateDevice(String),
 }
 
-impl Spec {
+impl<'a> Spec<'a> {
     /// About how many bytes the spec takes as JSON: its strings, and for each field its name,
     /// quotes and punctuation. An allocation of 1,024 devices writes a spec of hundreds of
     /// kilobytes; sized once, its buffer is not grown and copied a dozen times on the way.
@@ -200,7 +202,7 @@ impl Spec {
         /// A field's name with its quotes, colon and comma, and a value's quotes, at most.
         const FIELD: usize = 20;
         let strings = |list: &[String]| list.iter().map(|s| s.len() + 3).sum::<usize>();
-        let optional = |s: &Option<String>| s.as_ref().map_or(0, |s| s.len() + FIELD);
+        let optional = |s: &Option<Cow<'_, str>>| s.as_ref().map_or(0, |s| s.len() + FIELD);
         let devices: usize = self
             .devices
             .iter()
@@ -231,8 +233,8 @@ impl Spec {
     pub fn for_allocation(
         kind: &Kind,
         name: &str,
-        response: &ContainerAllocateResponse,
-    ) -> Result<Option<Spec>, SpecError> {
+        response: &'a ContainerAllocateResponse,
+    ) -> Result<Option<Spec<'a>>, SpecError> {
         let mut env: Vec<String> = response
             .envs
             .iter()
@@ -256,9 +258,11 @@ impl Spec {
         )?
         .map(|d| {
             let node = DeviceNode {
-                path: d.container_path.clone(),
-                host_path: (d.host_path != d.container_path).then(|| d.host_path.clone()),
-                permissions: (!d.permissions.is_empty()).then(|| d.permissions.clone()),
+                path: Cow::Borrowed(d.container_path.as_str()),
+                host_path: (d.host_path != d.container_path)
+                    .then_some(Cow::Borrowed(d.host_path.as_str())),
+                permissions: (!d.permissions.is_empty())
+                    .then_some(Cow::Borrowed(d.permissions.as_str())),
             };
             node.check()?;
             Ok(node)
@@ -357,9 +361,9 @@ impl Spec {
             let mut paths = HashMap::with_hasher(IdHasher::default());
             for node in &edits.device_nodes {
                 node.check()?;
-                if let Some(first) = paths.insert(node.path.as_str(), node) {
+                if let Some(first) = paths.insert(&*node.path, node) {
                     return Err(SpecError::DuplicateNode {
-                        path: node.path.clone(),
+                        path: node.path.to_string(),
                         first: first.describe(),
                         second: node.describe(),
                     });
@@ -482,7 +486,8 @@ mod tests {
 
     #[test]
     fn an_answer_becomes_edits() {
-        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer())
+        let answer = answer();
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer)
             .unwrap()
             .unwrap();
         let json = serde_json::to_value(&spec).unwrap();
@@ -533,7 +538,8 @@ mod tests {
 
     #[test]
     fn annotations_and_cdi_names_are_not_written() {
-        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer())
+        let answer = answer();
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer)
             .unwrap()
             .unwrap();
         let text = serde_json::to_string(&spec).unwrap();
@@ -672,7 +678,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let edits = &spec.devices[0].container_edits;
-        let paths: Vec<&str> = edits.device_nodes.iter().map(|n| n.path.as_str()).collect();
+        let paths: Vec<&str> = edits.device_nodes.iter().map(|n| &*n.path).collect();
         assert_eq!(
             paths,
             ["/dev/null", "/dev/fuse"],
@@ -689,7 +695,8 @@ mod tests {
 
     #[test]
     fn bad_names_and_duplicates_are_refused() {
-        let mut spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer())
+        let answer = answer();
+        let mut spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer)
             .unwrap()
             .unwrap();
         spec.devices.push(spec.devices[0].clone());
