@@ -295,8 +295,8 @@ impl PodDevices {
             let old = match from.entries.get_key_value(key) {
                 Some((shared, kept)) => {
                     match self.entries.insert(shared.clone(), kept.clone()) {
-                        // The same devices (a reservation become an allocation, the commonest
-                        // change): what is held stays as it is.
+                        // The same devices (a reservation that became an allocation, the
+                        // commonest change): what is held stays as it is.
                         Some(old) if old.entry.devices == kept.entry.devices => continue,
                         old => {
                             self.hold(&key.resource, &kept.entry.devices);
@@ -317,6 +317,8 @@ impl PodDevices {
             return;
         }
         let held = self.held.entry(resource.clone()).or_default();
+        // Room for all of them at once, not grown (and rehashed) step by step.
+        held.reserve(devices.len());
         let mut free = self.free.get_mut(resource);
         for id in devices {
             *held.entry(id.clone()).or_default() += 1;
