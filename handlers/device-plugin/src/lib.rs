@@ -151,14 +151,8 @@ trait Offered<'a> {
     fn len(&self) -> usize;
     /// The id of device `i` (below [`Offered::len`]).
     fn id(&self, i: usize) -> &'a str;
-    /// The NUMA nodes of device `i` (below [`Offered::len`]).
-    fn numa_nodes(&self, i: usize) -> &'a [i64];
     /// Calls `f` with each device's lowest NUMA node (`None`: no topology), in list order.
-    fn for_each_lowest_node(&self, mut f: impl FnMut(Option<i64>)) {
-        for i in 0..self.len() {
-            f(lowest(self.numa_nodes(i)));
-        }
-    }
+    fn for_each_lowest_node(&self, f: impl FnMut(Option<i64>));
 }
 
 /// The lowest of a device's NUMA nodes (most devices have one).
@@ -178,8 +172,10 @@ impl<'a> Offered<'a> for [DeviceRef<'a>] {
         self[i].id
     }
 
-    fn numa_nodes(&self, i: usize) -> &'a [i64] {
-        self[i].numa_nodes
+    fn for_each_lowest_node(&self, mut f: impl FnMut(Option<i64>)) {
+        for device in self {
+            f(lowest(device.numa_nodes));
+        }
     }
 }
 
@@ -236,10 +232,6 @@ impl<'a> Offered<'a> for Columns<'a> {
 
     fn id(&self, i: usize) -> &'a str {
         &self.ids[start(self.id_ends, i)..self.id_ends[i] as usize]
-    }
-
-    fn numa_nodes(&self, i: usize) -> &'a [i64] {
-        &self.numa_nodes[start(self.numa_ends, i)..self.numa_ends[i] as usize]
     }
 
     fn for_each_lowest_node(&self, mut f: impl FnMut(Option<i64>)) {

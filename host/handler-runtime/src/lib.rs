@@ -7,10 +7,10 @@
 //! exports); each hook call then runs in a fresh `Store` and instance from a shared `InstancePre`
 //! (or, for a handler loaded with [`Limits::reuse_instances`], in one that served its calls
 //! before without fault), with a CPU deadline, a memory cap, optional fuel and captured stderr.
-//! A guest's refusal is a normal outcome ([`Refusal`]); a trap, a timeout or a memory blow-up is a [`HandlerError`] naming
-//! the handler, the hook and the cause. Which handler serves which plugin type or resource, and
-//! swapping them while the daemon runs, is the host's business (crate `pluglet-handlers`), not
-//! this mechanism's.
+//! A guest's refusal is a normal outcome ([`Refusal`]); a trap, a timeout or a memory blow-up
+//! is a [`HandlerError`] naming the handler, the hook and the cause. Which handler serves which
+//! plugin type or resource, and swapping them while the daemon runs, is the host's business
+//! (crate `pluglet-handlers`), not this mechanism's.
 //!
 //! [`Runtime::with_cache`] keeps compiled components between starts in a private on-disk
 //! [`CompileCache`] under the state directory, each entry checked with the node's secret key
