@@ -39,11 +39,11 @@ use pluglet_uds::Channel;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::cdi::{CdiError, Handoff, PendingSpec};
+use crate::cdi::{Handoff, PendingSpec};
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher};
 use crate::error::{AllocateError, AnswerError, ReleaseError};
-use crate::metrics::{Metrics, Stage, StageClock};
+use crate::metrics::{Metrics, Operation, Stage, StageClock};
 use crate::persistence::Persistence;
 use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa};
 use crate::registry::Registry;
@@ -297,7 +297,7 @@ impl Allocator {
                 .unwrap_or_else(|e| e.into_inner());
             locks.entry(resource.clone()).or_default().clone()
         };
-        let mut clock = StageClock::start(&self.inner.metrics, "allocate");
+        let mut clock = StageClock::start(&self.inner.metrics, Operation::Allocate);
         let decision = decision.lock_owned().await;
         clock.done(Stage::Queue);
 
@@ -511,7 +511,7 @@ impl Allocator {
         mut gone: impl FnMut(&HolderKey) -> bool,
         why: &str,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
-        let mut clock = StageClock::start(&self.inner.metrics, "release");
+        let mut clock = StageClock::start(&self.inner.metrics, Operation::Release);
         let released = self
             .inner
             .persistence
@@ -724,9 +724,9 @@ impl Allocator {
     /// the reservation and the spec if it cannot be made durable, and undoes the allocation if
     /// the spec cannot be written (nothing held, the spec gone).
     ///
-    /// The spec file is written on a blocking thread while the journal record is written here:
-    /// the answer waits for both, neither needs the other, and the spec's file creation and
-    /// rename cost about as much as the journal's `fdatasync`.
+    /// The spec file is written on the hand-off's writer thread while the journal record is
+    /// written here: the answer waits for both, neither needs the other, and the spec's file
+    /// creation and rename cost about as much as the journal's `fdatasync`.
     async fn commit(
         &self,
         key: HolderKey,
@@ -736,12 +736,10 @@ impl Allocator {
         cdi_names: Vec<String>,
         spec: Option<PendingSpec>,
     ) -> Result<Allocation, AllocateError> {
-        let writing = spec.map(|spec| {
-            (
-                spec.path(),
-                tokio::task::spawn_blocking(move || spec.write()),
-            )
-        });
+        let writing = match (spec, &self.inner.cdi) {
+            (Some(spec), Some(cdi)) => Some(cdi.write_later(spec)),
+            _ => None,
+        };
         let committed = self
             .inner
             .persistence
@@ -751,12 +749,7 @@ impl Allocator {
             .await;
         let written = match writing {
             None => Ok(()),
-            Some((path, task)) => task.await.unwrap_or_else(|_| {
-                Err(CdiError::Write {
-                    path,
-                    source: std::io::Error::other("the CDI spec writer panicked"),
-                })
-            }),
+            Some(write) => write.await,
         };
         match committed {
             Ok(true) => {

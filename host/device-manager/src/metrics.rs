@@ -8,6 +8,7 @@
 //! name is counted under `resource_name="invalid"`, so a misbehaving client cannot create series
 //! at will. Capacity and allocatable per resource are read at scrape time by the daemon.
 
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -71,6 +72,27 @@ pub enum Stage {
     CdiRemove,
 }
 
+/// How many stages there are.
+const STAGES: usize = Stage::CdiRemove as usize + 1;
+
+/// What a [`StageClock`] times; each value is an `operation` label value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Operation {
+    /// An allocation.
+    Allocate,
+    /// A release (or the releases of a sync of pods).
+    Release,
+}
+
+impl Operation {
+    fn label(self) -> &'static str {
+        match self {
+            Operation::Allocate => "allocate",
+            Operation::Release => "release",
+        }
+    }
+}
+
 impl Stage {
     /// The `stage` label value.
     pub fn label(self) -> &'static str {
@@ -110,6 +132,9 @@ pub struct Metrics {
     checkpoint_writes: Family<WriteOutcome, Counter>,
     checkpoint_duration: Histogram,
     stage_duration: Histograms<StageLabel>,
+    /// Each series of `stage_duration` once used, by operation and stage: an allocation times
+    /// seven steps, and finding a series in the family takes a lock and a hash of its labels.
+    stage_series: Arc<[OnceLock<Histogram>; 2 * STAGES]>,
 }
 
 fn default_histogram() -> Histogram {
@@ -141,6 +166,7 @@ impl Default for Metrics {
             checkpoint_writes: Family::default(),
             checkpoint_duration: disk_histogram(),
             stage_duration: Family::new_with_constructor(stage_histogram),
+            stage_series: Arc::new(std::array::from_fn(|_| OnceLock::new())),
         }
     }
 }
@@ -249,11 +275,15 @@ impl Metrics {
         self.journal_duration.observe(elapsed.as_secs_f64());
     }
 
-    pub(crate) fn stage(&self, operation: &'static str, stage: Stage, elapsed: Duration) {
-        self.stage_duration
-            .get_or_create(&StageLabel {
-                operation,
-                stage: stage.label(),
+    pub(crate) fn stage(&self, operation: Operation, stage: Stage, elapsed: Duration) {
+        self.stage_series[operation as usize * STAGES + stage as usize]
+            .get_or_init(|| {
+                self.stage_duration
+                    .get_or_create(&StageLabel {
+                        operation: operation.label(),
+                        stage: stage.label(),
+                    })
+                    .clone()
             })
             .observe(elapsed.as_secs_f64());
     }
@@ -267,13 +297,13 @@ impl Metrics {
 /// Times the steps of one allocation or release, each from the end of the one before.
 pub(crate) struct StageClock<'a> {
     metrics: &'a Metrics,
-    operation: &'static str,
+    operation: Operation,
     last: Instant,
 }
 
 impl<'a> StageClock<'a> {
-    /// Starts timing an `operation` (`allocate` or `release`) now.
-    pub(crate) fn start(metrics: &'a Metrics, operation: &'static str) -> StageClock<'a> {
+    /// Starts timing an `operation` now.
+    pub(crate) fn start(metrics: &'a Metrics, operation: Operation) -> StageClock<'a> {
         StageClock {
             metrics,
             operation,

@@ -20,6 +20,7 @@
 pub mod dir;
 pub mod names;
 pub mod spec;
+mod writer;
 
 use std::path::{Path, PathBuf};
 
@@ -145,6 +146,7 @@ pub struct Reconciled {
 #[derive(Clone, Debug)]
 pub struct Handoff {
     dir: SpecDir,
+    writer: writer::SpecWriter,
 }
 
 impl Handoff {
@@ -152,6 +154,7 @@ impl Handoff {
     pub fn new(dir: PathBuf) -> Handoff {
         Handoff {
             dir: SpecDir::new(dir),
+            writer: writer::SpecWriter::default(),
         }
     }
 
@@ -194,6 +197,15 @@ impl Handoff {
             file: planned.file,
         };
         Ok((names, Some(pending)))
+    }
+
+    /// Writes `spec` on the hand-off's writer thread (see [`writer`]); the future is the
+    /// write's outcome, so that an allocation can wait for it beside its journal record.
+    pub fn write_later(
+        &self,
+        spec: PendingSpec,
+    ) -> impl std::future::Future<Output = Result<(), CdiError>> + Send + 'static {
+        self.writer.write(spec)
     }
 
     /// Removes the spec of the allocation of `key`, if Pluglet wrote one.
