@@ -39,6 +39,7 @@ use pluglet_uds::Channel;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::answer::ReadAnswer;
 use crate::cdi::{Handoff, PendingSpec};
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher};
@@ -146,7 +147,7 @@ pub struct AllocationInfo {
 impl AllocationInfo {
     fn of(key: &HolderKey, entry: &Holding, cdi: Option<&Handoff>) -> AllocationInfo {
         let (allocated, cdi_names) = match &entry.state {
-            HoldingState::Allocated { response } => (true, crate::cdi::names(cdi, key, response)),
+            HoldingState::Allocated { answer } => (true, crate::cdi::names(cdi, key, answer)),
             HoldingState::Reserved { .. } => (false, Vec::new()),
         };
         AllocationInfo {
@@ -389,7 +390,7 @@ impl Allocator {
         tracing::debug!(%resource, %module, ?chosen, elapsed = ?call.elapsed, "allocation policy chose");
 
         let token = self.inner.next_token.fetch_add(1, Ordering::SeqCst);
-        let (client, pre_start) = self.reserve(&key, &chosen, token, pod)?;
+        let plugin = self.reserve(&key, &chosen, token, pod)?;
         drop(decision);
         clock.done(Stage::Reserve);
 
@@ -399,19 +400,19 @@ impl Allocator {
             drop(spent);
         };
         let (answered, ()) = tokio::join!(
-            call_plugin(client, pre_start, &key, &chosen, &self.inner.metrics),
+            call_plugin(plugin, &key, &chosen, &self.inner.metrics),
             free_spent
         );
         clock.done(Stage::Plugin);
-        let handed_off = answered.and_then(|response| {
-            let (names, spec) = self.hand_off(&key, &response)?;
-            Ok((response, names, spec))
+        let handed_off = answered.and_then(|answer| {
+            let (names, spec) = self.hand_off(&key, &answer.response)?;
+            Ok((answer, names, spec))
         });
         match handed_off {
-            Ok((response, cdi_names, spec)) => {
+            Ok((answer, cdi_names, spec)) => {
                 clock.done(Stage::Cdi);
                 let committed = self
-                    .commit(key, token, chosen, response, cdi_names, spec)
+                    .commit(key, token, chosen, answer, cdi_names, spec)
                     .await;
                 clock.done(Stage::Commit);
                 committed
@@ -431,7 +432,7 @@ impl Allocator {
         response: &v1beta1::ContainerAllocateResponse,
     ) -> Result<(Vec<String>, Option<PendingSpec>), AllocateError> {
         let Some(cdi) = &self.inner.cdi else {
-            return Ok((crate::cdi::names(None, key, response), None));
+            return Ok((crate::cdi::passed_through(response), None));
         };
         cdi.prepare(key, response)
             .map_err(|source| AllocateError::Cdi {
@@ -652,12 +653,12 @@ impl Allocator {
                 container: key.container.clone(),
                 resource: key.resource.clone(),
             }),
-            HoldingState::Allocated { response } if entry.devices.len() == count as usize => {
+            HoldingState::Allocated { answer } if entry.devices.len() == count as usize => {
                 Ok(Some(Plan::Reuse(Allocation {
                     device_ids: entry.devices.clone(),
-                    response: response.clone(),
+                    response: answer.response(),
                     reused: true,
-                    cdi_names: crate::cdi::names(self.inner.cdi.as_ref(), key, response),
+                    cdi_names: crate::cdi::names(self.inner.cdi.as_ref(), key, answer),
                 })))
             }
             HoldingState::Allocated { .. } => Err(AllocateError::ChangedRequest {
@@ -679,7 +680,7 @@ impl Allocator {
         chosen: &[DeviceId],
         token: u64,
         pod: Option<PodName>,
-    ) -> Result<(DevicePluginClient<Channel>, bool), AllocateError> {
+    ) -> Result<PluginCall, AllocateError> {
         let offer = self.inner.registry.offer(&key.resource)?;
         let mut pods = self.lock();
         let pod = pod_name_to_record(&pods, key, pod.as_ref())?;
@@ -717,7 +718,11 @@ impl Allocator {
                 pod,
             },
         );
-        Ok((offer.client, offer.pre_start_required))
+        Ok(PluginCall {
+            client: offer.client,
+            channel: offer.channel,
+            pre_start: offer.pre_start_required,
+        })
     }
 
     /// Records the allocation once it is durable and its CDI spec (if any) is written; drops
@@ -732,7 +737,7 @@ impl Allocator {
         key: HolderKey,
         token: u64,
         chosen: Vec<DeviceId>,
-        response: v1beta1::ContainerAllocateResponse,
+        answer: ReadAnswer,
         cdi_names: Vec<String>,
         spec: Option<PendingSpec>,
     ) -> Result<Allocation, AllocateError> {
@@ -740,12 +745,12 @@ impl Allocator {
             (Some(spec), Some(cdi)) => Some(cdi.write_later(spec)),
             _ => None,
         };
+        // The state keeps the answer's bytes; the answer itself goes to the caller.
+        let (response, answer) = answer.split();
         let committed = self
             .inner
             .persistence
-            .change(&self.inner.pods, |pods| {
-                pods.commit(&key, token, response.clone())
-            })
+            .change(&self.inner.pods, |pods| pods.commit(&key, token, answer))
             .await;
         let written = match writing {
             None => Ok(()),
@@ -851,35 +856,43 @@ enum Plan {
 }
 
 /// Allocate, then PreStartContainer when the plugin asked for it.
-async fn call_plugin(
-    mut client: DevicePluginClient<Channel>,
+/// Whom an allocation asks: the plugin's client and connection, and whether it wants
+/// PreStartContainer.
+struct PluginCall {
+    client: DevicePluginClient<Channel>,
+    channel: Channel,
     pre_start: bool,
+}
+
+async fn call_plugin(
+    plugin: PluginCall,
     key: &HolderKey,
     chosen: &[DeviceId],
     metrics: &Metrics,
-) -> Result<v1beta1::ContainerAllocateResponse, AllocateError> {
+) -> Result<ReadAnswer, AllocateError> {
     let request = v1beta1::AllocateRequest {
         container_requests: vec![v1beta1::ContainerAllocateRequest {
             devices_ids: DeviceId::to_wire(chosen),
         }],
     };
     let started = std::time::Instant::now();
-    let answer = pluglet_uds::with_deadline(ALLOCATE_TIMEOUT, client.allocate(request)).await;
+    let answer = pluglet_uds::with_deadline(
+        ALLOCATE_TIMEOUT,
+        crate::endpoint::allocate(plugin.channel, request),
+    )
+    .await;
     metrics.allocate_call(key.resource.as_str(), started.elapsed());
     let answer = answer.map_err(|status| AllocateError::Allocate {
         resource: key.resource.clone(),
         devices: chosen.to_vec(),
         status,
     })?;
-    let response = answer
-        .container_responses
-        .into_iter()
-        .next()
-        .ok_or_else(|| AllocateError::EmptyAllocateResponse {
-            resource: key.resource.clone(),
-            devices: chosen.to_vec(),
-        })?;
-    if pre_start {
+    let answer = answer.ok_or_else(|| AllocateError::EmptyAllocateResponse {
+        resource: key.resource.clone(),
+        devices: chosen.to_vec(),
+    })?;
+    if plugin.pre_start {
+        let mut client = plugin.client;
         let request = v1beta1::PreStartContainerRequest {
             devices_ids: DeviceId::to_wire(chosen),
         };
@@ -891,7 +904,7 @@ async fn call_plugin(
                 status,
             })?;
     }
-    Ok(response)
+    Ok(answer)
 }
 
 #[cfg(test)]

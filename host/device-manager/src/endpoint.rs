@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use pluglet_core::{Generation, ResourceName};
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
-use pluglet_proto::v1beta1::{DevicePluginOptions, Empty};
+use pluglet_proto::v1beta1::{AllocateRequest, DevicePluginOptions, Empty};
 use pluglet_uds::{Channel, RpcError};
 use tokio_util::sync::CancellationToken;
 
+use crate::answer::{AllocateCodec, ReadAnswer};
 use crate::device_list::{DeviceListCodec, DeviceUpdate};
 use crate::error::ConnectError;
 use crate::registry::Registry;
@@ -44,6 +45,8 @@ pub(crate) struct Endpoint {
     pub options: DevicePluginOptions,
     /// The gRPC client (cheap to clone).
     pub client: DevicePluginClient<Channel>,
+    /// Its connection, for the calls read with codecs of Pluglet's own (cheap to clone).
+    pub channel: Channel,
     /// Cancelled when the endpoint is replaced, disconnected or the manager stops.
     pub cancel: CancellationToken,
 }
@@ -78,7 +81,7 @@ impl Endpoint {
         let mut client = DevicePluginClient::new(channel.clone());
         let (options, opened) = tokio::join!(
             pluglet_uds::with_deadline(timeout, client.get_device_plugin_options(Empty {})),
-            list_and_watch(channel),
+            list_and_watch(channel.clone()),
         );
         let options = options.map_err(|status| ConnectError::Options {
             resource: resource.clone(),
@@ -91,6 +94,7 @@ impl Endpoint {
             generation,
             options,
             client,
+            channel,
             cancel,
         };
         Ok((endpoint, opened.map(tonic::Response::into_inner)))
@@ -124,6 +128,22 @@ async fn list_and_watch(
     let path =
         tonic::codegen::http::uri::PathAndQuery::from_static("/v1beta1.DevicePlugin/ListAndWatch");
     grpc.server_streaming(tonic::Request::new(Empty {}), path, DeviceListCodec)
+        .await
+}
+
+/// Calls the plugin's Allocate with the codec that keeps the answer's bytes
+/// ([`AllocateCodec`]); the generated client would drop them.
+pub(crate) async fn allocate(
+    channel: Channel,
+    request: AllocateRequest,
+) -> Result<tonic::Response<Option<ReadAnswer>>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("the plugin's connection failed: {e}")))?;
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/v1beta1.DevicePlugin/Allocate");
+    grpc.unary(tonic::Request::new(request), path, AllocateCodec)
         .await
 }
 

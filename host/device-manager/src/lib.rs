@@ -24,11 +24,12 @@
 //!
 //! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task
 //! per connected plugin; `device_list` reads its ListAndWatch updates), [`devices`] (health, capacity, allocatable; ids are [`DeviceId`]s), [`allocator`] and
-//! [`pod_devices`] (who holds what), [`persistence`] (the files), [`pod_resources`] (the
+//! [`pod_devices`] (who holds what; [`PluginAnswer`] the plugin's answer it keeps), [`persistence`] (the files), [`pod_resources`] (the
 //! kubelet's pod-resources API, read from the acknowledged allocations), [`registration_server`]
 //! (`kubelet.sock` and start-up), `kind` (the device plugin type's pipeline steps), [`error`].
 
 pub mod allocator;
+mod answer;
 pub mod cdi;
 mod device_id;
 mod device_list;
@@ -45,6 +46,7 @@ pub mod registration_server;
 pub mod registry;
 
 pub use allocator::{Allocation, AllocationInfo, check_answer};
+pub use answer::PluginAnswer;
 pub use device_id::DeviceId;
 pub use devices::{Health, ListedDevice};
 pub use endpoint::Flow;

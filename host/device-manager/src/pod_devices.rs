@@ -11,12 +11,11 @@ use std::collections::{BTreeMap, HashMap};
 use imbl::OrdMap;
 use std::sync::{Arc, OnceLock};
 
-use pluglet_core::{ContainerName, PodUid, ResourceName};
-use pluglet_handler_runtime::ColumnRun;
-use pluglet_proto::v1beta1::ContainerAllocateResponse;
-
+use crate::answer::PluginAnswer;
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher};
+use pluglet_core::{ContainerName, PodUid, ResourceName};
+use pluglet_handler_runtime::ColumnRun;
 
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -67,7 +66,7 @@ pub enum HoldingState {
     /// The plugin answered Allocate.
     Allocated {
         /// The plugin's answer for this container.
-        response: ContainerAllocateResponse,
+        answer: PluginAnswer,
     },
 }
 
@@ -330,17 +329,12 @@ impl PodDevices {
 
     /// Turns the reservation `token` of `key` into an allocation. False when the reservation is
     /// gone (released meanwhile).
-    pub fn commit(
-        &mut self,
-        key: &HolderKey,
-        token: u64,
-        response: ContainerAllocateResponse,
-    ) -> bool {
+    pub fn commit(&mut self, key: &HolderKey, token: u64, answer: PluginAnswer) -> bool {
         match self.entries.get_mut(key) {
             Some(kept) if kept.entry.state == (HoldingState::Reserved { token }) => {
                 // In place unless a copy shares the entry (then the copy gets its own).
                 let kept = Arc::make_mut(kept);
-                kept.entry.state = HoldingState::Allocated { response };
+                kept.entry.state = HoldingState::Allocated { answer };
                 kept.encoded = OnceLock::new();
                 self.version += 1;
                 self.touch(key);
@@ -684,7 +678,7 @@ mod tests {
 
         // A reservation committed on a copy: the same devices, now allocated.
         let mut copy = pods.without_index();
-        assert!(copy.commit(&key("p", "c"), 7, ContainerAllocateResponse::default()));
+        assert!(copy.commit(&key("p", "c"), 7, PluginAnswer::default()));
         let touched = copy.take_touched();
         pods.adopt(&copy, &touched);
         assert!(matches!(
@@ -792,7 +786,7 @@ mod tests {
             devices: ids.iter().map(|&s| DeviceId::from(s)).collect(),
             numa: BTreeMap::new(),
             state: HoldingState::Allocated {
-                response: Default::default(),
+                answer: PluginAnswer::default(),
             },
             pod: None,
         }

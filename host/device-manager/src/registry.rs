@@ -113,6 +113,8 @@ pub(crate) struct Offer {
     pub devices: DeviceSet,
     /// The plugin.
     pub client: DevicePluginClient<Channel>,
+    /// The plugin's connection (for Allocate, see [`crate::endpoint::allocate`]).
+    pub channel: Channel,
     /// Whether the plugin answers GetPreferredAllocation.
     pub preferred_available: bool,
     /// Whether the plugin wants PreStartContainer.
@@ -490,6 +492,7 @@ impl Registry {
         Ok(Offer {
             devices: entry.devices.clone(),
             client: endpoint.client.clone(),
+            channel: endpoint.channel.clone(),
             preferred_available: endpoint.options.get_preferred_allocation_available,
             pre_start_required: endpoint.options.pre_start_required,
         })

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
+use crate::answer::PluginAnswer;
 use crate::pod_devices::{HolderKey, HoldingState, PodDevices};
 use dir::SpecDir;
 use spec::{Spec, SpecError};
@@ -79,13 +80,9 @@ pub fn plan<'a>(
 /// Every CDI name a runtime should be given for the allocation of `key`: the plugin's own
 /// `cdi_devices`, then, with CDI on (`handoff`), the one Pluglet's spec defines when the answer
 /// has edits.
-pub fn names(
-    handoff: Option<&Handoff>,
-    key: &HolderKey,
-    response: &ContainerAllocateResponse,
-) -> Vec<String> {
-    let mut all = passed_through(response);
-    if handoff.is_some() && has_edits(response) {
+pub fn names(handoff: Option<&Handoff>, key: &HolderKey, answer: &PluginAnswer) -> Vec<String> {
+    let mut all = answer.cdi_devices().to_vec();
+    if handoff.is_some() && answer.has_edits() {
         let (kind, device) = identity(key);
         all.push(format!("{kind}={device}"));
     }
@@ -100,7 +97,8 @@ fn identity(key: &HolderKey) -> (names::Kind, String) {
     )
 }
 
-fn has_edits(response: &ContainerAllocateResponse) -> bool {
+/// Whether `response` has envs, device specs or mounts: something a runtime applies.
+pub(crate) fn has_edits(response: &ContainerAllocateResponse) -> bool {
     !response.envs.is_empty() || !response.devices.is_empty() || !response.mounts.is_empty()
 }
 
@@ -226,11 +224,18 @@ impl Handoff {
                 self.dir.path().display()
             ));
         }
+        // Decoded first: the specs planned below borrow from the answers.
+        let answers: Vec<_> = pods
+            .iter()
+            .filter_map(|(key, entry)| match &entry.state {
+                HoldingState::Allocated { answer } if answer.has_edits() => {
+                    Some((key, answer.response()))
+                }
+                _ => None,
+            })
+            .collect();
         let mut wanted = std::collections::BTreeMap::new();
-        for (key, entry) in pods.iter() {
-            let HoldingState::Allocated { response } = &entry.state else {
-                continue;
-            };
+        for (key, response) in &answers {
             match plan(key, response) {
                 Ok(Some(planned)) => {
                     wanted.insert(planned.file.clone(), planned);
@@ -283,7 +288,8 @@ impl Handoff {
     }
 }
 
-fn passed_through(response: &ContainerAllocateResponse) -> Vec<String> {
+/// The plugin's own CDI device names in `response`.
+pub(crate) fn passed_through(response: &ContainerAllocateResponse) -> Vec<String> {
     response
         .cdi_devices
         .iter()
@@ -324,7 +330,7 @@ mod tests {
                 devices: vec!["d0".into()],
                 numa: Default::default(),
                 state: HoldingState::Allocated {
-                    response: response(env),
+                    answer: PluginAnswer::of(&response(env)),
                 },
                 pod: None,
             },
@@ -339,11 +345,9 @@ mod tests {
         let key = HolderKey::new("p1", "c", "vendor.com/gpu");
         let names = handoff.write(&key, &response("x")).unwrap();
         assert_eq!(names, ["vendor.com/gpu=d0", "vendor.com/gpu=pluglet-p1_c"]);
-        assert_eq!(super::names(Some(&handoff), &key, &response("x")), names);
-        assert_eq!(
-            super::names(None, &key, &response("x")),
-            ["vendor.com/gpu=d0"]
-        );
+        let answer = PluginAnswer::of(&response("x"));
+        assert_eq!(super::names(Some(&handoff), &key, &answer), names);
+        assert_eq!(super::names(None, &key, &answer), ["vendor.com/gpu=d0"]);
         let only_cdi = ContainerAllocateResponse {
             cdi_devices: response("x").cdi_devices,
             ..Default::default()

@@ -8,7 +8,6 @@ use pluglet_checkpoint::{
     CheckpointData, CheckpointError, Durability, EntryParts, JournalRecord, PodDevicesEntry,
 };
 use pluglet_core::ResourceName;
-use prost::Message as _;
 use serde::{Deserialize, Serialize};
 
 use crate::device_id::DeviceId;
@@ -107,7 +106,7 @@ pub fn kubelet_data<'a>(
 /// An allocated entry as the kubelet checkpoints it (`None` for a reserved one).
 fn kubelet_entry(key: &HolderKey, entry: &Holding) -> Option<PodDevicesEntry> {
     match &entry.state {
-        HoldingState::Allocated { response } => Some(PodDevicesEntry {
+        HoldingState::Allocated { answer } => Some(PodDevicesEntry {
             pod_uid: key.pod_uid.to_string(),
             container_name: key.container.to_string(),
             resource_name: key.resource.to_string(),
@@ -118,7 +117,7 @@ fn kubelet_entry(key: &HolderKey, entry: &Holding) -> Option<PodDevicesEntry> {
                     .map(|(node, ids)| (*node, Some(DeviceId::to_wire(ids))))
                     .collect(),
             ),
-            alloc_resp: Some(response.encode_to_vec()),
+            alloc_resp: Some(answer.encoded().to_vec()),
         }),
         HoldingState::Reserved { .. } => None,
     }
@@ -129,11 +128,10 @@ fn kubelet_entry(key: &HolderKey, entry: &Holding) -> Option<PodDevicesEntry> {
 /// (`PodName`, `PodNamespace`) when they were given. A reader of the kubelet's format ignores
 /// keys it does not know, so records stay readable by versions before them.
 fn encode_entry(key: &HolderKey, entry: &Holding) -> Vec<u8> {
-    let HoldingState::Allocated { response } = &entry.state else {
+    let HoldingState::Allocated { answer } = &entry.state else {
         return Vec::new();
     };
-    // Written from the holding's own strings, as `kubelet_entry` would give them.
-    let alloc_resp = response.encode_to_vec();
+    // Written from the holding's own strings and bytes, as `kubelet_entry` would give them.
     let mut bytes = EntryParts {
         pod_uid: key.pod_uid.as_str(),
         container_name: key.container.as_str(),
@@ -145,7 +143,7 @@ fn encode_entry(key: &HolderKey, entry: &Holding) -> Vec<u8> {
                 .map(|(node, ids)| (*node, Some(ids.as_slice())))
                 .collect(),
         ),
-        alloc_resp: Some(&alloc_resp),
+        alloc_resp: Some(answer.encoded()),
     }
     .encode();
     if let Some(pod) = &entry.pod
@@ -404,6 +402,7 @@ pub(crate) mod tests {
     use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
     use super::*;
+    use crate::answer::PluginAnswer;
     use crate::devices::Device;
     use crate::pod_devices::{HolderKey, Holding};
 
@@ -465,7 +464,7 @@ pub(crate) mod tests {
                 devices: vec!["d0".into()],
                 numa: group_by_numa([("d0", &[0][..])]),
                 state: HoldingState::Allocated {
-                    response: ContainerAllocateResponse::default(),
+                    answer: PluginAnswer::of(&ContainerAllocateResponse::default()),
                 },
                 pod: None,
             },
@@ -485,10 +484,10 @@ pub(crate) mod tests {
             devices: vec![id.into()],
             numa: group_by_numa([(id, &[0][..])]),
             state: HoldingState::Allocated {
-                response: ContainerAllocateResponse {
+                answer: PluginAnswer::of(&ContainerAllocateResponse {
                     envs: [("E".to_owned(), env.to_owned())].into(),
                     ..Default::default()
-                },
+                }),
             },
             pod: None,
         };
@@ -522,7 +521,7 @@ pub(crate) mod tests {
         assert!(next.commit(
             &HolderKey::new("pod-r", "ctr", "vendor.com/gpu"),
             3,
-            ContainerAllocateResponse::default()
+            PluginAnswer::default()
         ));
         next.release("pod-2", None);
         next.insert(
@@ -561,7 +560,9 @@ pub(crate) mod tests {
                     .enumerate()
                     .map(|(i, id)| (id.as_str(), &nodes[i % 4..i % 4 + 1])),
             ),
-            state: HoldingState::Allocated { response },
+            state: HoldingState::Allocated {
+                answer: PluginAnswer::of(&response),
+            },
             pod: None,
         };
         let kubelet = kubelet_entry(&key, &holding).unwrap().encode();
@@ -580,7 +581,7 @@ pub(crate) mod tests {
                 devices: vec!["d0".into()],
                 numa: group_by_numa([("d0", &[0][..])]),
                 state: HoldingState::Allocated {
-                    response: ContainerAllocateResponse::default(),
+                    answer: PluginAnswer::of(&ContainerAllocateResponse::default()),
                 },
                 pod: None,
             },
@@ -613,7 +614,7 @@ pub(crate) mod tests {
             devices: vec!["d0".into()],
             numa: group_by_numa([("d0", &[0][..])]),
             state: HoldingState::Allocated {
-                response: ContainerAllocateResponse::default(),
+                answer: PluginAnswer::of(&ContainerAllocateResponse::default()),
             },
             pod,
         };

@@ -181,6 +181,7 @@ pub(crate) mod tests {
 
     use super::files::SideState;
     use super::*;
+    use crate::answer::PluginAnswer;
     use crate::pod_devices::{HolderKey, Holding, HoldingState, group_by_numa};
 
     pub(crate) fn paths(dir: &Path) -> Paths {
@@ -198,7 +199,7 @@ pub(crate) mod tests {
                 devices: vec![device.into()],
                 numa: group_by_numa([(device, &[0][..])]),
                 state: HoldingState::Allocated {
-                    response: ContainerAllocateResponse::default(),
+                    answer: PluginAnswer::of(&ContainerAllocateResponse::default()),
                 },
                 pod: None,
             },

@@ -25,11 +25,10 @@ use std::path::PathBuf;
 
 use pluglet_checkpoint::{CheckpointData, JournalRecord, PodDevicesEntry};
 use pluglet_core::ResourceName;
-use pluglet_proto::v1beta1::ContainerAllocateResponse;
-use prost::Message as _;
 
 use super::NO_CHECKPOINT;
 use super::files::{SideState, decode_journal_record};
+use crate::answer::PluginAnswer;
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher, ListedDevice};
 use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices};
@@ -308,10 +307,8 @@ pub fn restore(files: Files) -> Restored {
                 devices.push(id.clone());
             }
         }
-        let response = match ContainerAllocateResponse::decode(
-            entry.alloc_resp.as_deref().unwrap_or_default(),
-        ) {
-            Ok(response) => response,
+        let answer = match PluginAnswer::decode(entry.alloc_resp.unwrap_or_default().into()) {
+            Ok(answer) => answer,
             Err(err) => {
                 tracing::warn!(
                     pod_uid = %entry.pod_uid,
@@ -320,7 +317,7 @@ pub fn restore(files: Files) -> Restored {
                     %err,
                     "checkpointed Allocate answer does not decode; keeping the devices with an empty answer"
                 );
-                ContainerAllocateResponse::default()
+                PluginAnswer::default()
             }
         };
         let pod = pod_names.get(&entry.pod_uid).cloned();
@@ -329,7 +326,7 @@ pub fn restore(files: Files) -> Restored {
             Holding {
                 devices,
                 numa,
-                state: HoldingState::Allocated { response },
+                state: HoldingState::Allocated { answer },
                 pod,
             },
         );
@@ -349,6 +346,7 @@ mod tests {
     use crate::persistence::files::tests::gpu_set;
     use crate::persistence::files::{SideResource, encode_journal, kubelet_data};
     use crate::pod_devices::{PodName, group_by_numa};
+    use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
     const GPU: &str = "vendor.com/gpu";
 
@@ -361,10 +359,10 @@ mod tests {
                     devices: vec![(*device).into()],
                     numa: group_by_numa([(*device, &[0][..])]),
                     state: HoldingState::Allocated {
-                        response: ContainerAllocateResponse {
+                        answer: PluginAnswer::of(&ContainerAllocateResponse {
                             envs: [("POD".to_string(), pod.to_string())].into(),
                             ..Default::default()
-                        },
+                        }),
                     },
                     pod: None,
                 },
@@ -646,11 +644,12 @@ mod tests {
         assert_eq!(set.get("d1").unwrap().numa, [1]);
         assert!(restored.pods.is_held(GPU, "d0"));
         let (_, entry) = restored.pods.iter().next().unwrap();
-        let HoldingState::Allocated { response } = &entry.state else {
+        let HoldingState::Allocated { answer } = &entry.state else {
             panic!("restored entries are allocated");
         };
         assert_eq!(
-            response.envs["POD"], "pod-1",
+            answer.response().envs["POD"],
+            "pod-1",
             "the Allocate answer survives"
         );
 

@@ -113,6 +113,7 @@ fn container_devices(resource: &str, id: &str, node: i64) -> pb::ContainerDevice
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::answer::PluginAnswer;
     use crate::devices::ListedDevice;
     use crate::pod_devices::{HolderKey, Holding, group_by_numa};
 
@@ -121,7 +122,7 @@ mod tests {
             devices: ids.iter().map(|&(id, _)| id.into()).collect(),
             numa: group_by_numa(ids.iter().map(|(id, numa)| (*id, *numa))),
             state: HoldingState::Allocated {
-                response: Default::default(),
+                answer: PluginAnswer::default(),
             },
             pod,
         }

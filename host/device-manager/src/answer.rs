@@ -1,0 +1,226 @@
+//! A plugin's Allocate answer for one container: read off the wire with the bytes it came in
+//! ([`AllocateCodec`]), and kept in the state as those bytes ([`PluginAnswer`]).
+//!
+//! The state keeps the answer's protobuf bytes, not the decoded message. The bytes are what the
+//! journal record and the checkpoint carry (the kubelet's `AllocResp`), and the decoded answer
+//! goes whole to whoever asked for the allocation (the admin API's answer), so keeping it costs
+//! neither a copy of every string in it (an allocation of 1,024 devices answers thousands) nor
+//! an encoding when its record is written: the bytes are the plugin's own, copied out of the
+//! message at their size. What listings read of the answer is kept beside the bytes: the
+//! plugin's own CDI device names and whether it has edits for a runtime.
+
+use bytes::Bytes;
+use prost::Message;
+use tonic::Status;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+
+use pluglet_proto::v1beta1::{AllocateRequest, ContainerAllocateResponse};
+
+/// What Allocate answered for the first container asked about (the only one Pluglet asks
+/// about), decoded, and the bytes it came in.
+#[derive(Debug)]
+pub(crate) struct ReadAnswer {
+    /// The answer.
+    pub response: ContainerAllocateResponse,
+    /// Its protobuf bytes as the plugin sent them.
+    pub encoded: Vec<u8>,
+}
+
+impl ReadAnswer {
+    /// The answer, and the answer as the state keeps it.
+    pub fn split(self) -> (ContainerAllocateResponse, PluginAnswer) {
+        let kept = PluginAnswer::with_encoding(&self.response, self.encoded.into());
+        (self.response, kept)
+    }
+}
+
+/// `AllocateResponse` with its container answers left as bytes: a `bytes` field has the wire
+/// form of a message field. Each is copied out at its own size, so what the state keeps does
+/// not hold on to the connection's read buffer.
+#[derive(Clone, PartialEq, prost::Message)]
+struct AllocateResponseBytes {
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    container_responses: Vec<Vec<u8>>,
+}
+
+/// The Allocate call's codec: the request as prost encodes it; the answer's first container
+/// answer read with its bytes (`None` when the plugin answered no container).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AllocateCodec;
+
+impl Codec for AllocateCodec {
+    type Encode = AllocateRequest;
+    type Decode = Option<ReadAnswer>;
+    type Encoder = AllocateCodec;
+    type Decoder = AllocateCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        AllocateCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        AllocateCodec
+    }
+}
+
+impl Encoder for AllocateCodec {
+    type Item = AllocateRequest;
+    type Error = Status;
+
+    fn encode(&mut self, item: AllocateRequest, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst)
+            .map_err(|e| Status::internal(format!("cannot encode the Allocate request: {e}")))
+    }
+}
+
+impl Decoder for AllocateCodec {
+    type Item = Option<ReadAnswer>;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Option<ReadAnswer>>, Status> {
+        read(buf)
+            .map(Some)
+            .map_err(|e| Status::internal(format!("the Allocate answer does not decode: {e}")))
+    }
+}
+
+/// The first container answer of an `AllocateResponse` message, with its bytes.
+fn read(message: impl bytes::Buf) -> Result<Option<ReadAnswer>, prost::DecodeError> {
+    let message = AllocateResponseBytes::decode(message)?;
+    let Some(encoded) = message.container_responses.into_iter().next() else {
+        return Ok(None);
+    };
+    let response = ContainerAllocateResponse::decode(encoded.as_slice())?;
+    Ok(Some(ReadAnswer { response, encoded }))
+}
+
+/// A plugin's Allocate answer for one container: its protobuf bytes and what listings read of
+/// it. Cheap to clone (the bytes are shared).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginAnswer {
+    encoded: Bytes,
+    cdi_devices: Vec<String>,
+    has_edits: bool,
+}
+
+impl PluginAnswer {
+    /// `response`, whose protobuf encoding is `encoded`.
+    pub fn with_encoding(response: &ContainerAllocateResponse, encoded: Bytes) -> PluginAnswer {
+        PluginAnswer {
+            encoded,
+            cdi_devices: response
+                .cdi_devices
+                .iter()
+                .map(|d| d.name.clone())
+                .collect(),
+            has_edits: crate::cdi::has_edits(response),
+        }
+    }
+
+    /// `response`, encoded here.
+    pub fn of(response: &ContainerAllocateResponse) -> PluginAnswer {
+        PluginAnswer::with_encoding(response, response.encode_to_vec().into())
+    }
+
+    /// An answer read back from its protobuf bytes (a checkpoint's `AllocResp`).
+    pub fn decode(encoded: Bytes) -> Result<PluginAnswer, prost::DecodeError> {
+        let response = ContainerAllocateResponse::decode(encoded.clone())?;
+        Ok(PluginAnswer::with_encoding(&response, encoded))
+    }
+
+    /// The answer, decoded. Its bytes decoded when it was made, or were encoded from a message,
+    /// so they decode again; the empty answer stands in should they not.
+    pub fn response(&self) -> ContainerAllocateResponse {
+        ContainerAllocateResponse::decode(self.encoded.clone()).unwrap_or_default()
+    }
+
+    /// The protobuf bytes.
+    pub fn encoded(&self) -> &[u8] {
+        &self.encoded
+    }
+
+    /// The plugin's own CDI device names (`cdi_devices`), in its order.
+    pub fn cdi_devices(&self) -> &[String] {
+        &self.cdi_devices
+    }
+
+    /// Whether the answer has envs, device specs or mounts: something a runtime applies.
+    pub fn has_edits(&self) -> bool {
+        self.has_edits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pluglet_proto::v1beta1::{CdiDevice, DeviceSpec};
+
+    #[test]
+    fn an_answer_keeps_its_bytes_and_what_listings_read() {
+        let response = ContainerAllocateResponse {
+            devices: vec![DeviceSpec {
+                container_path: "/dev/d0".into(),
+                host_path: "/dev/d0".into(),
+                permissions: "rw".into(),
+            }],
+            cdi_devices: vec![CdiDevice {
+                name: "vendor.com/gpu=d0".into(),
+            }],
+            ..Default::default()
+        };
+        let answer = PluginAnswer::of(&response);
+        assert_eq!(answer.response(), response);
+        assert_eq!(answer.encoded(), response.encode_to_vec());
+        assert_eq!(answer.cdi_devices(), ["vendor.com/gpu=d0"]);
+        assert!(answer.has_edits());
+        assert_eq!(
+            PluginAnswer::decode(Bytes::copy_from_slice(answer.encoded())).unwrap(),
+            answer
+        );
+
+        let names_only = PluginAnswer::of(&ContainerAllocateResponse {
+            cdi_devices: response.cdi_devices.clone(),
+            ..Default::default()
+        });
+        assert!(!names_only.has_edits());
+        assert!(PluginAnswer::decode(Bytes::from_static(&[0x0a, 0x05, 0x01])).is_err());
+    }
+
+    #[test]
+    fn the_first_container_answer_is_read_with_the_bytes_it_came_in() {
+        let first = ContainerAllocateResponse {
+            envs: [("E".to_owned(), "1".to_owned())].into(),
+            ..Default::default()
+        };
+        let second = ContainerAllocateResponse {
+            envs: [("E".to_owned(), "2".to_owned())].into(),
+            ..Default::default()
+        };
+        let message = pluglet_proto::v1beta1::AllocateResponse {
+            container_responses: vec![first.clone(), second],
+        }
+        .encode_to_vec();
+        let answer = read(message.as_slice()).unwrap().unwrap();
+        assert_eq!(answer.response, first);
+        assert_eq!(answer.encoded, first.encode_to_vec());
+        let (response, kept) = answer.split();
+        assert_eq!(response, first);
+        assert_eq!(kept, PluginAnswer::of(&first));
+
+        // A field the message does not define (from a newer plugin) is skipped.
+        let mut newer = vec![0x12, 0x02, b'h', b'i'];
+        newer.extend_from_slice(&message);
+        assert_eq!(read(newer.as_slice()).unwrap().unwrap().response, first);
+
+        let none = pluglet_proto::v1beta1::AllocateResponse::default().encode_to_vec();
+        assert!(
+            read(none.as_slice()).unwrap().is_none(),
+            "no container answered"
+        );
+        assert!(read(&[0x0a, 0x05, 0x01][..]).is_err(), "cut short");
+        assert!(
+            read(&[0x0a, 0x02, 0x0a, 0x07][..]).is_err(),
+            "the container answer itself cut short"
+        );
+    }
+}
