@@ -154,7 +154,7 @@ impl AllocationInfo {
             pod_uid: key.pod_uid.clone(),
             container: key.container.clone(),
             resource: key.resource.clone(),
-            device_ids: entry.devices.clone(),
+            device_ids: entry.devices.to_vec(),
             allocated,
             cdi_names,
             pod: PodName::shown(entry.pod.as_ref(), key.pod_uid.as_str()),
@@ -655,7 +655,7 @@ impl Allocator {
             }),
             HoldingState::Allocated { answer } if entry.devices.len() == count as usize => {
                 Ok(Some(Plan::Reuse(Allocation {
-                    device_ids: entry.devices.clone(),
+                    device_ids: entry.devices.to_vec(),
                     response: answer.response(),
                     reused: true,
                     cdi_names: crate::cdi::names(self.inner.cdi.as_ref(), key, answer),
@@ -712,8 +712,8 @@ impl Allocator {
         pods.insert(
             key.clone(),
             Holding {
-                devices: chosen.to_vec(),
-                numa,
+                devices: chosen.into(),
+                numa: numa.into(),
                 state: HoldingState::Reserved { token },
                 pod,
             },

@@ -94,12 +94,14 @@ impl PodName {
 }
 
 /// What one holder holds: the devices one container holds (or has reserved) of one resource.
+/// The device lists are shared, not copied, when a holding is cloned: a reservation turned
+/// into an allocation on a copy of the state changes only its state.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Holding {
     /// Device ids in the order they were chosen.
-    pub devices: Vec<DeviceId>,
+    pub devices: Arc<[DeviceId]>,
     /// The same ids by NUMA node (`-1`: no topology), as the kubelet checkpoints them.
-    pub numa: BTreeMap<i64, Vec<DeviceId>>,
+    pub numa: Arc<BTreeMap<i64, Vec<DeviceId>>>,
     /// Reserved or allocated.
     pub state: HoldingState,
     /// The pod's name and namespace, when the allocation gave them (recorded in the journal
@@ -643,8 +645,12 @@ mod tests {
 
     fn reserved(ids: &[&str], token: u64) -> Holding {
         Holding {
-            devices: ids.iter().map(|&s| DeviceId::from(s)).collect(),
-            numa: BTreeMap::new(),
+            devices: ids
+                .iter()
+                .map(|&s| DeviceId::from(s))
+                .collect::<Vec<_>>()
+                .into(),
+            numa: Default::default(),
             state: HoldingState::Reserved { token },
             pod: None,
         }
@@ -783,8 +789,12 @@ mod tests {
 
     fn allocated(ids: &[&str]) -> Holding {
         Holding {
-            devices: ids.iter().map(|&s| DeviceId::from(s)).collect(),
-            numa: BTreeMap::new(),
+            devices: ids
+                .iter()
+                .map(|&s| DeviceId::from(s))
+                .collect::<Vec<_>>()
+                .into(),
+            numa: Default::default(),
             state: HoldingState::Allocated {
                 answer: PluginAnswer::default(),
             },

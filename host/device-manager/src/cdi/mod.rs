@@ -327,7 +327,7 @@ mod tests {
         pods.insert(
             key.clone(),
             Holding {
-                devices: vec!["d0".into()],
+                devices: vec!["d0".into()].into(),
                 numa: Default::default(),
                 state: HoldingState::Allocated {
                     answer: PluginAnswer::of(&response(env)),

@@ -452,8 +452,8 @@ pub(crate) mod tests {
         pods.insert(
             HolderKey::new("pod-2", "ctr", "vendor.com/gpu"),
             Holding {
-                devices: vec!["d2".into()],
-                numa: BTreeMap::new(),
+                devices: vec!["d2".into()].into(),
+                numa: Default::default(),
                 state: HoldingState::Reserved { token: 1 },
                 pod: None,
             },
@@ -461,8 +461,8 @@ pub(crate) mod tests {
         pods.insert(
             HolderKey::new("pod-1", "ctr", "vendor.com/gpu"),
             Holding {
-                devices: vec!["d0".into()],
-                numa: group_by_numa([("d0", &[0][..])]),
+                devices: vec!["d0".into()].into(),
+                numa: group_by_numa([("d0", &[0][..])]).into(),
                 state: HoldingState::Allocated {
                     answer: PluginAnswer::of(&ContainerAllocateResponse::default()),
                 },
@@ -481,8 +481,8 @@ pub(crate) mod tests {
     #[test]
     fn a_journal_record_encodes_each_entry_once_and_follows_every_change() {
         let allocated = |id: &str, env: &str| Holding {
-            devices: vec![id.into()],
-            numa: group_by_numa([(id, &[0][..])]),
+            devices: vec![id.into()].into(),
+            numa: group_by_numa([(id, &[0][..])]).into(),
             state: HoldingState::Allocated {
                 answer: PluginAnswer::of(&ContainerAllocateResponse {
                     envs: [("E".to_owned(), env.to_owned())].into(),
@@ -509,8 +509,8 @@ pub(crate) mod tests {
         pods.insert(
             HolderKey::new("pod-r", "ctr", "vendor.com/gpu"),
             Holding {
-                devices: vec!["d9".into()],
-                numa: BTreeMap::new(),
+                devices: vec!["d9".into()].into(),
+                numa: Default::default(),
                 state: HoldingState::Reserved { token: 3 },
                 pod: None,
             },
@@ -554,12 +554,13 @@ pub(crate) mod tests {
         };
         let key = HolderKey::new("pod-1", "ctr", "vendor.com/gpu");
         let holding = Holding {
-            devices: ids.iter().map(DeviceId::new).collect(),
+            devices: ids.iter().map(DeviceId::new).collect::<Vec<_>>().into(),
             numa: group_by_numa(
                 ids.iter()
                     .enumerate()
                     .map(|(i, id)| (id.as_str(), &nodes[i % 4..i % 4 + 1])),
-            ),
+            )
+            .into(),
             state: HoldingState::Allocated {
                 answer: PluginAnswer::of(&response),
             },
@@ -578,8 +579,8 @@ pub(crate) mod tests {
         pods.insert(
             HolderKey::new("pod-1", "ctr", "vendor.com/gpu"),
             Holding {
-                devices: vec!["d0".into()],
-                numa: group_by_numa([("d0", &[0][..])]),
+                devices: vec!["d0".into()].into(),
+                numa: group_by_numa([("d0", &[0][..])]).into(),
                 state: HoldingState::Allocated {
                     answer: PluginAnswer::of(&ContainerAllocateResponse::default()),
                 },
@@ -611,8 +612,8 @@ pub(crate) mod tests {
     #[test]
     fn a_pods_name_is_in_its_journal_entries_and_nowhere_in_the_checkpoint() {
         let named = |pod: Option<PodName>| Holding {
-            devices: vec!["d0".into()],
-            numa: group_by_numa([("d0", &[0][..])]),
+            devices: vec!["d0".into()].into(),
+            numa: group_by_numa([("d0", &[0][..])]).into(),
             state: HoldingState::Allocated {
                 answer: PluginAnswer::of(&ContainerAllocateResponse::default()),
             },

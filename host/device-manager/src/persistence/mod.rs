@@ -196,8 +196,8 @@ pub(crate) mod tests {
         pods.insert(
             HolderKey::new(pod, "ctr", "vendor.com/gpu"),
             Holding {
-                devices: vec![device.into()],
-                numa: group_by_numa([(device, &[0][..])]),
+                devices: vec![device.into()].into(),
+                numa: group_by_numa([(device, &[0][..])]).into(),
                 state: HoldingState::Allocated {
                     answer: PluginAnswer::of(&ContainerAllocateResponse::default()),
                 },

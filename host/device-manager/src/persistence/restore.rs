@@ -324,8 +324,8 @@ pub fn restore(files: Files) -> Restored {
         pods.insert(
             HolderKey::new(entry.pod_uid, entry.container_name, entry.resource_name),
             Holding {
-                devices,
-                numa,
+                devices: devices.into(),
+                numa: numa.into(),
                 state: HoldingState::Allocated { answer },
                 pod,
             },
@@ -356,8 +356,8 @@ mod tests {
             pods.insert(
                 HolderKey::new(*pod, "ctr", GPU),
                 Holding {
-                    devices: vec![(*device).into()],
-                    numa: group_by_numa([(*device, &[0][..])]),
+                    devices: vec![(*device).into()].into(),
+                    numa: group_by_numa([(*device, &[0][..])]).into(),
                     state: HoldingState::Allocated {
                         answer: PluginAnswer::of(&ContainerAllocateResponse {
                             envs: [("POD".to_string(), pod.to_string())].into(),

@@ -86,7 +86,7 @@ fn by_pod(pods: &PodDevices) -> BTreeMap<&str, pb::PodResources> {
                 pod.containers.last_mut().expect("just pushed")
             }
         };
-        for (node, ids) in &entry.numa {
+        for (node, ids) in entry.numa.iter() {
             for id in ids {
                 container.devices.push(container_devices(
                     key.resource.as_str(),
@@ -119,8 +119,12 @@ mod tests {
 
     fn allocated(ids: &[(&str, &[i64])], pod: Option<PodName>) -> Holding {
         Holding {
-            devices: ids.iter().map(|&(id, _)| id.into()).collect(),
-            numa: group_by_numa(ids.iter().map(|(id, numa)| (*id, *numa))),
+            devices: ids
+                .iter()
+                .map(|&(id, _)| id.into())
+                .collect::<Vec<_>>()
+                .into(),
+            numa: group_by_numa(ids.iter().map(|(id, numa)| (*id, *numa))).into(),
             state: HoldingState::Allocated {
                 answer: PluginAnswer::default(),
             },
