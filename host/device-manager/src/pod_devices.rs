@@ -789,16 +789,10 @@ mod tests {
 
     fn allocated(ids: &[&str]) -> Holding {
         Holding {
-            devices: ids
-                .iter()
-                .map(|&s| DeviceId::from(s))
-                .collect::<Vec<_>>()
-                .into(),
-            numa: Default::default(),
             state: HoldingState::Allocated {
                 answer: PluginAnswer::default(),
             },
-            pod: None,
+            ..reserved(ids, 0)
         }
     }
 
