@@ -23,8 +23,10 @@
 //! ```
 //!
 //! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task
-//! per connected plugin; `device_list` reads its ListAndWatch updates), [`devices`] (health, capacity, allocatable; ids are [`DeviceId`]s), [`allocator`] and
-//! [`pod_devices`] (who holds what; [`PluginAnswer`] the plugin's answer it keeps), [`persistence`] (the files), [`pod_resources`] (the
+//! per connected plugin; `device_list` reads its ListAndWatch updates), [`devices`] (health,
+//! capacity, allocatable; ids are [`DeviceId`]s), [`allocator`] and [`pod_devices`] (who holds
+//! what; `answer` reads the plugin's Allocate answer and keeps it as a [`PluginAnswer`]),
+//! `cdi::writer` (the spec files' thread), [`persistence`] (the files), [`pod_resources`] (the
 //! kubelet's pod-resources API, read from the acknowledged allocations), [`registration_server`]
 //! (`kubelet.sock` and start-up), `kind` (the device plugin type's pipeline steps), [`error`].
 

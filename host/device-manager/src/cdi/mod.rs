@@ -197,7 +197,7 @@ impl Handoff {
         Ok((names, Some(pending)))
     }
 
-    /// Writes `spec` on the hand-off's writer thread (see [`writer`]); the future is the
+    /// Writes `spec` on the hand-off's writer thread (`cdi/writer.rs`); the future is the
     /// write's outcome, so that an allocation can wait for it beside its journal record.
     pub fn write_later(
         &self,
