@@ -302,15 +302,15 @@ impl Allocator {
         let decision = decision.lock_owned().await;
         clock.done(Stage::Queue);
 
-        let (available, offered, preferred_available, mut client) =
+        let (available, offered, preferred_available, channel) =
             match self.plan(&key, count, pod.as_ref())? {
                 Plan::Reuse(allocation) => return Ok(allocation),
                 Plan::Choose {
                     available,
                     offered,
                     preferred_available,
-                    client,
-                } => (available, offered, preferred_available, client),
+                    channel,
+                } => (available, offered, preferred_available, channel),
             };
         clock.done(Stage::Candidates);
 
@@ -324,7 +324,7 @@ impl Allocator {
             };
             let answer = pluglet_uds::with_deadline(
                 ALLOCATE_TIMEOUT,
-                client.get_preferred_allocation(request),
+                DevicePluginClient::new(channel).get_preferred_allocation(request),
             )
             .await
             .map_err(|status| AllocateError::Preferred {
@@ -631,7 +631,7 @@ impl Allocator {
             available,
             offered: offer.devices,
             preferred_available: offer.preferred_available,
-            client: offer.client,
+            channel: offer.channel,
         })
     }
 
@@ -672,7 +672,7 @@ impl Allocator {
     }
 
     /// Checks the chosen devices are still healthy (in the registry now) and free (under the
-    /// allocator's lock), and holds them for this request. Returns the client to call and
+    /// allocator's lock), and holds them for this request. Returns the plugin's connection and
     /// whether PreStartContainer is due.
     fn reserve(
         &self,
@@ -719,7 +719,6 @@ impl Allocator {
             },
         );
         Ok(PluginCall {
-            client: offer.client,
             channel: offer.channel,
             pre_start: offer.pre_start_required,
         })
@@ -851,15 +850,14 @@ enum Plan {
         /// The registry's devices the candidates were taken from.
         offered: DeviceSet,
         preferred_available: bool,
-        client: DevicePluginClient<Channel>,
+        /// The plugin's connection.
+        channel: Channel,
     },
 }
 
 /// Allocate, then PreStartContainer when the plugin asked for it.
-/// Whom an allocation asks: the plugin's client and connection, and whether it wants
-/// PreStartContainer.
+/// Whom an allocation asks: the plugin's connection, and whether it wants PreStartContainer.
 struct PluginCall {
-    client: DevicePluginClient<Channel>,
     channel: Channel,
     pre_start: bool,
 }
@@ -878,7 +876,7 @@ async fn call_plugin(
     let started = std::time::Instant::now();
     let answer = pluglet_uds::with_deadline(
         ALLOCATE_TIMEOUT,
-        crate::endpoint::allocate(plugin.channel, request),
+        crate::endpoint::allocate(plugin.channel.clone(), request),
     )
     .await;
     metrics.allocate_call(key.resource.as_str(), started.elapsed());
@@ -892,7 +890,7 @@ async fn call_plugin(
         devices: chosen.to_vec(),
     })?;
     if plugin.pre_start {
-        let mut client = plugin.client;
+        let mut client = DevicePluginClient::new(plugin.channel);
         let request = v1beta1::PreStartContainerRequest {
             devices_ids: DeviceId::to_wire(chosen),
         };

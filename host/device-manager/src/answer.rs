@@ -108,11 +108,7 @@ impl PluginAnswer {
     pub fn with_encoding(response: &ContainerAllocateResponse, encoded: Bytes) -> PluginAnswer {
         PluginAnswer {
             encoded,
-            cdi_devices: response
-                .cdi_devices
-                .iter()
-                .map(|d| d.name.clone())
-                .collect(),
+            cdi_devices: crate::cdi::passed_through(response),
             has_edits: crate::cdi::has_edits(response),
         }
     }

@@ -43,9 +43,8 @@ pub(crate) struct Endpoint {
     pub generation: Generation,
     /// What GetDevicePluginOptions said.
     pub options: DevicePluginOptions,
-    /// The gRPC client (cheap to clone).
-    pub client: DevicePluginClient<Channel>,
-    /// Its connection, for the calls read with codecs of Pluglet's own (cheap to clone).
+    /// The plugin's connection (cheap to clone): the generated client over it, or the calls
+    /// read with codecs of Pluglet's own.
     pub channel: Channel,
     /// Cancelled when the endpoint is replaced, disconnected or the manager stops.
     pub cancel: CancellationToken,
@@ -93,7 +92,6 @@ impl Endpoint {
             flow,
             generation,
             options,
-            client,
             channel,
             cancel,
         };

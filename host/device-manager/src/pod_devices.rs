@@ -11,11 +11,12 @@ use std::collections::{BTreeMap, HashMap};
 use imbl::OrdMap;
 use std::sync::{Arc, OnceLock};
 
+use pluglet_core::{ContainerName, PodUid, ResourceName};
+use pluglet_handler_runtime::ColumnRun;
+
 use crate::answer::PluginAnswer;
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher};
-use pluglet_core::{ContainerName, PodUid, ResourceName};
-use pluglet_handler_runtime::ColumnRun;
 
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

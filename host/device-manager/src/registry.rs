@@ -22,7 +22,6 @@ use std::time::Duration;
 use pluglet_core::events::{EventKind, EventLog};
 use pluglet_core::{Generation, ResourceName};
 use pluglet_handlers::Handlers;
-use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use pluglet_registration::Registration;
 use pluglet_uds::Channel;
 use tokio::sync::{broadcast, mpsc, watch};
@@ -111,9 +110,7 @@ pub enum RegistryEvent {
 pub(crate) struct Offer {
     /// The resource's devices now (shared, not copied).
     pub devices: DeviceSet,
-    /// The plugin.
-    pub client: DevicePluginClient<Channel>,
-    /// The plugin's connection (for Allocate, see [`crate::endpoint::allocate`]).
+    /// The plugin's connection.
     pub channel: Channel,
     /// Whether the plugin answers GetPreferredAllocation.
     pub preferred_available: bool,
@@ -491,7 +488,6 @@ impl Registry {
         };
         Ok(Offer {
             devices: entry.devices.clone(),
-            client: endpoint.client.clone(),
             channel: endpoint.channel.clone(),
             preferred_available: endpoint.options.get_preferred_allocation_available,
             pre_start_required: endpoint.options.pre_start_required,
