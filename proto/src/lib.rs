@@ -7,6 +7,10 @@
 //! - [`podresources::v1`]: the kubelet's pod-resources API (package `v1`).
 #![allow(missing_docs)]
 
+mod encoded_answer;
+
+pub use encoded_answer::EncodedAnswer;
+
 /// `package pluginregistration;`
 pub mod pluginregistration {
     tonic::include_proto!("pluginregistration");
@@ -44,7 +48,9 @@ pub mod pluglet {
     pub mod admin {
         /// `package pluglet.admin.v1;`
         pub mod v1 {
-            tonic::include_proto!("pluglet.admin.v1");
+            // Generated apart (see build.rs): `AllocateResponse.response` is an
+            // [`EncodedAnswer`](crate::EncodedAnswer).
+            include!(concat!(env!("OUT_DIR"), "/admin/pluglet.admin.v1.rs"));
         }
     }
 }

@@ -35,11 +35,11 @@ use pluglet_handler_runtime::{AllocationRequest, CallContext, Candidates};
 use pluglet_handlers::Handlers;
 use pluglet_proto::v1beta1;
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
-use pluglet_uds::Channel;
+use pluglet_uds::{Channel, RpcError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::answer::ReadAnswer;
+use crate::answer::{AnswerView, PluginAnswer, ReadAnswer};
 use crate::cdi::{Handoff, PendingSpec};
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher};
@@ -61,8 +61,9 @@ pub const ALLOCATE_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Allocation {
     /// The devices the container holds, in the order chosen.
     pub device_ids: Vec<DeviceId>,
-    /// The plugin's Allocate answer for the container.
-    pub response: v1beta1::ContainerAllocateResponse,
+    /// The plugin's Allocate answer for the container, as its bytes
+    /// ([`PluginAnswer::response`] decodes it).
+    pub answer: PluginAnswer,
     /// True when the container already held these devices and no RPC was made.
     pub reused: bool,
     /// Every CDI device name to give a container runtime: the plugin's own `cdi_devices`, then
@@ -405,8 +406,13 @@ impl Allocator {
         );
         clock.done(Stage::Plugin);
         let handed_off = answered.and_then(|answer| {
-            let (names, spec) = self.hand_off(&key, &answer.response)?;
-            Ok((answer, names, spec))
+            let view = answer.view().map_err(|status| AllocateError::Allocate {
+                resource: key.resource.clone(),
+                devices: chosen.to_vec(),
+                status: RpcError(status),
+            })?;
+            let (names, spec) = self.hand_off(&key, &view)?;
+            Ok((answer.kept(&view), names, spec))
         });
         match handed_off {
             Ok((answer, cdi_names, spec)) => {
@@ -429,12 +435,12 @@ impl Allocator {
     fn hand_off(
         &self,
         key: &HolderKey,
-        response: &v1beta1::ContainerAllocateResponse,
+        answer: &AnswerView<'_>,
     ) -> Result<(Vec<String>, Option<PendingSpec>), AllocateError> {
         let Some(cdi) = &self.inner.cdi else {
-            return Ok((crate::cdi::passed_through(response), None));
+            return Ok((crate::cdi::passed_through(answer), None));
         };
-        cdi.prepare(key, response)
+        cdi.prepare(key, answer)
             .map_err(|source| AllocateError::Cdi {
                 resource: key.resource.clone(),
                 source,
@@ -656,7 +662,7 @@ impl Allocator {
             HoldingState::Allocated { answer } if entry.devices.len() == count as usize => {
                 Ok(Some(Plan::Reuse(Allocation {
                     device_ids: entry.devices.to_vec(),
-                    response: answer.response(),
+                    answer: answer.clone(),
                     reused: true,
                     cdi_names: crate::cdi::names(self.inner.cdi.as_ref(), key, answer),
                 })))
@@ -736,7 +742,7 @@ impl Allocator {
         key: HolderKey,
         token: u64,
         chosen: Vec<DeviceId>,
-        answer: ReadAnswer,
+        answer: PluginAnswer,
         cdi_names: Vec<String>,
         spec: Option<PendingSpec>,
     ) -> Result<Allocation, AllocateError> {
@@ -744,12 +750,13 @@ impl Allocator {
             (Some(spec), Some(cdi)) => Some(cdi.write_later(spec)),
             _ => None,
         };
-        // The state keeps the answer's bytes; the answer itself goes to the caller.
-        let (response, answer) = answer.split();
+        // The state and the caller share the answer's bytes.
         let committed = self
             .inner
             .persistence
-            .change(&self.inner.pods, |pods| pods.commit(&key, token, answer))
+            .change(&self.inner.pods, |pods| {
+                pods.commit(&key, token, answer.clone())
+            })
             .await;
         let written = match writing {
             None => Ok(()),
@@ -786,7 +793,7 @@ impl Allocator {
         tracing::info!(devices = ?chosen, "devices allocated");
         Ok(Allocation {
             device_ids: chosen,
-            response,
+            answer,
             reused: false,
             cdi_names,
         })

@@ -1,13 +1,17 @@
-//! A plugin's Allocate answer for one container: read off the wire with the bytes it came in
-//! ([`AllocateCodec`]), and kept in the state as those bytes ([`PluginAnswer`]).
+//! A plugin's Allocate answer for one container: read off the wire as the bytes it came in
+//! ([`AllocateCodec`]), read in place ([`AnswerView`]), and kept in the state as those bytes
+//! ([`PluginAnswer`]).
 //!
-//! The state keeps the answer's protobuf bytes, not the decoded message. The bytes are what the
-//! journal record and the checkpoint carry (the kubelet's `AllocResp`), and the decoded answer
-//! goes whole to whoever asked for the allocation (the admin API's answer), so keeping it costs
-//! neither a copy of every string in it (an allocation of 1,024 devices answers thousands) nor
-//! an encoding when its record is written: the bytes are the plugin's own, copied out of the
-//! message at their size. What listings read of the answer is kept beside the bytes: the
-//! plugin's own CDI device names and whether it has edits for a runtime.
+//! The state keeps the answer's protobuf bytes, not a decoded message. The bytes are what the
+//! journal record and the checkpoint carry (the kubelet's `AllocResp`) and what the admin API
+//! sends whoever asked for the allocation, so keeping them costs neither a copy of every string
+//! in the answer (an allocation of 1,024 devices answers thousands) nor an encoding when its
+//! record is written: they are the plugin's own, copied out of the message at their size. What
+//! the device manager reads of an answer (its CDI spec's edits, the plugin's own CDI names) it
+//! reads through a view whose strings borrow those bytes; what listings read is kept beside
+//! the bytes.
+
+mod view;
 
 use bytes::Bytes;
 use prost::Message;
@@ -15,22 +19,26 @@ use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 use pluglet_proto::v1beta1::{AllocateRequest, ContainerAllocateResponse};
+pub use view::{AnswerDevice, AnswerMount, AnswerView, ViewError};
 
 /// What Allocate answered for the first container asked about (the only one Pluglet asks
-/// about), decoded, and the bytes it came in.
+/// about), as the bytes it came in; [`ReadAnswer::view`] reads them.
 #[derive(Debug)]
 pub(crate) struct ReadAnswer {
-    /// The answer.
-    pub response: ContainerAllocateResponse,
-    /// Its protobuf bytes as the plugin sent them.
-    pub encoded: Vec<u8>,
+    /// The answer's protobuf bytes as the plugin sent them.
+    pub encoded: Bytes,
 }
 
 impl ReadAnswer {
-    /// The answer, and the answer as the state keeps it.
-    pub fn split(self) -> (ContainerAllocateResponse, PluginAnswer) {
-        let kept = PluginAnswer::with_encoding(&self.response, self.encoded.into());
-        (self.response, kept)
+    /// The answer, read in place; a status naming what is wrong when it does not decode.
+    pub fn view(&self) -> Result<AnswerView<'_>, Status> {
+        AnswerView::read(&self.encoded)
+            .map_err(|e| Status::internal(format!("the Allocate answer does not decode: {e}")))
+    }
+
+    /// The answer as the state keeps it; `view` is [`ReadAnswer::view`].
+    pub fn kept(&self, view: &AnswerView<'_>) -> PluginAnswer {
+        PluginAnswer::with_encoding(view, self.encoded.clone())
     }
 }
 
@@ -84,14 +92,17 @@ impl Decoder for AllocateCodec {
     }
 }
 
-/// The first container answer of an `AllocateResponse` message, with its bytes.
+/// The first container answer of an `AllocateResponse` message, as its bytes (read by
+/// [`ReadAnswer::view`]).
 fn read(message: impl bytes::Buf) -> Result<Option<ReadAnswer>, prost::DecodeError> {
     let message = AllocateResponseBytes::decode(message)?;
-    let Some(encoded) = message.container_responses.into_iter().next() else {
-        return Ok(None);
-    };
-    let response = ContainerAllocateResponse::decode(encoded.as_slice())?;
-    Ok(Some(ReadAnswer { response, encoded }))
+    Ok(message
+        .container_responses
+        .into_iter()
+        .next()
+        .map(|encoded| ReadAnswer {
+            encoded: encoded.into(),
+        }))
 }
 
 /// A plugin's Allocate answer for one container: its protobuf bytes and what listings read of
@@ -104,24 +115,30 @@ pub struct PluginAnswer {
 }
 
 impl PluginAnswer {
-    /// `response`, whose protobuf encoding is `encoded`.
-    pub fn with_encoding(response: &ContainerAllocateResponse, encoded: Bytes) -> PluginAnswer {
+    /// The answer `view` reads, whose protobuf encoding is `encoded`.
+    pub fn with_encoding(view: &AnswerView<'_>, encoded: Bytes) -> PluginAnswer {
         PluginAnswer {
             encoded,
-            cdi_devices: crate::cdi::passed_through(response),
-            has_edits: crate::cdi::has_edits(response),
+            cdi_devices: crate::cdi::passed_through(view),
+            has_edits: view.has_edits(),
         }
     }
 
     /// `response`, encoded here.
     pub fn of(response: &ContainerAllocateResponse) -> PluginAnswer {
-        PluginAnswer::with_encoding(response, response.encode_to_vec().into())
+        PluginAnswer::with_encoding(&AnswerView::of(response), response.encode_to_vec().into())
     }
 
     /// An answer read back from its protobuf bytes (a checkpoint's `AllocResp`).
-    pub fn decode(encoded: Bytes) -> Result<PluginAnswer, prost::DecodeError> {
-        let response = ContainerAllocateResponse::decode(encoded.clone())?;
-        Ok(PluginAnswer::with_encoding(&response, encoded))
+    pub fn decode(encoded: Bytes) -> Result<PluginAnswer, ViewError> {
+        let view = AnswerView::read(&encoded)?;
+        Ok(PluginAnswer::with_encoding(&view, encoded.clone()))
+    }
+
+    /// The answer, read in place. Its bytes were read when it was made, or were encoded from a
+    /// message, so they read again; the empty answer stands in should they not.
+    pub fn view(&self) -> AnswerView<'_> {
+        AnswerView::read(&self.encoded).unwrap_or_default()
     }
 
     /// The answer, decoded. Its bytes decoded when it was made, or were encoded from a message,
@@ -133,6 +150,11 @@ impl PluginAnswer {
     /// The protobuf bytes.
     pub fn encoded(&self) -> &[u8] {
         &self.encoded
+    }
+
+    /// The protobuf bytes, shared.
+    pub fn bytes(&self) -> Bytes {
+        self.encoded.clone()
     }
 
     /// The plugin's own CDI device names (`cdi_devices`), in its order.
@@ -197,16 +219,18 @@ mod tests {
         }
         .encode_to_vec();
         let answer = read(message.as_slice()).unwrap().unwrap();
-        assert_eq!(answer.response, first);
         assert_eq!(answer.encoded, first.encode_to_vec());
-        let (response, kept) = answer.split();
-        assert_eq!(response, first);
-        assert_eq!(kept, PluginAnswer::of(&first));
+        let view = answer.view().unwrap();
+        assert_eq!(view, AnswerView::of(&first));
+        assert_eq!(answer.kept(&view), PluginAnswer::of(&first));
 
         // A field the message does not define (from a newer plugin) is skipped.
         let mut newer = vec![0x12, 0x02, b'h', b'i'];
         newer.extend_from_slice(&message);
-        assert_eq!(read(newer.as_slice()).unwrap().unwrap().response, first);
+        assert_eq!(
+            read(newer.as_slice()).unwrap().unwrap().encoded,
+            first.encode_to_vec()
+        );
 
         let none = pluglet_proto::v1beta1::AllocateResponse::default().encode_to_vec();
         assert!(
@@ -214,9 +238,11 @@ mod tests {
             "no container answered"
         );
         assert!(read(&[0x0a, 0x05, 0x01][..]).is_err(), "cut short");
+        let cut = read(&[0x0a, 0x02, 0x0a, 0x07][..]).unwrap().unwrap();
+        let refused = cut.view().unwrap_err();
         assert!(
-            read(&[0x0a, 0x02, 0x0a, 0x07][..]).is_err(),
-            "the container answer itself cut short"
+            refused.message().contains("does not decode"),
+            "the container answer itself cut short: {refused}"
         );
     }
 }

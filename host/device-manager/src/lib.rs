@@ -48,7 +48,7 @@ pub mod registration_server;
 pub mod registry;
 
 pub use allocator::{Allocation, AllocationInfo, check_answer};
-pub use answer::PluginAnswer;
+pub use answer::{AnswerDevice, AnswerMount, AnswerView, PluginAnswer, ViewError};
 pub use device_id::DeviceId;
 pub use devices::{Health, ListedDevice};
 pub use endpoint::Flow;

@@ -264,7 +264,7 @@ async fn allocation_is_idempotent_refuses_a_changed_count_and_release_returns_de
     assert_eq!(first.device_ids.len(), 2);
     assert!(!first.reused);
     assert_eq!(
-        first.response.envs["STUB_DEVICES"],
+        first.answer.response().envs["STUB_DEVICES"],
         first.device_ids.join(",")
     );
     // The built-in policy packs onto one NUMA node (d0, d2 on node 0).
@@ -461,7 +461,7 @@ async fn an_old_stream_ending_does_not_disconnect_the_new_registration() {
     drop(old);
     // Give a wrong disconnect every chance to happen, then check it did not.
     let got = node.manager.allocate("pod", "ctr", GPU, 1).await.unwrap();
-    assert_eq!(got.response.envs.len(), 1);
+    assert_eq!(got.answer.response().envs.len(), 1);
     let r = node.resource(GPU).unwrap();
     assert!(r.connected);
     assert_eq!(r.allocatable, 3);
@@ -730,7 +730,7 @@ async fn allocations_survive_a_restart_and_held_devices_are_not_offered_again() 
 
     // Same answer for the same container, no plugin needed.
     let again = node.manager.allocate("pod", "ctr", GPU, 1).await.unwrap();
-    assert_eq!(again.response, held.response);
+    assert_eq!(again.answer, held.answer);
 
     let plugin = node.plugin("gpu.sock", 2, options(false, false));
     plugin.register(&node.kubelet_socket(), GPU).await.unwrap();

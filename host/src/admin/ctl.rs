@@ -298,7 +298,9 @@ impl Request {
                     .await
                     .map_err(|s| refused(&what, &s))?
                     .into_inner();
-                let view = AllocateResultView::from(&answer);
+                let view = AllocateResultView::try_from(&answer).with_context(|| {
+                    format!("the daemon's answer to the {what} does not decode")
+                })?;
                 one(output, &view, || view.table())
             }
             Request::Release(request) => {

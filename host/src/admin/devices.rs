@@ -9,6 +9,7 @@ use pluglet_core::{PodUid, error_chain};
 use pluglet_device_manager::{
     AllocateError, AllocationInfo, DeviceId, DeviceManager, PodName, ReleaseError, ResourceInfo,
 };
+use pluglet_proto::EncodedAnswer;
 use pluglet_proto::admin::v1 as pb;
 use tonic::Status;
 
@@ -107,7 +108,8 @@ pub async fn allocate(
         .map_err(|e| allocate_status(&e))?;
     Ok(pb::AllocateResponse {
         device_ids: DeviceId::into_wire(allocation.device_ids),
-        response: Some(allocation.response),
+        // The plugin's bytes, not decoded and encoded again (the wire form is the message's).
+        response: Some(EncodedAnswer::from_bytes(allocation.answer.bytes())),
         cdi_names: allocation.cdi_names,
     })
 }

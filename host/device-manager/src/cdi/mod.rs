@@ -24,9 +24,7 @@ mod writer;
 
 use std::path::{Path, PathBuf};
 
-use pluglet_proto::v1beta1::ContainerAllocateResponse;
-
-use crate::answer::PluginAnswer;
+use crate::answer::{AnswerView, PluginAnswer};
 use crate::pod_devices::{HolderKey, HoldingState, PodDevices};
 use dir::SpecDir;
 use spec::{Spec, SpecError};
@@ -61,13 +59,13 @@ pub struct Planned<'a> {
     pub name: String,
 }
 
-/// The spec of the allocation `key` holds with the plugin's `response`, if it has edits.
+/// The spec of the allocation `key` holds with the plugin's `answer`, if it has edits.
 pub fn plan<'a>(
     key: &HolderKey,
-    response: &'a ContainerAllocateResponse,
+    answer: &AnswerView<'a>,
 ) -> Result<Option<Planned<'a>>, SpecError> {
     let (kind, device) = identity(key);
-    let Some(spec) = Spec::for_allocation(&kind, &device, response)? else {
+    let Some(spec) = Spec::for_allocation(&kind, &device, answer)? else {
         return Ok(None);
     };
     Ok(Some(Planned {
@@ -95,11 +93,6 @@ fn identity(key: &HolderKey) -> (names::Kind, String) {
         names::kind_of(key.resource.as_str()),
         names::device_name(key.pod_uid.as_str(), key.container.as_str()),
     )
-}
-
-/// Whether `response` has envs, device specs or mounts: something a runtime applies.
-pub(crate) fn has_edits(response: &ContainerAllocateResponse) -> bool {
-    !response.envs.is_empty() || !response.devices.is_empty() || !response.mounts.is_empty()
 }
 
 /// A rendered spec not yet written ([`Handoff::prepare`]).
@@ -163,12 +156,8 @@ impl Handoff {
 
     /// Writes the spec of the allocation of `key` (none when the answer has no edits) and
     /// returns every CDI name of the allocation.
-    pub fn write(
-        &self,
-        key: &HolderKey,
-        response: &ContainerAllocateResponse,
-    ) -> Result<Vec<String>, CdiError> {
-        let (names, pending) = self.prepare(key, response)?;
+    pub fn write(&self, key: &HolderKey, answer: &AnswerView<'_>) -> Result<Vec<String>, CdiError> {
+        let (names, pending) = self.prepare(key, answer)?;
         if let Some(pending) = pending {
             pending.write()?;
         }
@@ -182,10 +171,10 @@ impl Handoff {
     pub fn prepare(
         &self,
         key: &HolderKey,
-        response: &ContainerAllocateResponse,
+        answer: &AnswerView<'_>,
     ) -> Result<(Vec<String>, Option<PendingSpec>), CdiError> {
-        let mut names = passed_through(response);
-        let Some(planned) = plan(key, response)? else {
+        let mut names = passed_through(answer);
+        let Some(planned) = plan(key, answer)? else {
             return Ok((names, None));
         };
         names.push(planned.name);
@@ -224,19 +213,19 @@ impl Handoff {
                 self.dir.path().display()
             ));
         }
-        // Decoded first: the specs planned below borrow from the answers.
+        // Read first: the specs planned below borrow from the answers.
         let answers: Vec<_> = pods
             .iter()
             .filter_map(|(key, entry)| match &entry.state {
                 HoldingState::Allocated { answer } if answer.has_edits() => {
-                    Some((key, answer.response()))
+                    Some((key, answer.view()))
                 }
                 _ => None,
             })
             .collect();
         let mut wanted = std::collections::BTreeMap::new();
-        for (key, response) in &answers {
-            match plan(key, response) {
+        for (key, answer) in &answers {
+            match plan(key, answer) {
                 Ok(Some(planned)) => {
                     wanted.insert(planned.file.clone(), planned);
                 }
@@ -288,12 +277,12 @@ impl Handoff {
     }
 }
 
-/// The plugin's own CDI device names in `response`.
-pub(crate) fn passed_through(response: &ContainerAllocateResponse) -> Vec<String> {
-    response
+/// The plugin's own CDI device names in `answer`.
+pub(crate) fn passed_through(answer: &AnswerView<'_>) -> Vec<String> {
+    answer
         .cdi_devices
         .iter()
-        .map(|d| d.name.clone())
+        .map(|&name| name.to_owned())
         .collect()
 }
 
@@ -310,7 +299,7 @@ fn render(spec: &Spec<'_>) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::pod_devices::Holding;
-    use pluglet_proto::v1beta1::CdiDevice;
+    use pluglet_proto::v1beta1::{CdiDevice, ContainerAllocateResponse};
 
     fn response(env: &str) -> ContainerAllocateResponse {
         ContainerAllocateResponse {
@@ -343,7 +332,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let handoff = Handoff::new(tmp.path().to_owned());
         let key = HolderKey::new("p1", "c", "vendor.com/gpu");
-        let names = handoff.write(&key, &response("x")).unwrap();
+        let names = handoff
+            .write(&key, &AnswerView::of(&response("x")))
+            .unwrap();
         assert_eq!(names, ["vendor.com/gpu=d0", "vendor.com/gpu=pluglet-p1_c"]);
         let answer = PluginAnswer::of(&response("x"));
         assert_eq!(super::names(Some(&handoff), &key, &answer), names);
@@ -354,7 +345,7 @@ mod tests {
         };
         let other = HolderKey::new("p2", "c", "vendor.com/gpu");
         assert_eq!(
-            handoff.write(&other, &only_cdi).unwrap(),
+            handoff.write(&other, &AnswerView::of(&only_cdi)).unwrap(),
             ["vendor.com/gpu=d0"]
         );
         let (files, _) = SpecDir::new(tmp.path().to_owned()).own_files().unwrap();
@@ -377,12 +368,16 @@ mod tests {
         let mut pods = PodDevices::default();
         let kept = allocated(&mut pods, "kept", "1");
         let changed = allocated(&mut pods, "changed", "new");
-        handoff.write(&kept, &response("1")).unwrap();
-        handoff.write(&changed, &response("old")).unwrap();
+        handoff
+            .write(&kept, &AnswerView::of(&response("1")))
+            .unwrap();
+        handoff
+            .write(&changed, &AnswerView::of(&response("old")))
+            .unwrap();
         handoff
             .write(
                 &HolderKey::new("gone", "c", "vendor.com/gpu"),
-                &response("1"),
+                &AnswerView::of(&response("1")),
             )
             .unwrap();
         allocated(&mut pods, "missing", "1");

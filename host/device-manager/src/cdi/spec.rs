@@ -24,8 +24,8 @@ use std::collections::{HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use super::names::{self, Kind};
+use crate::answer::AnswerView;
 use crate::devices::IdHasher;
-use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
 /// A CDI spec file's content. Its device nodes borrow the plugin's answer they were made from
 /// (an allocation of 1,024 devices makes 1,024 of them), and own their strings when read.
@@ -228,22 +228,22 @@ impl<'a> Spec<'a> {
         3 * FIELD + self.cdi_version.len() + self.kind.len() + devices
     }
 
-    /// The spec of one allocation: `kind`, one device `name` with the edits of `response`.
+    /// The spec of one allocation: `kind`, one device `name` with the edits of `answer`.
     /// `None` when the answer has nothing a runtime could apply (no envs, devices or mounts).
     pub fn for_allocation(
         kind: &Kind,
         name: &str,
-        response: &'a ContainerAllocateResponse,
+        answer: &AnswerView<'a>,
     ) -> Result<Option<Spec<'a>>, SpecError> {
-        let mut env: Vec<String> = response
+        let mut env: Vec<String> = answer
             .envs
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         env.sort();
         let device_nodes = merged(
-            &response.devices,
-            |d| d.container_path.as_str(),
+            &answer.devices,
+            |d| d.container_path,
             |d| {
                 format!(
                     "{{container_path: {:?}, host_path: {:?}, permissions: {:?}}}",
@@ -258,19 +258,17 @@ impl<'a> Spec<'a> {
         )?
         .map(|d| {
             let node = DeviceNode {
-                path: Cow::Borrowed(d.container_path.as_str()),
-                host_path: (d.host_path != d.container_path)
-                    .then_some(Cow::Borrowed(d.host_path.as_str())),
-                permissions: (!d.permissions.is_empty())
-                    .then_some(Cow::Borrowed(d.permissions.as_str())),
+                path: Cow::Borrowed(d.container_path),
+                host_path: (d.host_path != d.container_path).then_some(Cow::Borrowed(d.host_path)),
+                permissions: (!d.permissions.is_empty()).then_some(Cow::Borrowed(d.permissions)),
             };
             node.check()?;
             Ok(node)
         })
         .collect::<Result<_, SpecError>>()?;
         let mounts = merged(
-            &response.mounts,
-            |m| m.container_path.as_str(),
+            &answer.mounts,
+            |m| m.container_path,
             |m| {
                 format!(
                     "{{container_path: {:?}, host_path: {:?}, read_only: {}}}",
@@ -285,8 +283,8 @@ impl<'a> Spec<'a> {
         )?
         .map(|m| {
             let mount = Mount {
-                host_path: m.host_path.clone(),
-                container_path: m.container_path.clone(),
+                host_path: m.host_path.to_owned(),
+                container_path: m.container_path.to_owned(),
                 options: if m.read_only {
                     vec!["ro".into(), "bind".into()]
                 } else {
@@ -302,7 +300,7 @@ impl<'a> Spec<'a> {
             device_nodes,
             mounts,
         };
-        for (key, value) in &response.envs {
+        for (key, value) in &answer.envs {
             if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
                 return Err(SpecError::Env(format!("{key}={value}")));
             }
@@ -440,7 +438,9 @@ fn absolute(what: &'static str, path: &str) -> Result<(), SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pluglet_proto::v1beta1::{CdiDevice, DeviceSpec, Mount as PluginMount};
+    use pluglet_proto::v1beta1::{
+        CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount as PluginMount,
+    };
 
     fn answer() -> ContainerAllocateResponse {
         ContainerAllocateResponse {
@@ -487,7 +487,7 @@ mod tests {
     #[test]
     fn an_answer_becomes_edits() {
         let answer = answer();
-        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer)
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&answer))
             .unwrap()
             .unwrap();
         let json = serde_json::to_value(&spec).unwrap();
@@ -526,7 +526,7 @@ mod tests {
             });
         }
         for answer in [answer(), big] {
-            let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer)
+            let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&answer))
                 .unwrap()
                 .unwrap();
             let written = serde_json::to_vec(&spec).unwrap().len();
@@ -539,7 +539,7 @@ mod tests {
     #[test]
     fn annotations_and_cdi_names_are_not_written() {
         let answer = answer();
-        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer)
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&answer))
             .unwrap()
             .unwrap();
         let text = serde_json::to_string(&spec).unwrap();
@@ -552,17 +552,17 @@ mod tests {
         let mut only_env = answer();
         only_env.devices.clear();
         only_env.mounts.clear();
-        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &only_env)
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&only_env))
             .unwrap()
             .unwrap();
         assert_eq!(spec.cdi_version, "0.3.0");
         let mut same_path = answer();
         same_path.devices.remove(0);
-        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &same_path)
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&same_path))
             .unwrap()
             .unwrap();
         assert_eq!(spec.cdi_version, "0.3.0", "no host path, no 0.5.0");
-        let digit = Spec::for_allocation(&kind(), "0abc", &only_env)
+        let digit = Spec::for_allocation(&kind(), "0abc", &AnswerView::of(&only_env))
             .unwrap()
             .unwrap();
         assert_eq!(digit.cdi_version, "0.5.0");
@@ -570,7 +570,7 @@ mod tests {
             vendor: "v.com".into(),
             class: "a.b".into(),
         };
-        let spec = Spec::for_allocation(&dotted, "n", &only_env)
+        let spec = Spec::for_allocation(&dotted, "n", &AnswerView::of(&only_env))
             .unwrap()
             .unwrap();
         assert_eq!(spec.cdi_version, "0.6.0");
@@ -583,7 +583,7 @@ mod tests {
         empty.devices.clear();
         empty.mounts.clear();
         assert_eq!(
-            Spec::for_allocation(&kind(), "pluglet-p_c", &empty),
+            Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&empty)),
             Ok(None)
         );
     }
@@ -656,7 +656,8 @@ mod tests {
         for (edit, expected) in cases {
             let mut a = answer();
             edit(&mut a);
-            let err = Spec::for_allocation(&kind(), "pluglet-p_c", &a).unwrap_err();
+            let err =
+                Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&a)).unwrap_err();
             assert!(err.to_string().contains(expected), "{err} ({expected})");
         }
     }
@@ -674,7 +675,7 @@ mod tests {
         a.devices.insert(1, answer().devices[1].clone());
         a.mounts.push(a.mounts[0].clone());
         a.mounts.push(a.mounts[1].clone());
-        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &a)
+        let spec = Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&a))
             .unwrap()
             .unwrap();
         let edits = &spec.devices[0].container_edits;
@@ -696,7 +697,7 @@ mod tests {
     #[test]
     fn bad_names_and_duplicates_are_refused() {
         let answer = answer();
-        let mut spec = Spec::for_allocation(&kind(), "pluglet-p_c", &answer)
+        let mut spec = Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&answer))
             .unwrap()
             .unwrap();
         spec.devices.push(spec.devices[0].clone());

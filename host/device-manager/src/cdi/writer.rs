@@ -106,6 +106,7 @@ fn run(queued: &mpsc::Receiver<Job>) {
 mod tests {
     use super::super::Handoff;
     use super::*;
+    use crate::answer::AnswerView;
     use crate::pod_devices::HolderKey;
     use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
@@ -124,7 +125,9 @@ mod tests {
             .into_iter()
             .map(|pod| {
                 let key = HolderKey::new(pod, "c", "vendor.com/gpu");
-                let (_, spec) = handoff.prepare(&key, &response(pod)).unwrap();
+                let (_, spec) = handoff
+                    .prepare(&key, &AnswerView::of(&response(pod)))
+                    .unwrap();
                 handoff.write_later(spec.expect("an answer with an env has a spec"))
             })
             .collect();
@@ -145,7 +148,9 @@ mod tests {
         std::fs::write(&blocked, "").unwrap();
         let handoff = Handoff::new(blocked.join("cdi"));
         let key = HolderKey::new("p", "c", "vendor.com/gpu");
-        let (_, spec) = handoff.prepare(&key, &response("1")).unwrap();
+        let (_, spec) = handoff
+            .prepare(&key, &AnswerView::of(&response("1")))
+            .unwrap();
         let err = handoff.write_later(spec.unwrap()).await.unwrap_err();
         let CdiError::Write { path, .. } = &err else {
             panic!("{err:?}");
@@ -153,7 +158,9 @@ mod tests {
         assert_eq!(path, &blocked.join("cdi/pluglet-vendor.com=gpu=p_c.json"));
 
         std::fs::remove_file(&blocked).unwrap();
-        let (_, spec) = handoff.prepare(&key, &response("2")).unwrap();
+        let (_, spec) = handoff
+            .prepare(&key, &AnswerView::of(&response("2")))
+            .unwrap();
         handoff.write_later(spec.unwrap()).await.unwrap();
         let text =
             std::fs::read_to_string(blocked.join("cdi/pluglet-vendor.com=gpu=p_c.json")).unwrap();

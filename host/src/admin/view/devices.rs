@@ -149,10 +149,16 @@ pub struct AllocateResultView {
     pub cdi_names: Vec<String>,
 }
 
-impl From<&pb::AllocateResponse> for AllocateResultView {
-    fn from(a: &pb::AllocateResponse) -> AllocateResultView {
-        let r = a.response.clone().unwrap_or_default();
-        AllocateResultView {
+impl TryFrom<&pb::AllocateResponse> for AllocateResultView {
+    type Error = prost::DecodeError;
+
+    /// Fails when the plugin's answer in it does not decode.
+    fn try_from(a: &pb::AllocateResponse) -> Result<AllocateResultView, prost::DecodeError> {
+        let r = match &a.response {
+            Some(r) => r.decode()?,
+            None => Default::default(),
+        };
+        Ok(AllocateResultView {
             device_ids: a.device_ids.clone(),
             envs: sorted(&r.envs),
             mounts: r
@@ -176,7 +182,7 @@ impl From<&pb::AllocateResponse> for AllocateResultView {
             annotations: sorted(&r.annotations),
             cdi_devices: r.cdi_devices.iter().map(|c| c.name.clone()).collect(),
             cdi_names: a.cdi_names.clone(),
-        }
+        })
     }
 }
 

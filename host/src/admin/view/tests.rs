@@ -2,6 +2,7 @@
 //! the tables showing the JSON rows.
 
 use super::*;
+use pluglet_proto::EncodedAnswer;
 use pluglet_proto::admin::v1 as pb;
 use pluglet_proto::v1beta1;
 use serde::de::DeserializeOwned;
@@ -170,7 +171,7 @@ fn allocations() -> Vec<AllocationView> {
 fn allocate_answer() -> pb::AllocateResponse {
     pb::AllocateResponse {
         device_ids: vec!["d0".into()],
-        response: Some(v1beta1::ContainerAllocateResponse {
+        response: Some(EncodedAnswer::encode(&v1beta1::ContainerAllocateResponse {
             envs: [("A".to_string(), "1".to_string())].into(),
             mounts: vec![v1beta1::Mount {
                 container_path: "/c".into(),
@@ -186,7 +187,7 @@ fn allocate_answer() -> pb::AllocateResponse {
             cdi_devices: vec![v1beta1::CdiDevice {
                 name: "vendor.com/gpu=d0".into(),
             }],
-        }),
+        })),
         cdi_names: vec![
             "vendor.com/gpu=d0".into(),
             "vendor.com/gpu=pluglet-p_c".into(),
@@ -250,7 +251,7 @@ fn list_views_round_trip_and_tables_show_the_json_rows() {
 
 #[test]
 fn result_views_round_trip_and_tables_show_the_json_rows() {
-    let allocated = AllocateResultView::from(&allocate_answer());
+    let allocated = AllocateResultView::try_from(&allocate_answer()).unwrap();
     let back = round_trip(&allocated);
     assert_eq!(back, allocated);
     assert_eq!(back.table(), allocated.table());
@@ -345,7 +346,7 @@ fn plugin_json_has_flat_csi_keys_and_wire_strings() {
 #[test]
 fn allocate_json_has_the_documented_keys() {
     assert_eq!(
-        serde_json::to_value(AllocateResultView::from(&allocate_answer())).unwrap(),
+        serde_json::to_value(AllocateResultView::try_from(&allocate_answer()).unwrap()).unwrap(),
         json!({
             "device_ids": ["d0"],
             "envs": {"A": "1"},
