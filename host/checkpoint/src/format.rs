@@ -155,14 +155,10 @@ impl<S: AsRef<str>> EntryParts<'_, S> {
         match self.alloc_resp {
             None => out.extend_from_slice(b"null"),
             Some(bytes) => {
-                // Straight into `out`: no text of its own to copy.
+                // SIMD, appended to `out` with no zero-fill first: the same text as `BASE64`
+                // writes, in a fraction of its instructions.
                 out.push(b'"');
-                let start = out.len();
-                out.resize(start + bytes.len().div_ceil(3) * 4, 0);
-                let written = BASE64
-                    .encode_slice(bytes, &mut out[start..])
-                    .expect("sized for the padded encoding");
-                out.truncate(start + written);
+                base64_simd::STANDARD.encode_append(bytes, out);
                 out.push(b'"');
             }
         }
@@ -996,6 +992,32 @@ mod tests {
             // The output is valid JSON that serde_json reads the same way.
             let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
             assert_eq!(value["Checksum"].as_u64(), Some(data.checksum()));
+        }
+    }
+
+    /// `AllocResp` is written as `BASE64` (what decoding reads) writes it, at every length
+    /// around the SIMD block sizes and at the size of a 1,024-device answer.
+    #[test]
+    fn alloc_resp_is_written_as_the_base64_engine_writes_it() {
+        let mut generator = Gen(0x2545_f491_4f6c_dd1d);
+        let lengths = (0..=200).chain([1023, 1024, 1025, 60_000, 60_001, 60_002]);
+        for len in lengths {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| u8::try_from(generator.below(256)).unwrap())
+                .collect();
+            let entry = PodDevicesEntry {
+                alloc_resp: Some(bytes.clone()),
+                ..PodDevicesEntry::default()
+            };
+            let expected = format!(
+                r#"{{"PodUID":"","ContainerName":"","ResourceName":"","DeviceIDs":null,"AllocResp":"{}"}}"#,
+                BASE64.encode(&bytes)
+            );
+            assert_eq!(
+                String::from_utf8(entry.encode()).unwrap(),
+                expected,
+                "{len}"
+            );
         }
     }
 
