@@ -24,7 +24,7 @@
 //! - a release takes effect only once it is durable: one that cannot be recorded is refused
 //!   and the devices stay held.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -42,11 +42,13 @@ use tracing::Instrument as _;
 use crate::answer::{AnswerView, PluginAnswer, ReadAnswer};
 use crate::cdi::{Handoff, PendingSpec};
 use crate::device_id::DeviceId;
-use crate::devices::{DeviceSet, Health, IdHasher};
+use crate::devices::{DeviceSet, Health, IdHasher, Positions};
 use crate::error::{AllocateError, AnswerError, ReleaseError};
 use crate::metrics::{Metrics, Operation, Stage, StageClock};
 use crate::persistence::Persistence;
-use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa};
+use crate::pod_devices::{
+    HeldIds, HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa,
+};
 use crate::registry::Registry;
 
 /// The kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
@@ -83,27 +85,81 @@ pub fn check_answer(
     is_available: impl Fn(&str) -> bool,
     must_include: &[String],
 ) -> Result<(), AnswerError> {
+    // An available id's place: the order it was first seen in.
+    let mut first_seen: HashMap<&str, usize, IdHasher> =
+        HashMap::with_capacity_and_hasher(answer.len(), IdHasher::default());
+    let place = |id| {
+        is_available(id).then(|| {
+            let next = first_seen.len();
+            *first_seen.entry(id).or_insert(next)
+        })
+    };
+    check_places(answer, count, place, must_include).map(drop)
+}
+
+/// [`check_answer`] against `devices` (the snapshot the candidates came from) and what is
+/// `held` now: available means healthy there and held by no one. Returns where the answer's
+/// devices are in `devices`, in answer order, so that they are looked up there once.
+pub fn check_answer_in(
+    answer: &[String],
+    count: u32,
+    devices: &DeviceSet,
+    held: HeldIds<'_>,
+    must_include: &[String],
+) -> Result<Positions, AnswerError> {
+    let place = |id| {
+        devices
+            .position(id)
+            .filter(|&at| devices.is_healthy_at(at) && !held.is_held(id))
+    };
+    let at = check_places(answer, count, place, must_include)?;
+    Ok(Positions::new(devices, at))
+}
+
+/// The check of [`check_answer`], with `place` saying where an available id's device is
+/// (distinct devices at distinct places, below 4 billion) and `None` for an id that is not
+/// available. Returns the answer's places, in answer order.
+fn check_places<'a>(
+    answer: &'a [String],
+    count: u32,
+    mut place: impl FnMut(&'a str) -> Option<usize>,
+    must_include: &'a [String],
+) -> Result<Vec<u32>, AnswerError> {
     if answer.len() != count as usize {
         return Err(AnswerError::Count {
             answered: answer.len(),
             count,
         });
     }
-    let mut seen = HashSet::with_capacity_and_hasher(answer.len(), IdHasher::default());
+    // A bit per place: a word per 64 devices rather than a hash of every id.
+    let mut seen: Vec<u64> = Vec::new();
+    let is_seen =
+        |seen: &[u64], at: usize| seen.get(at / 64).is_some_and(|w| w >> (at % 64) & 1 == 1);
+    let mut places = Vec::with_capacity(answer.len());
     for id in answer {
-        if !seen.insert(id.as_str()) {
+        // Availability before repeats: whether an id is available does not depend on where
+        // it stands, so either order names the same problem.
+        let Some(at) = place(id) else {
+            return Err(AnswerError::NotAvailable { id: id.clone() });
+        };
+        if is_seen(&seen, at) {
             return Err(AnswerError::Twice { id: id.clone() });
         }
-        if !is_available(id) {
-            return Err(AnswerError::NotAvailable { id: id.clone() });
+        if seen.len() <= at / 64 {
+            seen.resize(at / 64 + 1, 0);
         }
+        seen[at / 64] |= 1 << (at % 64);
+        places.push(u32::try_from(at).expect("a place is below 4 billion"));
     }
-    if let Some(missing) = must_include.iter().find(|id| !seen.contains(id.as_str())) {
+    if let Some(missing) = must_include
+        .iter()
+        .find(|id| !place(id).is_some_and(|at| is_seen(&seen, at)))
+    {
         return Err(AnswerError::MustIncludeMissing {
             id: missing.clone(),
         });
     }
-    Ok(())
+    Ok(places)
 }
 
 /// The name to record with a new entry of `key`'s pod: the one `given`, else the one the pod's
@@ -375,10 +431,9 @@ impl Allocator {
         let checked = {
             let pods = self.lock();
             let held = pods.held_of(resource.as_str());
-            let is_available = |id: &str| offered.is_healthy(id) && !held.is_held(id);
-            check_answer(&chosen, count, is_available, &request.must_include)
+            check_answer_in(&chosen, count, &offered, held, &request.must_include)
         };
-        checked.map_err(|problem| AllocateError::BadPolicyAnswer {
+        let found = checked.map_err(|problem| AllocateError::BadPolicyAnswer {
             resource: resource.clone(),
             module: module.clone(),
             answer: chosen.clone(),
@@ -391,7 +446,7 @@ impl Allocator {
         tracing::debug!(%resource, %module, ?chosen, elapsed = ?call.elapsed, "allocation policy chose");
 
         let token = self.inner.next_token.fetch_add(1, Ordering::SeqCst);
-        let plugin = self.reserve(&key, &chosen, token, pod)?;
+        let plugin = self.reserve(&key, &chosen, &found, token, pod)?;
         drop(decision);
         clock.done(Stage::Reserve);
 
@@ -678,12 +733,13 @@ impl Allocator {
     }
 
     /// Checks the chosen devices are still healthy (in the registry now) and free (under the
-    /// allocator's lock), and holds them for this request. Returns the plugin's connection and
-    /// whether PreStartContainer is due.
+    /// allocator's lock), and holds them for this request. `found` says where the answer's
+    /// check found them. Returns the plugin's connection and whether PreStartContainer is due.
     fn reserve(
         &self,
         key: &HolderKey,
         chosen: &[DeviceId],
+        found: &Positions,
         token: u64,
         pod: Option<PodName>,
     ) -> Result<PluginCall, AllocateError> {
@@ -697,25 +753,15 @@ impl Allocator {
                 resource: key.resource.clone(),
             });
         }
-        let mut numa_of = Vec::with_capacity(chosen.len());
-        for id in chosen {
-            match offer.devices.get(id.as_str()) {
-                Some(device)
-                    if device.health == Health::Healthy
-                        && !pods.is_held(key.resource.as_str(), id.as_str()) =>
-                {
-                    numa_of.push((id.as_str(), device.numa));
-                }
-                _ => {
-                    return Err(AllocateError::Raced {
-                        resource: key.resource.clone(),
-                        device: id.clone(),
-                    });
-                }
+        let held = pods.held_of(key.resource.as_str());
+        let numa_of = reservable(&offer.devices, chosen, found, held).map_err(|device| {
+            AllocateError::Raced {
+                resource: key.resource.clone(),
+                device: device.clone(),
             }
-        }
-        let numa = group_by_numa(numa_of);
-        pods.insert(
+        })?;
+        let numa = group_by_numa(chosen.iter().map(DeviceId::as_str).zip(numa_of));
+        pods.insert_found(
             key.clone(),
             Holding {
                 devices: chosen.into(),
@@ -723,6 +769,7 @@ impl Allocator {
                 state: HoldingState::Reserved { token },
                 pod,
             },
+            found,
         );
         Ok(PluginCall {
             channel: offer.channel,
@@ -828,6 +875,33 @@ impl Allocator {
     }
 }
 
+/// The NUMA nodes of each of `chosen` if every one is healthy in `devices` (the resource's
+/// devices now) and not `held`; else the first that is not. While `devices` is the set the
+/// answer was checked against (the same generation), `found` says where each is; when it
+/// changed meanwhile, each is looked up again by id.
+fn reservable<'a, 'c>(
+    devices: &'a DeviceSet,
+    chosen: &'c [DeviceId],
+    found: &Positions,
+    held: HeldIds<'_>,
+) -> Result<Vec<&'a [i64]>, &'c DeviceId> {
+    let at = found.in_set(devices);
+    let mut numa_of = Vec::with_capacity(chosen.len());
+    for (i, id) in chosen.iter().enumerate() {
+        let device = match at {
+            Some(at) => devices.at(at[i] as usize),
+            None => devices.get(id.as_str()),
+        };
+        match device {
+            Some(device) if device.health == Health::Healthy && !held.is_held(id.as_str()) => {
+                numa_of.push(device.numa);
+            }
+            _ => return Err(id),
+        }
+    }
+    Ok(numa_of)
+}
+
 /// `1 device (d0)` / `2 devices (d0,d1)`.
 fn devices_text(ids: &[DeviceId]) -> String {
     let noun = if ids.len() == 1 { "device" } else { "devices" };
@@ -914,6 +988,8 @@ async fn call_plugin(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     fn ids(list: &[&str]) -> Vec<String> {
@@ -948,6 +1024,151 @@ mod tests {
                 check_answer(&ids(answer), 2, |id| available.contains(id), &ids(must)).unwrap_err();
             assert!(err.to_string().contains(expected), "{answer:?}: {err}");
         }
+    }
+
+    fn set(devices: &[(&str, Health, &[i64])]) -> DeviceSet {
+        DeviceSet::new(
+            devices
+                .iter()
+                .map(|&(id, health, numa)| crate::devices::ListedDevice {
+                    id: id.into(),
+                    health,
+                    numa: numa.to_vec(),
+                })
+                .collect(),
+        )
+    }
+
+    fn chosen(list: &[&str]) -> Vec<DeviceId> {
+        list.iter().map(|&s| DeviceId::from(s)).collect()
+    }
+
+    #[test]
+    fn the_check_against_a_set_finds_where_the_answer_s_devices_are() {
+        use Health::{Healthy, Unhealthy};
+        let devices = set(&[
+            ("a", Healthy, &[0]),
+            ("b", Healthy, &[1]),
+            ("c", Healthy, &[0]),
+            ("sick", Unhealthy, &[0]),
+            ("taken", Healthy, &[1]),
+        ]);
+        let mut pods = PodDevices::default();
+        pods.insert(
+            HolderKey::new("p", "c", "r"),
+            Holding {
+                devices: chosen(&["taken"]).into(),
+                numa: Default::default(),
+                state: HoldingState::Reserved { token: 1 },
+                pod: None,
+            },
+        );
+        let held = pods.held_of("r");
+        let found = check_answer_in(&ids(&["c", "a"]), 2, &devices, held, &ids(&["a"])).unwrap();
+        assert_eq!(found, Positions::new(&devices, vec![2, 0]));
+
+        let cases: [(&[&str], &[&str], &str); 6] = [
+            (&["a"], &[], "1 ids instead of exactly 2"),
+            (&["a", "a"], &[], "a is chosen twice"),
+            (&["a", "x"], &[], "x is not an available device"),
+            (&["a", "sick"], &[], "sick is not an available device"),
+            (&["taken", "a"], &[], "taken is not an available device"),
+            (&["a", "b"], &["c"], "must-include device c is missing"),
+        ];
+        let available = HashSet::from(["a", "b", "c"]);
+        for (answer, must, expected) in cases {
+            let err = check_answer_in(&ids(answer), 2, &devices, held, &ids(must)).unwrap_err();
+            assert!(err.to_string().contains(expected), "{answer:?}: {err}");
+            let by_id = check_answer(&ids(answer), 2, |id| available.contains(id), &ids(must));
+            assert_eq!(by_id, Err(err), "both checks name the same problem");
+        }
+    }
+
+    #[test]
+    fn a_reservation_in_the_checked_set_takes_the_devices_where_the_check_found_them() {
+        use Health::Healthy;
+        let devices = set(&[("a", Healthy, &[0]), ("b", Healthy, &[1])]);
+        let held = PodDevices::default();
+        let picked = chosen(&["a", "b"]);
+        let found =
+            check_answer_in(&ids(&["a", "b"]), 2, &devices, held.held_of("r"), &[]).unwrap();
+        // The registry's copy of the set the candidates came from.
+        let now = devices.clone();
+        let numa = reservable(&now, &picked, &found, held.held_of("r")).unwrap();
+        assert_eq!(numa, [&[0][..], &[1][..]]);
+
+        // Positions of the same generation are read as they are, the ids not looked up.
+        let swapped = Positions::new(&devices, vec![1, 0]);
+        let numa = reservable(&devices, &picked, &swapped, held.held_of("r")).unwrap();
+        assert_eq!(numa, [&[1][..], &[0][..]]);
+    }
+
+    #[test]
+    fn a_set_changed_since_the_check_is_read_by_id_and_still_refuses_what_is_gone() {
+        use Health::{Healthy, Unhealthy};
+        let checked = set(&[("a", Healthy, &[0]), ("b", Healthy, &[1])]);
+        let held = PodDevices::default();
+        let picked = chosen(&["a", "b"]);
+        let found =
+            check_answer_in(&ids(&["a", "b"]), 2, &checked, held.held_of("r"), &[]).unwrap();
+
+        // The same devices listed anew, in another order: found by id where they are now.
+        let reordered = set(&[
+            ("b", Healthy, &[1]),
+            ("x", Healthy, &[]),
+            ("a", Healthy, &[0]),
+        ]);
+        let numa = reservable(&reordered, &picked, &found, held.held_of("r")).unwrap();
+        assert_eq!(numa, [&[0][..], &[1][..]]);
+
+        let mut unhealthy = checked.clone();
+        let b = crate::devices::ListedDevice {
+            id: "b".into(),
+            health: Unhealthy,
+            numa: vec![1],
+        };
+        assert_eq!(unhealthy.apply_changes(2, &[(1, b)]), Some(true));
+        assert_eq!(
+            reservable(&unhealthy, &picked, &found, held.held_of("r")),
+            Err(&picked[1]),
+            "turned unhealthy"
+        );
+
+        let gone = set(&[("a", Healthy, &[0]), ("c", Healthy, &[1])]);
+        assert_eq!(
+            reservable(&gone, &picked, &found, held.held_of("r")),
+            Err(&picked[1]),
+            "no longer listed, another device in its place"
+        );
+
+        let mut all_gone = checked.clone();
+        all_gone.mark_all_unhealthy();
+        assert_eq!(
+            reservable(&all_gone, &picked, &found, held.held_of("r")),
+            Err(&picked[0])
+        );
+    }
+
+    #[test]
+    fn a_reservation_refuses_a_device_held_since_the_check() {
+        let checked = set(&[("a", Health::Healthy, &[0]), ("b", Health::Healthy, &[1])]);
+        let mut pods = PodDevices::default();
+        let picked = chosen(&["a", "b"]);
+        let found =
+            check_answer_in(&ids(&["a", "b"]), 2, &checked, pods.held_of("r"), &[]).unwrap();
+        pods.insert(
+            HolderKey::new("p", "c", "r"),
+            Holding {
+                devices: chosen(&["b"]).into(),
+                numa: Default::default(),
+                state: HoldingState::Reserved { token: 1 },
+                pod: None,
+            },
+        );
+        assert_eq!(
+            reservable(&checked, &picked, &found, pods.held_of("r")),
+            Err(&picked[1])
+        );
     }
 }
 

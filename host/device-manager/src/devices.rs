@@ -226,6 +226,31 @@ pub struct DeviceSet {
     generation: u64,
 }
 
+/// Where some devices are in a [`DeviceSet`], one position per device in the order they were
+/// looked up. A set of the same [`DeviceSet::generation`] holds the same devices in the same
+/// places, so the positions stand for the ids there and spare looking each id up again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Positions {
+    generation: u64,
+    at: Vec<u32>,
+}
+
+impl Positions {
+    /// `at`, positions in `set`.
+    pub fn new(set: &DeviceSet, at: Vec<u32>) -> Positions {
+        Positions {
+            generation: set.generation,
+            at,
+        }
+    }
+
+    /// The positions, if `set` is of the generation they were found in (else `None`: the
+    /// devices may have changed since, and only their ids name them).
+    pub fn in_set(&self, set: &DeviceSet) -> Option<&[u32]> {
+        (set.generation == self.generation).then_some(&self.at)
+    }
+}
+
 /// The source of [`DeviceSet`] generations.
 static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -412,6 +437,11 @@ impl DeviceSet {
     /// The position in plugin order of the device with this id.
     pub fn position(&self, id: &str) -> Option<usize> {
         self.ids.position(id)
+    }
+
+    /// Whether the device at `position` (below [`DeviceSet::capacity`]) is healthy.
+    pub fn is_healthy_at(&self, position: usize) -> bool {
+        self.health[position] == Health::Healthy
     }
 
     /// The device with this id.

@@ -16,7 +16,7 @@ use pluglet_handler_runtime::ColumnRun;
 
 use crate::answer::PluginAnswer;
 use crate::device_id::DeviceId;
-use crate::devices::{DeviceSet, Health, IdHasher};
+use crate::devices::{DeviceSet, Health, IdHasher, Positions};
 
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -272,9 +272,16 @@ impl PodDevices {
 
     /// Adds an entry; the caller has checked that `key` has none and its devices are free.
     pub fn insert(&mut self, key: HolderKey, entry: Holding) {
+        self.insert_found(key, entry, &Positions::default());
+    }
+
+    /// [`PodDevices::insert`], with where the entry's devices are in the resource's devices
+    /// (see [`Positions`]): the view of what is free takes them by position while it is of that
+    /// generation, and by id otherwise.
+    pub fn insert_found(&mut self, key: HolderKey, entry: Holding, found: &Positions) {
         self.version += 1;
         self.touch(&key);
-        self.hold(&key.resource, &entry.devices);
+        self.hold(&key.resource, &entry.devices, found);
         if let Some(old) = self
             .entries
             .insert(SharedKey(Arc::new(key.clone())), Kept::new(entry))
@@ -301,7 +308,7 @@ impl PodDevices {
                         // commonest change): what is held stays as it is.
                         Some(old) if old.entry.devices == kept.entry.devices => continue,
                         old => {
-                            self.hold(&key.resource, &kept.entry.devices);
+                            self.hold(&key.resource, &kept.entry.devices, &Positions::default());
                             old
                         }
                     }
@@ -314,7 +321,7 @@ impl PodDevices {
         }
     }
 
-    fn hold(&mut self, resource: &ResourceName, devices: &[DeviceId]) {
+    fn hold(&mut self, resource: &ResourceName, devices: &[DeviceId], found: &Positions) {
         if self.unindexed {
             return;
         }
@@ -322,10 +329,14 @@ impl PodDevices {
         // Room for all of them at once, not grown (and rehashed) step by step.
         held.reserve(devices.len());
         let mut free = self.free.get_mut(resource);
-        for id in devices {
+        let at = free.as_ref().and_then(|free| found.in_set(&free.devices));
+        for (i, id) in devices.iter().enumerate() {
             *held.entry(id.clone()).or_default() += 1;
             if let Some(free) = &mut free {
-                free.take(id.as_str());
+                match at {
+                    Some(at) => free.take_at(at[i] as usize),
+                    None => free.take(id.as_str()),
+                }
             }
         }
     }
@@ -589,9 +600,14 @@ impl FreeDevices {
 
     /// `id` is held now.
     fn take(&mut self, id: &str) {
-        if let Some(at) = self.devices.position(id)
-            && self.bits[at / 64] & (1 << (at % 64)) != 0
-        {
+        if let Some(at) = self.devices.position(id) {
+            self.take_at(at);
+        }
+    }
+
+    /// The device at `at` (a position in `devices`) is held now.
+    fn take_at(&mut self, at: usize) {
+        if self.bits[at / 64] & (1 << (at % 64)) != 0 {
             self.bits[at / 64] &= !(1 << (at % 64));
             self.count -= 1;
         }
@@ -712,6 +728,45 @@ mod tests {
         pods.adopt(&copy, &touched);
         assert_eq!(pods.held_count("vendor.com/gpu"), 0);
         assert_eq!(free(&mut pods), ["d0", "d1", "d2", "d3"]);
+    }
+
+    #[test]
+    fn the_free_view_takes_devices_by_position_in_its_generation_and_by_id_otherwise() {
+        let device = |id: &str| ListedDevice {
+            id: id.into(),
+            health: Health::Healthy,
+            numa: Vec::new(),
+        };
+        let set = DeviceSet::new(["d0", "d1", "d2", "d3"].map(device).into());
+        let gpu = ResourceName::from("vendor.com/gpu");
+        let free = |pods: &mut PodDevices, set: &DeviceSet| {
+            let (count, runs) = pods.free_devices(&gpu, set);
+            let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
+            for run in runs {
+                candidates.extend_from_columns(run);
+            }
+            let ids: Vec<String> = candidates.iter().map(|(id, _)| id.to_owned()).collect();
+            assert_eq!(count, ids.len());
+            ids
+        };
+        let mut pods = PodDevices::default();
+        assert_eq!(free(&mut pods, &set).len(), 4);
+        pods.insert_found(
+            key("p", "c"),
+            reserved(&["d2", "d0"], 1),
+            &Positions::new(&set, vec![2, 0]),
+        );
+        assert_eq!(free(&mut pods, &set), ["d1", "d3"]);
+
+        // Positions of another set (the devices listed again, in another order): by id.
+        let other = DeviceSet::new(["d3", "d1"].map(device).into());
+        pods.insert_found(
+            key("q", "c"),
+            reserved(&["d1"], 2),
+            &Positions::new(&other, vec![1]),
+        );
+        assert!(pods.is_held("vendor.com/gpu", "d1"));
+        assert_eq!(free(&mut pods, &set), ["d3"]);
     }
 
     #[test]
