@@ -39,7 +39,7 @@ use pluglet_uds::{Channel, RpcError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::answer::{AnswerView, PluginAnswer, ReadAnswer};
+use crate::answer::{AllocateIds, AnswerView, PluginAnswer, ReadAnswer};
 use crate::cdi::{Handoff, PendingSpec};
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher, Positions};
@@ -441,8 +441,9 @@ impl Allocator {
             problem,
         })?;
         clock.done(Stage::Policy);
-        // Checked: the answer's strings name devices now (moved, not copied).
-        let chosen = DeviceId::from_wire(chosen);
+        // Checked: the answer's strings name devices now (moved, not copied), shared by the
+        // holding and the plugin's request.
+        let chosen: Arc<[DeviceId]> = DeviceId::from_wire(chosen).into();
         tracing::debug!(%resource, %module, ?chosen, elapsed = ?call.elapsed, "allocation policy chose");
 
         let token = self.inner.next_token.fetch_add(1, Ordering::SeqCst);
@@ -738,7 +739,7 @@ impl Allocator {
     fn reserve(
         &self,
         key: &HolderKey,
-        chosen: &[DeviceId],
+        chosen: &Arc<[DeviceId]>,
         found: &Positions,
         token: u64,
         pod: Option<PodName>,
@@ -764,7 +765,7 @@ impl Allocator {
         pods.insert_found(
             key.clone(),
             Holding {
-                devices: chosen.into(),
+                devices: Arc::clone(chosen),
                 numa: numa.into(),
                 state: HoldingState::Reserved { token },
                 pod,
@@ -788,7 +789,7 @@ impl Allocator {
         &self,
         key: HolderKey,
         token: u64,
-        chosen: Vec<DeviceId>,
+        chosen: Arc<[DeviceId]>,
         answer: PluginAnswer,
         cdi_names: Vec<String>,
         spec: Option<PendingSpec>,
@@ -839,7 +840,7 @@ impl Allocator {
         // The pod, container and resource are the fields of the allocation span around this.
         tracing::info!(devices = ?chosen, "devices allocated");
         Ok(Allocation {
-            device_ids: chosen,
+            device_ids: chosen.to_vec(),
             answer,
             reused: false,
             cdi_names,
@@ -946,14 +947,10 @@ struct PluginCall {
 async fn call_plugin(
     plugin: PluginCall,
     key: &HolderKey,
-    chosen: &[DeviceId],
+    chosen: &Arc<[DeviceId]>,
     metrics: &Metrics,
 ) -> Result<ReadAnswer, AllocateError> {
-    let request = v1beta1::AllocateRequest {
-        container_requests: vec![v1beta1::ContainerAllocateRequest {
-            devices_ids: DeviceId::to_wire(chosen),
-        }],
-    };
+    let request = AllocateIds(Arc::clone(chosen));
     let started = std::time::Instant::now();
     let answer = pluglet_uds::with_deadline(
         ALLOCATE_TIMEOUT,

@@ -13,12 +13,16 @@
 
 mod view;
 
-use bytes::Bytes;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes};
 use prost::Message;
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
-use pluglet_proto::v1beta1::{AllocateRequest, ContainerAllocateResponse};
+use crate::device_id::DeviceId;
+use pluglet_proto::v1beta1::ContainerAllocateResponse;
 pub use view::{AnswerDevice, AnswerMount, AnswerView, ViewError};
 
 /// What Allocate answered for the first container asked about (the only one Pluglet asks
@@ -51,13 +55,38 @@ struct AllocateResponseBytes {
     container_responses: Vec<Vec<u8>>,
 }
 
-/// The Allocate call's codec: the request as prost encodes it; the answer's first container
-/// answer read with its bytes (`None` when the plugin answered no container).
+/// The devices of an Allocate request for one container, encoded from the ids the allocation
+/// shares with its holding (the generated request would need a copy of each as a `String`).
+#[derive(Clone, Debug)]
+pub(crate) struct AllocateIds(pub Arc<[DeviceId]>);
+
+impl AllocateIds {
+    /// Encodes `AllocateRequest { container_requests: [{ devices_ids }] }`.
+    fn encode(&self, buf: &mut impl BufMut) {
+        // Both messages' field 1; each id a length-delimited string.
+        let id_len = |id: &DeviceId| {
+            let len = id.as_str().len();
+            key_len(1) + encoded_len_varint(len as u64) + len
+        };
+        let inner: usize = self.0.iter().map(id_len).sum();
+        encode_key(1, WireType::LengthDelimited, buf);
+        encode_varint(inner as u64, buf);
+        for id in self.0.iter() {
+            encode_key(1, WireType::LengthDelimited, buf);
+            encode_varint(id.as_str().len() as u64, buf);
+            buf.put_slice(id.as_str().as_bytes());
+        }
+    }
+}
+
+/// The Allocate call's codec: the request encoded from the allocation's ids
+/// ([`AllocateIds`]); the answer's first container answer read as its bytes (`None` when the
+/// plugin answered no container).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct AllocateCodec;
 
 impl Codec for AllocateCodec {
-    type Encode = AllocateRequest;
+    type Encode = AllocateIds;
     type Decode = Option<ReadAnswer>;
     type Encoder = AllocateCodec;
     type Decoder = AllocateCodec;
@@ -72,12 +101,12 @@ impl Codec for AllocateCodec {
 }
 
 impl Encoder for AllocateCodec {
-    type Item = AllocateRequest;
+    type Item = AllocateIds;
     type Error = Status;
 
-    fn encode(&mut self, item: AllocateRequest, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        item.encode(dst)
-            .map_err(|e| Status::internal(format!("cannot encode the Allocate request: {e}")))
+    fn encode(&mut self, item: AllocateIds, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst);
+        Ok(())
     }
 }
 
@@ -202,6 +231,26 @@ mod tests {
         });
         assert!(!names_only.has_edits());
         assert!(PluginAnswer::decode(Bytes::from_static(&[0x0a, 0x05, 0x01])).is_err());
+    }
+
+    #[test]
+    fn the_request_is_encoded_as_the_generated_message_is() {
+        use pluglet_proto::v1beta1::{AllocateRequest, ContainerAllocateRequest};
+        for ids in [
+            vec![],
+            vec!["d0".to_owned()],
+            (0..300).map(|i| format!("dev-{i}")).collect(),
+        ] {
+            let generated = AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids.clone(),
+                }],
+            }
+            .encode_to_vec();
+            let mut ours = Vec::new();
+            AllocateIds(DeviceId::from_wire(ids).into()).encode(&mut ours);
+            assert_eq!(ours, generated);
+        }
     }
 
     #[test]

@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use pluglet_core::{Generation, ResourceName};
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
-use pluglet_proto::v1beta1::{AllocateRequest, DevicePluginOptions, Empty};
+use pluglet_proto::v1beta1::{DevicePluginOptions, Empty};
 use pluglet_uds::{Channel, RpcError};
 use tokio_util::sync::CancellationToken;
 
-use crate::answer::{AllocateCodec, ReadAnswer};
+use crate::answer::{AllocateCodec, AllocateIds, ReadAnswer};
 use crate::device_list::{DeviceListCodec, DeviceUpdate};
 use crate::error::ConnectError;
 use crate::registry::Registry;
@@ -129,11 +129,12 @@ async fn list_and_watch(
         .await
 }
 
-/// Calls the plugin's Allocate with the codec that keeps the answer's bytes
-/// ([`AllocateCodec`]); the generated client would drop them.
+/// Calls the plugin's Allocate for the devices `request` names, with the codec that encodes
+/// them from the allocation's ids and keeps the answer's bytes ([`AllocateCodec`]); the
+/// generated client would copy the one and drop the other.
 pub(crate) async fn allocate(
     channel: Channel,
-    request: AllocateRequest,
+    request: AllocateIds,
 ) -> Result<tonic::Response<Option<ReadAnswer>>, tonic::Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready()
