@@ -61,7 +61,7 @@ pub struct ContainerEdits<'a> {
     pub device_nodes: Vec<DeviceNode<'a>>,
     /// Mounts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mounts: Vec<Mount>,
+    pub mounts: Vec<Mount<'a>>,
 }
 
 impl ContainerEdits<'_> {
@@ -116,19 +116,19 @@ impl DeviceNode<'_> {
 
 /// A bind mount.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mount {
+pub struct Mount<'a> {
     /// Path on the host.
     #[serde(rename = "hostPath")]
-    pub host_path: String,
+    pub host_path: Cow<'a, str>,
     /// Path in the container.
     #[serde(rename = "containerPath")]
-    pub container_path: String,
+    pub container_path: Cow<'a, str>,
     /// Mount options.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub options: Vec<String>,
+    pub options: Vec<Cow<'a, str>>,
 }
 
-impl Mount {
+impl Mount<'_> {
     /// A runtime's checks of one mount: absolute paths.
     fn check(&self) -> Result<(), SpecError> {
         absolute("mount host path", &self.host_path)?;
@@ -201,7 +201,9 @@ impl<'a> Spec<'a> {
     pub fn json_len_hint(&self) -> usize {
         /// A field's name with its quotes, colon and comma, and a value's quotes, at most.
         const FIELD: usize = 20;
-        let strings = |list: &[String]| list.iter().map(|s| s.len() + 3).sum::<usize>();
+        fn strings(list: &[impl AsRef<str>]) -> usize {
+            list.iter().map(|s| s.as_ref().len() + 3).sum()
+        }
         let optional = |s: &Option<Cow<'_, str>>| s.as_ref().map_or(0, |s| s.len() + FIELD);
         let devices: usize = self
             .devices
@@ -283,12 +285,12 @@ impl<'a> Spec<'a> {
         )?
         .map(|m| {
             let mount = Mount {
-                host_path: m.host_path.to_owned(),
-                container_path: m.container_path.to_owned(),
+                host_path: Cow::Borrowed(m.host_path),
+                container_path: Cow::Borrowed(m.container_path),
                 options: if m.read_only {
-                    vec!["ro".into(), "bind".into()]
+                    vec![Cow::Borrowed("ro"), Cow::Borrowed("bind")]
                 } else {
-                    vec!["bind".into()]
+                    vec![Cow::Borrowed("bind")]
                 },
             };
             mount.check()?;
@@ -383,12 +385,13 @@ impl<'a> Spec<'a> {
         if !names::valid_vendor(vendor) || !names::valid_class(class, true) {
             return Err(SpecError::Name(self.kind.clone()));
         }
+        // A spec of one allocation defines one device: no set of names to make for it.
         let mut seen = HashSet::with_hasher(IdHasher::default());
         for device in &self.devices {
             if !names::valid_device_name(&device.name) {
                 return Err(SpecError::Name(format!("{}={}", self.kind, device.name)));
             }
-            if !seen.insert(device.name.as_str()) {
+            if self.devices.len() > 1 && !seen.insert(device.name.as_str()) {
                 return Err(SpecError::DuplicateDevice(device.name.clone()));
             }
         }
@@ -398,30 +401,67 @@ impl<'a> Spec<'a> {
 
 /// The entries of `all` once each, in first-seen order: an entry equal to one before it is
 /// dropped (one edit), one at the same container path (`at`) but different is refused with
-/// `conflict(path, first, second)`, both as `show` renders them.
+/// `conflict(path, first, second)`, both as `show` renders them. A short list (what most
+/// answers have) is compared pair by pair, without a map or a list of its own.
 fn merged<T: PartialEq>(
     all: &[T],
     at: impl Fn(&T) -> &str,
     show: impl Fn(&T) -> String,
     conflict: impl Fn(String, String, String) -> SpecError,
 ) -> Result<impl Iterator<Item = &T>, SpecError> {
-    let mut first_at: HashMap<&str, usize, IdHasher> = HashMap::with_hasher(IdHasher::default());
-    let mut keep = vec![true; all.len()];
-    for (i, entry) in all.iter().enumerate() {
-        match first_at.entry(at(entry)) {
-            Entry::Vacant(v) => {
-                v.insert(i);
-            }
-            Entry::Occupied(o) => {
-                let first = &all[*o.get()];
-                if first != entry {
-                    return Err(conflict(o.key().to_string(), show(first), show(entry)));
+    let refuse = |first: &T, entry: &T| conflict(at(first).to_string(), show(first), show(entry));
+    let dropped = if all.len() <= 64 {
+        let mut dropped = 0u64;
+        for (i, entry) in all.iter().enumerate() {
+            let first = (0..i).find(|&j| dropped & (1 << j) == 0 && at(&all[j]) == at(entry));
+            if let Some(j) = first {
+                if all[j] != *entry {
+                    return Err(refuse(&all[j], entry));
                 }
-                keep[i] = false;
+                dropped |= 1 << i;
             }
         }
+        Dropped::Bits(dropped)
+    } else {
+        let mut first_at: HashMap<&str, usize, IdHasher> =
+            HashMap::with_capacity_and_hasher(all.len(), IdHasher::default());
+        let mut dropped = vec![false; all.len()];
+        for (i, entry) in all.iter().enumerate() {
+            match first_at.entry(at(entry)) {
+                Entry::Vacant(v) => {
+                    v.insert(i);
+                }
+                Entry::Occupied(o) => {
+                    let first = &all[*o.get()];
+                    if first != entry {
+                        return Err(refuse(first, entry));
+                    }
+                    dropped[i] = true;
+                }
+            }
+        }
+        Dropped::List(dropped)
+    };
+    Ok(all
+        .iter()
+        .enumerate()
+        .filter(move |&(i, _)| !dropped.has(i))
+        .map(|(_, e)| e))
+}
+
+/// Which entries [`merged`] dropped: a bit each for a short list.
+enum Dropped {
+    Bits(u64),
+    List(Vec<bool>),
+}
+
+impl Dropped {
+    fn has(&self, i: usize) -> bool {
+        match self {
+            Dropped::Bits(bits) => bits & (1 << i) != 0,
+            Dropped::List(list) => list[i],
+        }
     }
-    Ok(all.iter().zip(keep).filter_map(|(e, k)| k.then_some(e)))
 }
 
 fn absolute(what: &'static str, path: &str) -> Result<(), SpecError> {
@@ -653,12 +693,50 @@ mod tests {
                 "env \"=v\"",
             ),
         ];
+        // Each also in an answer long enough to be merged through a map instead of pairwise.
         for (edit, expected) in cases {
+            for pad in [0, 70] {
+                let mut a = answer();
+                edit(&mut a);
+                padded(&mut a, pad);
+                let err =
+                    Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&a)).unwrap_err();
+                assert!(err.to_string().contains(expected), "{err} ({expected})");
+            }
+        }
+    }
+
+    /// `a` with `n` more distinct device nodes and mounts.
+    fn padded(a: &mut ContainerAllocateResponse, n: usize) {
+        for i in 0..n {
+            a.devices.push(DeviceSpec {
+                container_path: format!("/dev/pad/{i}"),
+                host_path: "/dev/null".into(),
+                permissions: "rw".into(),
+            });
+            a.mounts.push(PluginMount {
+                container_path: format!("/pad/{i}"),
+                host_path: "/srv/pad".into(),
+                read_only: false,
+            });
+        }
+    }
+
+    #[test]
+    fn repeated_entries_are_one_edit_in_short_and_long_answers() {
+        for pad in [0, 70] {
             let mut a = answer();
-            edit(&mut a);
-            let err =
-                Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&a)).unwrap_err();
-            assert!(err.to_string().contains(expected), "{err} ({expected})");
+            padded(&mut a, pad);
+            let once = Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&a))
+                .unwrap()
+                .unwrap();
+            let mut twice = a.clone();
+            twice.devices.extend(a.devices.iter().rev().cloned());
+            twice.mounts.extend(a.mounts.iter().cloned());
+            let merged = Spec::for_allocation(&kind(), "pluglet-p_c", &AnswerView::of(&twice))
+                .unwrap()
+                .unwrap();
+            assert_eq!(merged, once, "padded by {pad}");
         }
     }
 
@@ -688,7 +766,7 @@ mod tests {
         let mounts: Vec<&str> = edits
             .mounts
             .iter()
-            .map(|m| m.container_path.as_str())
+            .map(|m| &*m.container_path)
             .collect();
         assert_eq!(mounts, ["/var/run/vendor", "/data"]);
         spec.validate().unwrap();
