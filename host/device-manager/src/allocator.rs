@@ -462,11 +462,7 @@ impl Allocator {
         );
         clock.done(Stage::Plugin);
         let handed_off = answered.and_then(|answer| {
-            let view = answer.view().map_err(|status| AllocateError::Allocate {
-                resource: key.resource.clone(),
-                devices: chosen.to_vec(),
-                status: RpcError(status),
-            })?;
+            let view = read_answer(&answer, &key, &chosen)?;
             let (names, spec) = self.hand_off(&key, &view)?;
             Ok((answer.kept(&view), names, spec))
         });
@@ -968,6 +964,9 @@ async fn call_plugin(
         devices: chosen.to_vec(),
     })?;
     if plugin.pre_start {
+        // An answer that does not decode fails the allocation before PreStartContainer, as
+        // the kubelet's client refuses it with the Allocate call.
+        read_answer(&answer, key, chosen)?;
         let mut client = DevicePluginClient::new(plugin.channel);
         let request = v1beta1::PreStartContainerRequest {
             devices_ids: DeviceId::to_wire(chosen),
@@ -983,11 +982,46 @@ async fn call_plugin(
     Ok(answer)
 }
 
+/// The plugin's answer read in place; an answer that does not decode fails the Allocate call.
+fn read_answer<'a>(
+    answer: &'a ReadAnswer,
+    key: &HolderKey,
+    chosen: &[DeviceId],
+) -> Result<AnswerView<'a>, AllocateError> {
+    answer.view().map_err(|status| AllocateError::Allocate {
+        resource: key.resource.clone(),
+        devices: chosen.to_vec(),
+        status: RpcError(status),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
 
     use super::*;
+
+    #[test]
+    fn an_answer_that_does_not_decode_fails_the_allocate_call() {
+        let key = HolderKey::new("p", "c", "vendor.com/gpu");
+        let cut = ReadAnswer {
+            encoded: bytes::Bytes::from_static(&[0x1a, 0x05, 0x0a]),
+        };
+        let chosen = [DeviceId::new("d0")];
+        match read_answer(&cut, &key, &chosen) {
+            Err(AllocateError::Allocate {
+                devices, status, ..
+            }) => {
+                assert_eq!(devices, chosen);
+                assert!(
+                    status.0.message().contains("does not decode"),
+                    "{}",
+                    status.0
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     fn ids(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()

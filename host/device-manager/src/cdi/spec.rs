@@ -763,11 +763,7 @@ mod tests {
             ["/dev/null", "/dev/fuse"],
             "first-seen order, once each"
         );
-        let mounts: Vec<&str> = edits
-            .mounts
-            .iter()
-            .map(|m| &*m.container_path)
-            .collect();
+        let mounts: Vec<&str> = edits.mounts.iter().map(|m| &*m.container_path).collect();
         assert_eq!(mounts, ["/var/run/vendor", "/data"]);
         spec.validate().unwrap();
     }
