@@ -36,8 +36,7 @@ pub(crate) struct ReadAnswer {
 impl ReadAnswer {
     /// The answer, read in place; a status naming what is wrong when it does not decode.
     pub fn view(&self) -> Result<AnswerView<'_>, Status> {
-        AnswerView::read(&self.encoded)
-            .map_err(|e| Status::internal(format!("the Allocate answer does not decode: {e}")))
+        AnswerView::read(&self.encoded).map_err(undecodable)
     }
 
     /// The answer as the state keeps it; `view` is [`ReadAnswer::view`].
@@ -115,10 +114,13 @@ impl Decoder for AllocateCodec {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Option<ReadAnswer>>, Status> {
-        read(buf)
-            .map(Some)
-            .map_err(|e| Status::internal(format!("the Allocate answer does not decode: {e}")))
+        read(buf).map(Some).map_err(undecodable)
     }
+}
+
+/// The status of an Allocate answer that does not decode, whichever part of it failed.
+fn undecodable(error: impl std::fmt::Display) -> Status {
+    Status::internal(format!("the Allocate answer does not decode: {error}"))
 }
 
 /// The first container answer of an `AllocateResponse` message, as its bytes (read by

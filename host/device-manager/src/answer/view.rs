@@ -75,49 +75,16 @@ impl<'a> AnswerView<'a> {
             let (tag, wire_type) = decode_key(&mut bytes)?;
             match tag {
                 1 => view.envs.push(entry(wire_type, &mut bytes, "envs")?),
-                2 => {
-                    let mut m = AnswerMount::default();
-                    for_each_field(delimited(wire_type, &mut bytes)?, |tag, wire_type, b| {
-                        match tag {
-                            1 => m.container_path = string(wire_type, b, "mounts.container_path")?,
-                            2 => m.host_path = string(wire_type, b, "mounts.host_path")?,
-                            3 => {
-                                check_wire_type(WireType::Varint, wire_type)?;
-                                m.read_only = decode_varint(b)? != 0;
-                            }
-                            _ => skip(tag, wire_type, b)?,
-                        }
-                        Ok(())
-                    })?;
-                    view.mounts.push(m);
-                }
-                3 => {
-                    let mut d = AnswerDevice::default();
-                    for_each_field(delimited(wire_type, &mut bytes)?, |tag, wire_type, b| {
-                        match tag {
-                            1 => d.container_path = string(wire_type, b, "devices.container_path")?,
-                            2 => d.host_path = string(wire_type, b, "devices.host_path")?,
-                            3 => d.permissions = string(wire_type, b, "devices.permissions")?,
-                            _ => skip(tag, wire_type, b)?,
-                        }
-                        Ok(())
-                    })?;
-                    view.devices.push(d);
-                }
+                2 => view.mounts.push(mount(delimited(wire_type, &mut bytes)?)?),
+                3 => view
+                    .devices
+                    .push(device(delimited(wire_type, &mut bytes)?)?),
                 4 => view
                     .annotations
                     .push(entry(wire_type, &mut bytes, "annotations")?),
-                5 => {
-                    let mut name = "";
-                    for_each_field(delimited(wire_type, &mut bytes)?, |tag, wire_type, b| {
-                        match tag {
-                            1 => name = string(wire_type, b, "cdi_devices.name")?,
-                            _ => skip(tag, wire_type, b)?,
-                        }
-                        Ok(())
-                    })?;
-                    view.cdi_devices.push(name);
-                }
+                5 => view
+                    .cdi_devices
+                    .push(cdi_name(delimited(wire_type, &mut bytes)?)?),
                 _ => skip(tag, wire_type, &mut bytes)?,
             }
         }
@@ -179,6 +146,52 @@ fn for_each_field<'a>(
         field(tag, wire_type, &mut bytes)?;
     }
     Ok(())
+}
+
+/// A `Mount` message.
+fn mount(bytes: &[u8]) -> Result<AnswerMount<'_>, ViewError> {
+    let mut m = AnswerMount::default();
+    for_each_field(bytes, |tag, wire_type, b| {
+        match tag {
+            1 => m.container_path = string(wire_type, b, "mounts.container_path")?,
+            2 => m.host_path = string(wire_type, b, "mounts.host_path")?,
+            3 => {
+                check_wire_type(WireType::Varint, wire_type)?;
+                m.read_only = decode_varint(b)? != 0;
+            }
+            _ => skip(tag, wire_type, b)?,
+        }
+        Ok(())
+    })?;
+    Ok(m)
+}
+
+/// A `DeviceSpec` message.
+fn device(bytes: &[u8]) -> Result<AnswerDevice<'_>, ViewError> {
+    let mut d = AnswerDevice::default();
+    for_each_field(bytes, |tag, wire_type, b| {
+        match tag {
+            1 => d.container_path = string(wire_type, b, "devices.container_path")?,
+            2 => d.host_path = string(wire_type, b, "devices.host_path")?,
+            3 => d.permissions = string(wire_type, b, "devices.permissions")?,
+            _ => skip(tag, wire_type, b)?,
+        }
+        Ok(())
+    })?;
+    Ok(d)
+}
+
+/// A `CDIDevice` message's name.
+fn cdi_name(bytes: &[u8]) -> Result<&str, ViewError> {
+    let mut name = "";
+    for_each_field(bytes, |tag, wire_type, b| {
+        match tag {
+            1 => name = string(wire_type, b, "cdi_devices.name")?,
+            _ => skip(tag, wire_type, b)?,
+        }
+        Ok(())
+    })?;
+    Ok(name)
 }
 
 /// A map entry (`key` = 1, `value` = 2, either missing empty).
