@@ -312,11 +312,12 @@ impl Allocator {
             Ok(allocation) if !allocation.reused => self.inner.registry.events().record(
                 EventKind::Allocated,
                 key.resource.as_str(),
-                format!(
-                    "{} to pod {} container {}",
-                    devices_text(&allocation.device_ids),
-                    key.pod_uid,
-                    key.container
+                holding_text(
+                    &allocation.device_ids,
+                    "to",
+                    key.pod_uid.as_str(),
+                    key.container.as_str(),
+                    &[],
                 ),
             ),
             Ok(_) => {}
@@ -599,12 +600,12 @@ impl Allocator {
                     self.inner.registry.events().record(
                         EventKind::ReleaseFailed,
                         a.resource.as_str(),
-                        format!(
-                            "{} of pod {} container {}{why}: {}",
-                            devices_text(&a.device_ids),
-                            a.pod_uid,
-                            a.container,
-                            pluglet_core::error_chain(&err)
+                        holding_text(
+                            &a.device_ids,
+                            "of",
+                            a.pod_uid.as_str(),
+                            a.container.as_str(),
+                            &[why, ": ", &pluglet_core::error_chain(&err)],
                         ),
                     );
                 }
@@ -633,11 +634,12 @@ impl Allocator {
             self.inner.registry.events().record(
                 EventKind::Released,
                 a.resource.as_str(),
-                format!(
-                    "{} of pod {} container {}{why}",
-                    devices_text(&a.device_ids),
-                    a.pod_uid,
-                    a.container
+                holding_text(
+                    &a.device_ids,
+                    "of",
+                    a.pod_uid.as_str(),
+                    a.container.as_str(),
+                    &[why],
                 ),
             );
         }
@@ -899,10 +901,49 @@ fn reservable<'a, 'c>(
     Ok(numa_of)
 }
 
-/// `1 device (d0)` / `2 devices (d0,d1)`.
-fn devices_text(ids: &[DeviceId]) -> String {
-    let noun = if ids.len() == 1 { "device" } else { "devices" };
-    format!("{} {noun} ({})", ids.len(), ids.join(","))
+/// `1 device (d0) to pod <uid> container <name>` / `2 devices (d0,d1) of pod …` (`link` is
+/// `to` or `of`), then `tail`: an event's text, written on every allocation and release, so
+/// built in one string rather than by `format!` (several times the instructions).
+fn holding_text(
+    ids: &[DeviceId],
+    link: &str,
+    pod_uid: &str,
+    container: &str,
+    tail: &[&str],
+) -> String {
+    let count = ids.len().to_string();
+    let noun = if ids.len() == 1 {
+        " device ("
+    } else {
+        " devices ("
+    };
+    let ids_len: usize = ids.iter().map(|id| id.as_str().len() + 1).sum();
+    let tail_len: usize = tail.iter().map(|t| t.len()).sum();
+    let mut text = String::with_capacity(
+        count.len()
+            + noun.len()
+            + ids_len
+            + link.len()
+            + pod_uid.len()
+            + container.len()
+            + tail_len
+            + 20,
+    );
+    text.push_str(&count);
+    text.push_str(noun);
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(id.as_str());
+    }
+    for part in [") ", link, " pod ", pod_uid, " container ", container] {
+        text.push_str(part);
+    }
+    for part in tail {
+        text.push_str(part);
+    }
+    text
 }
 
 /// Bytes per device id to make room for when collecting candidates (a guess: too small only
@@ -1357,6 +1398,24 @@ mod alone {
         );
         assert!(events[3].1.contains("sync of pods"), "{events:?}");
         assert!(events[4].1.starts_with("2 devices ("), "{events:?}");
+    }
+
+    #[test]
+    fn event_texts_name_the_devices_and_the_holder() {
+        let one: Vec<DeviceId> = vec!["d0".into()];
+        assert_eq!(
+            holding_text(&one, "to", "pod-a", "ctr", &[]),
+            "1 device (d0) to pod pod-a container ctr"
+        );
+        let two: Vec<DeviceId> = vec!["d0".into(), "d1".into()];
+        assert_eq!(
+            holding_text(&two, "of", "pod-a", "ctr", &[" (sync)", ": ", "gone"]),
+            "2 devices (d0,d1) of pod pod-a container ctr (sync): gone"
+        );
+        assert_eq!(
+            holding_text(&[], "of", "p", "c", &[]),
+            "0 devices () of pod p container c"
+        );
     }
 
     #[tokio::test]

@@ -282,6 +282,56 @@ struct Block {
     fragment: Vec<u8>,
 }
 
+/// The decoded header fields of one block, in one buffer kept from block to block (a gRPC
+/// client sends a block per request: no allocation per field or per block).
+#[derive(Default)]
+struct Fields {
+    bytes: Vec<u8>,
+    /// Where each field's name and value end in `bytes`, in order.
+    ends: Vec<(usize, usize)>,
+}
+
+impl Fields {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    fn push(&mut self, name: &[u8], value: &[u8]) {
+        self.bytes.extend_from_slice(name);
+        let name_end = self.bytes.len();
+        self.bytes.extend_from_slice(value);
+        self.ends.push((name_end, self.bytes.len()));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let mut start = 0;
+        self.ends.iter().map(move |&(name_end, value_end)| {
+            let field = (
+                &self.bytes[start..name_end],
+                &self.bytes[name_end..value_end],
+            );
+            start = value_end;
+            field
+        })
+    }
+}
+
+/// Largest buffer a connection keeps for its next header block; a larger one (a rare, large
+/// block) is freed once used.
+const KEPT_BUFFER: usize = 16 * 1024;
+
+/// `buf`, emptied, if it is small enough to keep for the next block.
+fn keep(buf: Vec<u8>) -> Vec<u8> {
+    let mut buf = if buf.capacity() <= KEPT_BUFFER {
+        buf
+    } else {
+        Vec::new()
+    };
+    buf.clear();
+    buf
+}
+
 /// The client→server half of the layer, without I/O: bytes in, bytes out.
 struct Rewriter {
     state: State,
@@ -289,6 +339,10 @@ struct Rewriter {
     decoder: Decoder,
     /// A block has been rewritten on this connection: every later block is re-encoded.
     rewriting: bool,
+    /// The last block's fields.
+    fields: Fields,
+    /// Buffers of a finished block, for the next one: payload, raw frames, fragments.
+    spare: [Vec<u8>; 3],
 }
 
 impl Rewriter {
@@ -298,6 +352,8 @@ impl Rewriter {
             block: None,
             decoder: Decoder::new(HEADER_TABLE_SIZE),
             rewriting: false,
+            fields: Fields::default(),
+            spare: Default::default(),
         }
     }
 
@@ -420,15 +476,14 @@ impl Rewriter {
                 len: so_far + header.len,
             });
         }
-        self.state = State::HeaderPayload {
-            header,
-            payload: Vec::with_capacity(header.len),
-        };
+        let mut payload = std::mem::take(&mut self.spare[0]);
         if header.len == 0 {
             // An empty payload completes at once; `feed` would not come back for it.
             self.state = next_frame();
-            return self.header_frame(header, Vec::new(), out);
+            return self.header_frame(header, payload, out);
         }
+        payload.reserve(header.len);
+        self.state = State::HeaderPayload { header, payload };
         Ok(())
     }
 
@@ -474,15 +529,17 @@ impl Rewriter {
                 self.give_up(out, &raw, "HEADERS padding longer than the frame");
                 return Ok(());
             }
-            let mut raw = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
+            let mut raw = std::mem::take(&mut self.spare[1]);
             raw.extend_from_slice(&header.raw);
             raw.extend_from_slice(&payload);
+            let mut fragment = std::mem::take(&mut self.spare[2]);
+            fragment.extend_from_slice(&payload[start..payload.len() - pad]);
             self.block = Some(Block {
                 stream_id: header.stream_id,
                 end_stream: header.flags & FLAG_END_STREAM != 0,
                 priority,
                 raw,
-                fragment: payload[start..payload.len() - pad].to_vec(),
+                fragment,
             });
         } else {
             let Some(block) = self.block.as_mut() else {
@@ -500,25 +557,39 @@ impl Rewriter {
             block.raw.extend_from_slice(&payload);
             block.fragment.extend_from_slice(&payload);
         }
+        self.spare[0] = keep(payload);
         if header.flags & FLAG_END_HEADERS != 0 {
             let block = self.block.take().expect("a header block is open");
-            self.finish_block(block, out)?;
+            let finished = self.finish_block(&block, out);
+            self.spare[1] = keep(block.raw);
+            self.spare[2] = keep(block.fragment);
+            finished?;
         }
         Ok(())
     }
 
     /// Decodes a complete header block and forwards it, rewritten if needed.
-    fn finish_block(&mut self, block: Block, out: &mut BytesMut) -> Result<(), RewriteError> {
-        let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    fn finish_block(&mut self, block: &Block, out: &mut BytesMut) -> Result<(), RewriteError> {
+        let fields = &mut self.fields;
+        fields.clear();
         let mut list_size = 0usize;
         let mut too_large = false;
+        let mut replaced = false;
         let decoded = self.decoder.decode(&block.fragment, |name, value| {
             list_size = list_size.saturating_add(name.len() + value.len() + 32);
             if list_size > MAX_HEADER_LIST {
                 too_large = true;
-            } else {
-                fields.push((name.to_vec(), value.to_vec()));
+                return;
             }
+            if name == b":authority" && http::uri::Authority::try_from(value).is_err() {
+                tracing::debug!(
+                    authority = %String::from_utf8_lossy(value),
+                    stream_id = block.stream_id,
+                    "replacing an :authority that is not a URI authority with localhost"
+                );
+                replaced = true;
+            }
+            fields.push(name, value);
         });
         if too_large {
             return Err(RewriteError::HeaderListTooLarge {
@@ -534,31 +605,15 @@ impl Rewriter {
             }
             // h2's table is still in step with the client's: it will report the error itself.
             tracing::debug!(%source, "undecodable header block; passing the connection through");
-            let raw = block.raw;
-            self.give_up(out, &raw, "undecodable header block");
+            self.give_up(out, &block.raw, "undecodable header block");
             return Ok(());
-        }
-
-        let mut replaced = false;
-        for (name, value) in &mut fields {
-            if name.as_slice() == b":authority"
-                && http::uri::Authority::try_from(value.as_slice()).is_err()
-            {
-                tracing::debug!(
-                    authority = %String::from_utf8_lossy(value),
-                    stream_id = block.stream_id,
-                    "replacing an :authority that is not a URI authority with localhost"
-                );
-                *value = LOCALHOST.to_vec();
-                replaced = true;
-            }
         }
         self.rewriting |= replaced;
         if !self.rewriting {
             out.extend_from_slice(&block.raw);
             return Ok(());
         }
-        write_block(&block, &encode_literals(&fields), out);
+        write_block(block, &encode_literals(&self.fields), out);
         Ok(())
     }
 
@@ -586,11 +641,16 @@ fn next_frame() -> State {
 
 /// Encodes header fields as "literal header field without indexing — new name" (RFC 7541
 /// §6.2.2) with plain (non-Huffman) strings: needs no encoder state and adds nothing to the
-/// server's dynamic table.
-fn encode_literals(fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
-    let size = fields.iter().map(|(n, v)| n.len() + v.len() + 11).sum();
+/// server's dynamic table. Every `:authority` that is not a URI authority becomes `localhost`.
+fn encode_literals(fields: &Fields) -> Vec<u8> {
+    let size = fields.bytes.len() + 11 * fields.ends.len();
     let mut block = Vec::with_capacity(size);
-    for (name, value) in fields {
+    for (name, value) in fields.iter() {
+        let value = if name == b":authority" && http::uri::Authority::try_from(value).is_err() {
+            LOCALHOST
+        } else {
+            value
+        };
         block.push(0x00);
         encode_string(name, &mut block);
         encode_string(value, &mut block);

@@ -32,14 +32,20 @@ const OLD_TEMP_PREFIX: &str = ".pluglet-";
 /// than a file name may be.
 pub fn file_name(kind: &Kind, device: &str) -> String {
     let tail = device.strip_prefix(DEVICE_PREFIX).unwrap_or(device);
-    let name = format!(
-        "{FILE_PREFIX}{}={}={tail}{FILE_SUFFIX}",
-        kind.vendor, kind.class
-    );
+    let name = [
+        FILE_PREFIX,
+        &kind.vendor,
+        "=",
+        &kind.class,
+        "=",
+        tail,
+        FILE_SUFFIX,
+    ]
+    .concat();
     if name.len() <= 250 {
         return name;
     }
-    let hash = Sha256::digest(format!("{kind}={device}").as_bytes());
+    let hash = Sha256::digest(kind.qualified(device).as_bytes());
     format!("{FILE_PREFIX}h{}{FILE_SUFFIX}", &hex::encode(hash)[..40])
 }
 

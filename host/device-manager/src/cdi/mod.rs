@@ -70,7 +70,7 @@ pub fn plan<'a>(
     };
     Ok(Some(Planned {
         file: dir::file_name(&kind, &device),
-        name: format!("{kind}={device}"),
+        name: kind.qualified(&device),
         spec,
     }))
 }
@@ -82,7 +82,7 @@ pub fn names(handoff: Option<&Handoff>, key: &HolderKey, answer: &PluginAnswer) 
     let mut all = answer.cdi_devices().to_vec();
     if handoff.is_some() && answer.has_edits() {
         let (kind, device) = identity(key);
-        all.push(format!("{kind}={device}"));
+        all.push(kind.qualified(&device));
     }
     all
 }

@@ -21,6 +21,13 @@ pub struct Kind {
     pub class: String,
 }
 
+impl Kind {
+    /// The fully qualified name of `device` of this kind: `vendor/class=device`.
+    pub fn qualified(&self, device: &str) -> String {
+        [self.vendor.as_str(), "/", &self.class, "=", device].concat()
+    }
+}
+
 impl std::fmt::Display for Kind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.vendor, self.class)
@@ -79,7 +86,7 @@ fn mend(part: &str, lead: char, dots: bool) -> String {
 /// appears only as the separator, so no two (pod, container) pairs share a name.
 pub fn device_name(pod_uid: &str, container: &str) -> String {
     if plain(pod_uid) && plain(container) {
-        return format!("{DEVICE_PREFIX}{pod_uid}_{container}");
+        return [DEVICE_PREFIX, pod_uid, "_", container].concat();
     }
     let mut hash = Sha256::new();
     hash.update(pod_uid.as_bytes());
