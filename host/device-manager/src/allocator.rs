@@ -42,7 +42,7 @@ use tracing::Instrument as _;
 use crate::answer::{AllocateIds, AnswerView, PluginAnswer, ReadAnswer};
 use crate::cdi::{Handoff, PendingSpec};
 use crate::device_id::DeviceId;
-use crate::devices::{DeviceSet, Health, IdHasher, Positions};
+use crate::devices::{DeviceSet, Health, IdHasher, NameHasher, Positions};
 use crate::error::{AllocateError, AnswerError, ReleaseError};
 use crate::metrics::{Metrics, Operation, Stage, StageClock};
 use crate::persistence::Persistence;
@@ -222,12 +222,13 @@ impl AllocationInfo {
 struct Inner {
     pods: Arc<Mutex<PodDevices>>,
     /// Per resource: held while choosing devices, so two requests never choose the same ones.
-    decisions: Mutex<HashMap<ResourceName, Arc<tokio::sync::Mutex<()>>>>,
+    decisions: Mutex<HashMap<ResourceName, Arc<tokio::sync::Mutex<()>>, NameHasher>>,
     next_token: AtomicU64,
     registry: Registry,
     persistence: Persistence,
     handlers: Handlers,
-    node_name: String,
+    /// What the policies are told about the node (its name).
+    call_context: CallContext,
     metrics: Metrics,
     cdi: Option<Handoff>,
     cancel: CancellationToken,
@@ -258,12 +259,12 @@ impl Allocator {
         Allocator {
             inner: Arc::new(Inner {
                 pods: Arc::new(Mutex::new(pods)),
-                decisions: Mutex::new(HashMap::new()),
+                decisions: Mutex::new(HashMap::default()),
                 next_token: AtomicU64::new(1),
                 registry,
                 persistence,
                 handlers,
-                node_name,
+                call_context: CallContext { node_name },
                 metrics,
                 cdi,
                 cancel,
@@ -354,7 +355,10 @@ impl Allocator {
                 .decisions
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            locks.entry(resource.clone()).or_default().clone()
+            match locks.get(resource.as_str()) {
+                Some(lock) => lock.clone(),
+                None => locks.entry(resource.clone()).or_default().clone(),
+            }
         };
         let mut clock = StageClock::start(&self.inner.metrics, Operation::Allocate);
         let decision = decision.lock_owned().await;
@@ -403,7 +407,7 @@ impl Allocator {
         };
 
         let policy = self.inner.handlers.for_resource(resource.as_str());
-        let module = policy.module().to_owned();
+        let module = policy.module();
         let request = AllocationRequest {
             resource: resource.to_string(),
             available,
@@ -411,12 +415,10 @@ impl Allocator {
             count,
             preferred,
         };
-        let cx = CallContext {
-            node_name: self.inner.node_name.clone(),
-        };
+        let cx = &self.inner.call_context;
         // The call's instance is freed during the plugin's Allocate below, not before it.
         let (call, spent) = pluglet_handler_runtime::run_in_place(|| {
-            pluglet_handler_runtime::defer_release(|| policy.allocate(&cx, &request))
+            pluglet_handler_runtime::defer_release(|| policy.allocate(cx, &request))
         });
         let call = call.map_err(|source| AllocateError::PolicyFailed {
             resource: resource.clone(),
@@ -424,7 +426,7 @@ impl Allocator {
         })?;
         let chosen = call.value.map_err(|refusal| AllocateError::PolicyRefused {
             resource: resource.clone(),
-            module: module.clone(),
+            module: module.to_owned(),
             refusal,
         })?;
         // Offered means healthy in the snapshot the candidates came from and free now (under
@@ -436,7 +438,7 @@ impl Allocator {
         };
         let found = checked.map_err(|problem| AllocateError::BadPolicyAnswer {
             resource: resource.clone(),
-            module: module.clone(),
+            module: module.to_owned(),
             answer: chosen.clone(),
             count,
             problem,

@@ -32,6 +32,10 @@ use crate::device_id::DeviceId;
 /// several times (candidates, the answer check, the reservation).
 pub type IdHasher = foldhash::fast::RandomState;
 
+/// The hasher of maps keyed by resource name, for the same reason: the names come from the
+/// node's own plugins, and every allocation and release looks its resource up several times.
+pub type NameHasher = foldhash::fast::RandomState;
+
 /// A device's health. The kubelet counts a device as healthy only when the plugin's `health`
 /// string is exactly `"Healthy"`; any other value, empty included, is unhealthy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

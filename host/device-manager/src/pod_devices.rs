@@ -16,7 +16,7 @@ use pluglet_handler_runtime::ColumnRun;
 
 use crate::answer::PluginAnswer;
 use crate::device_id::DeviceId;
-use crate::devices::{DeviceSet, Health, IdHasher, Positions};
+use crate::devices::{DeviceSet, Health, IdHasher, NameHasher, Positions};
 
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -151,10 +151,10 @@ pub struct PodDevices {
     entries: OrdMap<SharedKey, Arc<Kept>>,
     /// resource → device id → number of entries holding it (more than 1 only after restoring a
     /// checkpoint that says so).
-    held: HashMap<ResourceName, HashMap<DeviceId, u32, IdHasher>>,
+    held: HashMap<ResourceName, HashMap<DeviceId, u32, IdHasher>, NameHasher>,
     /// resource → its healthy devices no one holds, as of the device set it was built from
     /// (see [`PodDevices::for_each_free`]); kept up to date by every change of what is held.
-    free: HashMap<ResourceName, FreeDevices>,
+    free: HashMap<ResourceName, FreeDevices, NameHasher>,
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
     /// No index kept: a copy made to be encoded ([`PodDevices::without_index`]).
@@ -183,8 +183,8 @@ impl PodDevices {
     pub fn without_index(&self) -> PodDevices {
         PodDevices {
             entries: self.entries.clone(),
-            held: HashMap::new(),
-            free: HashMap::new(),
+            held: HashMap::default(),
+            free: HashMap::default(),
             version: self.version,
             unindexed: true,
             touched: Vec::new(),

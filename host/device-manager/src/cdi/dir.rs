@@ -84,7 +84,16 @@ impl SpecDir {
     /// The directory is made only when it is missing (start-up makes it; this covers its
     /// removal while the daemon runs), so an allocation pays no extra system call.
     pub fn write(&self, file: &str, content: &[u8]) -> std::io::Result<()> {
-        let temp = self.path.join(TEMP_DIR).join(format!("{file}.tmp"));
+        // Both paths made at their final size: one allocation each (this runs per allocation).
+        let dir = self.path.as_os_str().len();
+        let mut temp = PathBuf::with_capacity(dir + TEMP_DIR.len() + file.len() + 6);
+        temp.push(&self.path);
+        temp.push(TEMP_DIR);
+        temp.push(file);
+        temp.as_mut_os_string().push(".tmp");
+        let mut target = PathBuf::with_capacity(dir + file.len() + 1);
+        target.push(&self.path);
+        target.push(file);
         let open = || {
             std::fs::OpenOptions::new()
                 .write(true)
@@ -104,7 +113,7 @@ impl SpecDir {
             // The mode given to open is narrowed by the umask; runtimes of other users read it.
             out.set_permissions(std::fs::Permissions::from_mode(0o644))?;
             out.write_all(content)?;
-            std::fs::rename(&temp, self.path.join(file))
+            std::fs::rename(&temp, &target)
         })();
         if result.is_err() {
             let _ = std::fs::remove_file(&temp);

@@ -240,7 +240,7 @@ impl<'a> Spec<'a> {
         let mut env: Vec<String> = answer
             .envs
             .iter()
-            .map(|(k, v)| format!("{k}={v}"))
+            .map(|(k, v)| [k, "=", v].concat())
             .collect();
         env.sort();
         let device_nodes = merged(
@@ -312,7 +312,7 @@ impl<'a> Spec<'a> {
         }
         let mut spec = Spec {
             cdi_version: String::new(),
-            kind: kind.to_string(),
+            kind: [kind.vendor.as_str(), "/", &kind.class].concat(),
             devices: vec![SpecDevice {
                 name: name.to_owned(),
                 container_edits: edits,
