@@ -44,7 +44,7 @@ use crate::cdi::{Handoff, PendingSpec};
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher, NameHasher, Positions};
 use crate::error::{AllocateError, AnswerError, ReleaseError};
-use crate::metrics::{Metrics, Operation, Stage, StageClock};
+use crate::metrics::{Metrics, Operation, Outcome, ResourceSeries, Stage, StageClock};
 use crate::persistence::Persistence;
 use crate::pod_devices::{
     HeldIds, HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa,
@@ -221,8 +221,8 @@ impl AllocationInfo {
 
 struct Inner {
     pods: Arc<Mutex<PodDevices>>,
-    /// Per resource: held while choosing devices, so two requests never choose the same ones.
-    decisions: Mutex<HashMap<ResourceName, Arc<tokio::sync::Mutex<()>>, NameHasher>>,
+    /// What is kept per resource, looked up once per allocation.
+    resources: Mutex<HashMap<ResourceName, Arc<PerResource>, NameHasher>>,
     next_token: AtomicU64,
     registry: Registry,
     persistence: Persistence,
@@ -232,6 +232,15 @@ struct Inner {
     metrics: Metrics,
     cdi: Option<Handoff>,
     cancel: CancellationToken,
+}
+
+/// What the allocator keeps per resource.
+#[derive(Default)]
+struct PerResource {
+    /// Held while choosing devices, so two requests never choose the same ones.
+    decision: tokio::sync::Mutex<()>,
+    /// The resource's allocation metrics.
+    series: ResourceSeries,
 }
 
 /// The allocations and the decisions about them. Cheap to clone.
@@ -259,7 +268,7 @@ impl Allocator {
         Allocator {
             inner: Arc::new(Inner {
                 pods: Arc::new(Mutex::new(pods)),
-                decisions: Mutex::new(HashMap::default()),
+                resources: Mutex::new(HashMap::default()),
                 next_token: AtomicU64::new(1),
                 registry,
                 persistence,
@@ -300,15 +309,18 @@ impl Allocator {
         count: u32,
         pod: Option<PodName>,
     ) -> Result<Allocation, AllocateError> {
-        let result = self.choose_and_commit(key.clone(), count, pod).await;
+        let per_resource = self.per_resource(&key.resource);
+        let result = self
+            .choose_and_commit(key.clone(), count, pod, &per_resource)
+            .await;
         let outcome = match &result {
-            Ok(allocation) if allocation.reused => "reused",
-            Ok(_) => "allocated",
-            Err(_) => "failed",
+            Ok(allocation) if allocation.reused => Outcome::Reused,
+            Ok(_) => Outcome::Allocated,
+            Err(_) => Outcome::Failed,
         };
-        self.inner
-            .metrics
-            .allocation(key.resource.as_str(), outcome);
+        per_resource
+            .series
+            .allocation(&self.inner.metrics, key.resource.as_str(), outcome);
         match &result {
             Ok(allocation) if !allocation.reused => self.inner.registry.events().record(
                 EventKind::Allocated,
@@ -336,11 +348,25 @@ impl Allocator {
         result
     }
 
+    /// What is kept for `resource` (made at its first allocation).
+    fn per_resource(&self, resource: &ResourceName) -> Arc<PerResource> {
+        let mut resources = self
+            .inner
+            .resources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match resources.get(resource.as_str()) {
+            Some(kept) => Arc::clone(kept),
+            None => Arc::clone(resources.entry(resource.clone()).or_default()),
+        }
+    }
+
     async fn choose_and_commit(
         &self,
         key: HolderKey,
         count: u32,
         pod: Option<PodName>,
+        per_resource: &PerResource,
     ) -> Result<Allocation, AllocateError> {
         let resource = key.resource.clone();
         if count == 0 {
@@ -349,19 +375,8 @@ impl Allocator {
         if self.inner.cancel.is_cancelled() {
             return Err(AllocateError::Stopped);
         }
-        let decision = {
-            let mut locks = self
-                .inner
-                .decisions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            match locks.get(resource.as_str()) {
-                Some(lock) => lock.clone(),
-                None => locks.entry(resource.clone()).or_default().clone(),
-            }
-        };
         let mut clock = StageClock::start(&self.inner.metrics, Operation::Allocate);
-        let decision = decision.lock_owned().await;
+        let decision = per_resource.decision.lock().await;
         clock.done(Stage::Queue);
 
         let (available, offered, preferred_available, channel) =
@@ -455,12 +470,21 @@ impl Allocator {
         clock.done(Stage::Reserve);
 
         let free_spent = async move {
-            // Once the request is on its way (the connection's task runs first), not before.
-            tokio::task::yield_now().await;
+            // Once the request is on its way (the connection's task runs first), not before. A
+            // reused instance leaves nothing to free: no extra turn of the task then.
+            if !spent.is_empty() {
+                tokio::task::yield_now().await;
+            }
             drop(spent);
         };
         let (answered, ()) = tokio::join!(
-            call_plugin(plugin, &key, &chosen, &self.inner.metrics),
+            call_plugin(
+                plugin,
+                &key,
+                &chosen,
+                &self.inner.metrics,
+                &per_resource.series
+            ),
             free_spent
         );
         clock.done(Stage::Plugin);
@@ -988,6 +1012,7 @@ async fn call_plugin(
     key: &HolderKey,
     chosen: &Arc<[DeviceId]>,
     metrics: &Metrics,
+    series: &ResourceSeries,
 ) -> Result<ReadAnswer, AllocateError> {
     let request = AllocateIds(Arc::clone(chosen));
     let started = std::time::Instant::now();
@@ -996,7 +1021,7 @@ async fn call_plugin(
         crate::endpoint::allocate(plugin.channel.clone(), request),
     )
     .await;
-    metrics.allocate_call(key.resource.as_str(), started.elapsed());
+    series.allocate_call(metrics, key.resource.as_str(), started.elapsed());
     let answer = answer.map_err(|status| AllocateError::Allocate {
         resource: key.resource.clone(),
         devices: chosen.to_vec(),

@@ -237,23 +237,6 @@ impl Metrics {
             .inc();
     }
 
-    pub(crate) fn allocate_call(&self, resource_name: &str, elapsed: Duration) {
-        self.alloc_duration
-            .get_or_create(&ResourceLabel {
-                resource_name: resource_name.to_owned(),
-            })
-            .observe(elapsed.as_secs_f64());
-    }
-
-    pub(crate) fn allocation(&self, resource_name: &str, outcome: &'static str) {
-        self.allocations
-            .get_or_create(&ResourceOutcome {
-                resource_name: resource_name.to_owned(),
-                outcome,
-            })
-            .inc();
-    }
-
     pub(crate) fn released(&self, resource_name: &str) {
         self.released
             .get_or_create(&ResourceLabel {
@@ -320,6 +303,68 @@ impl<'a> StageClock<'a> {
             now.saturating_duration_since(self.last),
         );
         self.last = now;
+    }
+}
+
+/// How an allocation request ended, as `pluglet_device_allocations` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// New devices allocated.
+    Allocated,
+    /// The container's allocation already held, answered again.
+    Reused,
+    /// Refused or failed.
+    Failed,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Allocated => "allocated",
+            Outcome::Reused => "reused",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// One resource's allocation series, each looked up in its family at its first use and kept
+/// (with the allocator's other state of the resource): a family lookup copies the name and
+/// hashes it, on every allocation otherwise. A series appears at its first use, as before.
+#[derive(Debug, Default)]
+pub(crate) struct ResourceSeries {
+    alloc_duration: OnceLock<Histogram>,
+    /// By [`Outcome`].
+    allocations: [OnceLock<Counter>; 3],
+}
+
+impl ResourceSeries {
+    /// The plugin's `Allocate` call for `resource_name` took `elapsed`.
+    pub(crate) fn allocate_call(&self, metrics: &Metrics, resource_name: &str, elapsed: Duration) {
+        self.alloc_duration
+            .get_or_init(|| {
+                metrics
+                    .alloc_duration
+                    .get_or_create(&ResourceLabel {
+                        resource_name: resource_name.to_owned(),
+                    })
+                    .clone()
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// An allocation request for `resource_name` ended with `outcome`.
+    pub(crate) fn allocation(&self, metrics: &Metrics, resource_name: &str, outcome: Outcome) {
+        self.allocations[outcome as usize]
+            .get_or_init(|| {
+                metrics
+                    .allocations
+                    .get_or_create(&ResourceOutcome {
+                        resource_name: resource_name.to_owned(),
+                        outcome: outcome.label(),
+                    })
+                    .clone()
+            })
+            .inc();
     }
 }
 
