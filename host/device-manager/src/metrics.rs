@@ -329,7 +329,7 @@ impl Outcome {
 
 /// One resource's allocation series, each looked up in its family at its first use and kept
 /// (with the allocator's other state of the resource): a family lookup copies the name and
-/// hashes it, on every allocation otherwise. A series appears at its first use, as before.
+/// hashes it, on every allocation otherwise. A series is exposed from its first use on.
 #[derive(Debug, Default)]
 pub(crate) struct ResourceSeries {
     alloc_duration: OnceLock<Histogram>,

@@ -411,24 +411,38 @@ impl PodDevices {
     /// The keys of the entries of pods not in `keep`, sorted (see
     /// [`PodDevices::release_not_kept`]).
     pub fn not_kept(&self, keep: &std::collections::BTreeSet<PodUid>) -> Vec<HolderKey> {
+        use std::cmp::Ordering;
         use std::ops::Bound;
         /// Steps over kept pods before jumping with a lookup.
         const STEPS: usize = 8;
         let mut kept = keep.range::<PodUid, _>(..).peekable();
+        // The kept pod matched last: the entries after it of the same pod are kept too.
+        let mut matched: Option<&PodUid> = None;
         let mut keys = Vec::new();
         for key in self.entries.keys() {
             let pod = &key.0.pod_uid;
             let mut steps = 0;
-            while kept.next_if(|k| *k < pod).is_some() {
-                steps += 1;
-                if steps == STEPS {
-                    kept = keep
-                        .range::<PodUid, _>((Bound::Included(pod), Bound::Unbounded))
-                        .peekable();
-                    break;
+            // One comparison per entry while the two lists go in step (every held pod kept).
+            let is_kept = loop {
+                match kept.peek().map(|k| k.as_str().cmp(pod.as_str())) {
+                    Some(Ordering::Less) => {
+                        kept.next();
+                        steps += 1;
+                        if steps == STEPS {
+                            kept = keep
+                                .range::<PodUid, _>((Bound::Included(pod), Bound::Unbounded))
+                                .peekable();
+                            steps = 0;
+                        }
+                    }
+                    Some(Ordering::Equal) => {
+                        matched = kept.next();
+                        break true;
+                    }
+                    Some(Ordering::Greater) | None => break matched == Some(pod),
                 }
-            }
-            if kept.peek() != Some(&pod) {
+            };
+            if !is_kept {
                 keys.push(HolderKey::clone(&key.0));
             }
         }
@@ -924,6 +938,33 @@ mod tests {
             .collect();
         assert_eq!(freed, ["a", "k050x", "z"]);
         assert_eq!(pods.len(), 3);
+    }
+
+    proptest::proptest! {
+        /// The side-by-side walk finds exactly the entries whose pod is not kept: pods with
+        /// several entries, runs of kept pods longer than the steps before a jump, kept pods
+        /// holding nothing.
+        #[test]
+        fn not_kept_is_every_entry_of_a_pod_not_kept(
+            held in proptest::collection::vec((0u8..60, 0u8..3), 0..80),
+            keep in proptest::collection::btree_set(0u8..70, 0..70),
+        ) {
+            let mut pods = PodDevices::default();
+            for (i, (pod, container)) in held.iter().enumerate() {
+                pods.insert(
+                    key(&format!("p{pod:02}"), &format!("c{container}")),
+                    allocated(&[&format!("d{i}")]),
+                );
+            }
+            let keep: BTreeSet<PodUid> =
+                keep.iter().map(|p| PodUid::from(format!("p{p:02}"))).collect();
+            let expected: Vec<HolderKey> = pods
+                .iter()
+                .map(|(k, _)| k.clone())
+                .filter(|k| !keep.contains(&k.pod_uid))
+                .collect();
+            proptest::prop_assert_eq!(pods.not_kept(&keep), expected);
+        }
     }
 
     #[test]
