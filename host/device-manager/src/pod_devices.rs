@@ -415,8 +415,10 @@ impl PodDevices {
         use std::ops::Bound;
         /// Steps over kept pods before jumping with a lookup.
         const STEPS: usize = 8;
-        let mut kept = keep.range::<PodUid, _>(..).peekable();
-        // The kept pod matched last: the entries after it of the same pod are kept too.
+        let mut kept = keep.range::<PodUid, _>(..);
+        // The first kept pod not passed yet, and the one matched last (the entries after it
+        // of the same pod are kept too).
+        let mut next = kept.next();
         let mut matched: Option<&PodUid> = None;
         let mut keys = Vec::new();
         for key in self.entries.keys() {
@@ -424,22 +426,25 @@ impl PodDevices {
             let mut steps = 0;
             // One comparison per entry while the two lists go in step (every held pod kept).
             let is_kept = loop {
-                match kept.peek().map(|k| k.as_str().cmp(pod.as_str())) {
-                    Some(Ordering::Less) => {
-                        kept.next();
+                let Some(candidate) = next else {
+                    break matched == Some(pod);
+                };
+                match candidate.as_str().cmp(pod.as_str()) {
+                    Ordering::Less => {
                         steps += 1;
                         if steps == STEPS {
-                            kept = keep
-                                .range::<PodUid, _>((Bound::Included(pod), Bound::Unbounded))
-                                .peekable();
+                            kept =
+                                keep.range::<PodUid, _>((Bound::Included(pod), Bound::Unbounded));
                             steps = 0;
                         }
+                        next = kept.next();
                     }
-                    Some(Ordering::Equal) => {
-                        matched = kept.next();
+                    Ordering::Equal => {
+                        matched = next;
+                        next = kept.next();
                         break true;
                     }
-                    Some(Ordering::Greater) | None => break matched == Some(pod),
+                    Ordering::Greater => break matched == Some(pod),
                 }
             };
             if !is_kept {
