@@ -943,18 +943,10 @@ fn holding_text(
     } else {
         " devices ("
     };
+    let holder = [") ", link, " pod ", pod_uid, " container ", container];
     let ids_len: usize = ids.iter().map(|id| id.as_str().len() + 1).sum();
-    let tail_len: usize = tail.iter().map(|t| t.len()).sum();
-    let mut text = String::with_capacity(
-        count.len()
-            + noun.len()
-            + ids_len
-            + link.len()
-            + pod_uid.len()
-            + container.len()
-            + tail_len
-            + 20,
-    );
+    let rest_len: usize = holder.iter().chain(tail).map(|part| part.len()).sum();
+    let mut text = String::with_capacity(count.len() + noun.len() + ids_len + rest_len);
     text.push_str(&count);
     text.push_str(noun);
     for (i, id) in ids.iter().enumerate() {
@@ -963,10 +955,7 @@ fn holding_text(
         }
         text.push_str(id.as_str());
     }
-    for part in [") ", link, " pod ", pod_uid, " container ", container] {
-        text.push_str(part);
-    }
-    for part in tail {
+    for part in holder.iter().chain(tail) {
         text.push_str(part);
     }
     text
