@@ -292,9 +292,16 @@ struct Fields {
 }
 
 impl Fields {
+    /// Empties the buffers; ones a large block grew past [`KEPT_BUFFER`] are freed.
     fn clear(&mut self) {
-        self.bytes.clear();
-        self.ends.clear();
+        if self.bytes.capacity() > KEPT_BUFFER
+            || self.ends.capacity() * std::mem::size_of::<(usize, usize)>() > KEPT_BUFFER
+        {
+            *self = Fields::default();
+        } else {
+            self.bytes.clear();
+            self.ends.clear();
+        }
     }
 
     fn push(&mut self, name: &[u8], value: &[u8]) {
@@ -339,7 +346,7 @@ struct Rewriter {
     decoder: Decoder,
     /// A block has been rewritten on this connection: every later block is re-encoded.
     rewriting: bool,
-    /// The last block's fields.
+    /// The fields of the block being finished (empty in between).
     fields: Fields,
     /// Buffers of a finished block, for the next one: payload, raw frames, fragments.
     spare: [Vec<u8>; 3],
@@ -561,6 +568,7 @@ impl Rewriter {
         if header.flags & FLAG_END_HEADERS != 0 {
             let block = self.block.take().expect("a header block is open");
             let finished = self.finish_block(&block, out);
+            self.fields.clear();
             self.spare[1] = keep(block.raw);
             self.spare[2] = keep(block.fragment);
             finished?;
