@@ -221,7 +221,7 @@ impl AllocationInfo {
 
 struct Inner {
     pods: Arc<Mutex<PodDevices>>,
-    /// What is kept per resource, looked up once per allocation.
+    /// What is kept per resource, looked up once per allocation or release.
     resources: Mutex<HashMap<ResourceName, Arc<PerResource>, NameHasher>>,
     next_token: AtomicU64,
     registry: Registry,
@@ -348,7 +348,7 @@ impl Allocator {
         result
     }
 
-    /// What is kept for `resource` (made at its first allocation).
+    /// What is kept for `resource` (made at its first allocation or release).
     fn per_resource(&self, resource: &ResourceName) -> Arc<PerResource> {
         let mut resources = self
             .inner
@@ -656,7 +656,9 @@ impl Allocator {
             "devices released"
         );
         for a in &released {
-            self.inner.metrics.released(a.resource.as_str());
+            self.per_resource(&a.resource)
+                .series
+                .released(&self.inner.metrics, a.resource.as_str());
             self.inner.registry.events().record(
                 EventKind::Released,
                 a.resource.as_str(),

@@ -237,14 +237,6 @@ impl Metrics {
             .inc();
     }
 
-    pub(crate) fn released(&self, resource_name: &str) {
-        self.released
-            .get_or_create(&ResourceLabel {
-                resource_name: resource_name.to_owned(),
-            })
-            .inc();
-    }
-
     /// One `fdatasync` made journal records durable.
     pub(crate) fn journal_sync(&self) {
         self.journal_syncs.inc();
@@ -327,14 +319,16 @@ impl Outcome {
     }
 }
 
-/// One resource's allocation series, each looked up in its family at its first use and kept
-/// (with the allocator's other state of the resource): a family lookup copies the name and
-/// hashes it, on every allocation otherwise. A series is exposed from its first use on.
+/// One resource's allocation and release series, each looked up in its family at its first
+/// use and kept (with the allocator's other state of the resource): a family lookup copies the
+/// name and hashes it, on every allocation and release otherwise. A series is exposed from its
+/// first use on.
 #[derive(Debug, Default)]
 pub(crate) struct ResourceSeries {
     alloc_duration: OnceLock<Histogram>,
     /// By [`Outcome`].
     allocations: [OnceLock<Counter>; 3],
+    released: OnceLock<Counter>,
 }
 
 impl ResourceSeries {
@@ -350,6 +344,20 @@ impl ResourceSeries {
                     .clone()
             })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// An allocation of `resource_name` was released.
+    pub(crate) fn released(&self, metrics: &Metrics, resource_name: &str) {
+        self.released
+            .get_or_init(|| {
+                metrics
+                    .released
+                    .get_or_create(&ResourceLabel {
+                        resource_name: resource_name.to_owned(),
+                    })
+                    .clone()
+            })
+            .inc();
     }
 
     /// An allocation request for `resource_name` ended with `outcome`.

@@ -426,11 +426,8 @@ impl PodDevices {
             let mut steps = 0;
             // One comparison per entry while the two lists go in step (every held pod kept).
             let is_kept = loop {
-                let Some(candidate) = next else {
-                    break matched == Some(pod);
-                };
-                match candidate.as_str().cmp(pod.as_str()) {
-                    Ordering::Less => {
+                match next.map(|candidate| candidate.as_str().cmp(pod.as_str())) {
+                    Some(Ordering::Less) => {
                         steps += 1;
                         if steps == STEPS {
                             kept =
@@ -439,12 +436,12 @@ impl PodDevices {
                         }
                         next = kept.next();
                     }
-                    Ordering::Equal => {
+                    Some(Ordering::Equal) => {
                         matched = next;
                         next = kept.next();
                         break true;
                     }
-                    Ordering::Greater => break matched == Some(pod),
+                    Some(Ordering::Greater) | None => break matched == Some(pod),
                 }
             };
             if !is_kept {

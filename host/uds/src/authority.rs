@@ -339,6 +339,17 @@ fn keep(buf: Vec<u8>) -> Vec<u8> {
     buf
 }
 
+/// A finished block's buffers (see [`Block`]), kept for the next block.
+#[derive(Default)]
+struct SpareBuffers {
+    /// A HEADERS or CONTINUATION frame's payload.
+    payload: Vec<u8>,
+    /// The original frames.
+    raw: Vec<u8>,
+    /// The header block fragments.
+    fragment: Vec<u8>,
+}
+
 /// The client→server half of the layer, without I/O: bytes in, bytes out.
 struct Rewriter {
     state: State,
@@ -348,8 +359,8 @@ struct Rewriter {
     rewriting: bool,
     /// The fields of the block being finished (empty in between).
     fields: Fields,
-    /// Buffers of a finished block, for the next one: payload, raw frames, fragments.
-    spare: [Vec<u8>; 3],
+    /// The buffers of a finished block, emptied, for the next one.
+    spare: SpareBuffers,
 }
 
 impl Rewriter {
@@ -483,7 +494,7 @@ impl Rewriter {
                 len: so_far + header.len,
             });
         }
-        let mut payload = std::mem::take(&mut self.spare[0]);
+        let mut payload = std::mem::take(&mut self.spare.payload);
         if header.len == 0 {
             // An empty payload completes at once; `feed` would not come back for it.
             self.state = next_frame();
@@ -536,10 +547,10 @@ impl Rewriter {
                 self.give_up(out, &raw, "HEADERS padding longer than the frame");
                 return Ok(());
             }
-            let mut raw = std::mem::take(&mut self.spare[1]);
+            let mut raw = std::mem::take(&mut self.spare.raw);
             raw.extend_from_slice(&header.raw);
             raw.extend_from_slice(&payload);
-            let mut fragment = std::mem::take(&mut self.spare[2]);
+            let mut fragment = std::mem::take(&mut self.spare.fragment);
             fragment.extend_from_slice(&payload[start..payload.len() - pad]);
             self.block = Some(Block {
                 stream_id: header.stream_id,
@@ -564,13 +575,13 @@ impl Rewriter {
             block.raw.extend_from_slice(&payload);
             block.fragment.extend_from_slice(&payload);
         }
-        self.spare[0] = keep(payload);
+        self.spare.payload = keep(payload);
         if header.flags & FLAG_END_HEADERS != 0 {
             let block = self.block.take().expect("a header block is open");
             let finished = self.finish_block(&block, out);
             self.fields.clear();
-            self.spare[1] = keep(block.raw);
-            self.spare[2] = keep(block.fragment);
+            self.spare.raw = keep(block.raw);
+            self.spare.fragment = keep(block.fragment);
             finished?;
         }
         Ok(())
