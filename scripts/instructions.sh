@@ -222,8 +222,10 @@ rewrites() {
 
 # Dumps the counters (one file per thread) and prints the instructions since the previous dump:
 # every thread, then the checkpoint writer's thread (the thread that computed a kubelet
-# checksum: the writer runs on a thread of its own, and nothing else computes one) with the
-# memory purger's (the idle trim after a rewrite; see the comment at the top).
+# checksum: the writer runs on a thread of its own, and nothing else computes one; named
+# `KubeletCheckpoint::checksum` since the checkpoint is written from kept bytes, and
+# `pluglet_checkpoint::checksum::checksum` in builds before it) with the memory purger's (the
+# idle trim after a rewrite; see the comment at the top).
 dump() {
     callgrind_control --dump "$DAEMON_PID" >/dev/null 2>&1
     local files=("$CG_DIR"/cg.out.*)
@@ -232,7 +234,7 @@ dump() {
         exit 1
     }
     awk '/^(summary|totals):/ { n[FILENAME] = $2 }
-        /^fn=.*pluglet_checkpoint::checksum::checksum/ { writer[FILENAME] = 1 }
+        /^fn=.*(KubeletCheckpoint::checksum|pluglet_checkpoint::checksum::checksum)/ { writer[FILENAME] = 1 }
         /^fn=.*pluglet::ops::memory::purger/ { writer[FILENAME] = 1 }
         END { for (f in n) { all += n[f]; if (f in writer) w += n[f] }; print all + 0, w + 0 }' "${files[@]}"
     if [ -n "${KEEP:-}" ] && [ -n "${1:-}" ]; then

@@ -62,7 +62,7 @@ impl PodDevicesEntry {
         self.parts().encode()
     }
 
-    fn parts(&self) -> EntryParts<'_, String> {
+    pub(crate) fn parts(&self) -> EntryParts<'_, String> {
         EntryParts {
             pod_uid: &self.pod_uid,
             container_name: &self.container_name,
@@ -242,21 +242,57 @@ impl CheckpointData {
     }
 
     fn encode_stamped(&self, checksum: u64) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.size_hint());
-        put_entries(
-            &mut out,
+        Self::encode_parts(
+            self.size_hint(),
             self.pod_device_entries.as_deref().map(<[_]>::iter),
             encode_entry,
-        );
+            // BTreeMap<String, _> iterates in byte order, which is Go's string order.
+            self.registered_devices
+                .iter()
+                .map(|(resource, ids)| (resource.as_str(), ids.as_deref())),
+            checksum,
+        )
+    }
+
+    /// [`CheckpointData::checksum`] of data its caller keeps in its own types: the entries as
+    /// borrowed parts (`None`: a nil list), the registered devices as (resource, ids) sorted by
+    /// resource name byte-wise (ids `None`: a nil list). Equal to the checksum of the
+    /// `CheckpointData` holding the same values.
+    pub fn checksum_of_parts<'a, S, R>(
+        entries: Option<impl Iterator<Item = EntryParts<'a, S>>>,
+        registered: impl Iterator<Item = (&'a str, Option<&'a [R]>)>,
+    ) -> u64
+    where
+        S: AsRef<str> + 'a,
+        R: AsRef<str> + 'a,
+    {
+        checksum::checksum_of_parts(entries, Some(registered))
+    }
+
+    /// The whole file, as [`CheckpointData::encode`] writes it, from data its caller keeps in
+    /// its own types: `put_entry` writes each entry of `entries` (`None`: a nil list) as
+    /// [`PodDevicesEntry::encode`] would, `registered` and `checksum` as in
+    /// [`CheckpointData::checksum_of_parts`]. `capacity` sizes the buffer once.
+    pub fn encode_parts<'a, T, R>(
+        capacity: usize,
+        entries: Option<impl Iterator<Item = T>>,
+        put_entry: impl FnMut(&mut Vec<u8>, T),
+        registered: impl Iterator<Item = (&'a str, Option<&'a [R]>)>,
+        checksum: u64,
+    ) -> Vec<u8>
+    where
+        R: AsRef<str> + 'a,
+    {
+        let mut out = Vec::with_capacity(capacity);
+        put_entries(&mut out, entries, put_entry);
         out.extend_from_slice(b",\"RegisteredDevices\":{");
-        // BTreeMap<String, _> iterates in byte order, which is Go's string order.
-        for (i, (resource, ids)) in self.registered_devices.iter().enumerate() {
+        for (i, (resource, ids)) in registered.enumerate() {
             if i > 0 {
                 out.push(b',');
             }
             put_json_string(&mut out, resource);
             out.push(b':');
-            put_json_strings(&mut out, ids.as_deref());
+            put_json_strings(&mut out, ids);
         }
         out.extend_from_slice(b"}},\"Checksum\":");
         out.extend_from_slice(checksum.to_string().as_bytes());

@@ -34,7 +34,7 @@ use crate::cdi::{Handoff, Reconciled};
 use crate::devices::DeviceSet;
 use crate::error::{AllocateError, ReleaseError, StartError};
 use crate::kind::DevicePluginKind;
-use crate::persistence::files::{SideResource, SideState, kubelet_data};
+use crate::persistence::files::{KubeletCheckpoint, SideResource, SideState};
 use crate::persistence::restore::RestoreReport;
 use crate::persistence::{
     JOURNAL_FILE_NAME, Paths, Persistence, SIDE_FILE_NAME, SideSource, Snapshot,
@@ -515,7 +515,7 @@ fn snapshot_source(
     move |with_side| {
         let resources = registry.device_sets();
         let pods = allocator.snapshot();
-        let data = kubelet_data(resources.iter().map(|(k, d)| (k, d)), &pods);
+        let data = KubeletCheckpoint::of(resources.iter().map(|(k, d)| (k, d)), pods);
         let side = with_side.then(|| {
             let policies: Vec<(String, String)> = resources
                 .iter()

@@ -426,7 +426,14 @@ impl PodDevices {
             let mut steps = 0;
             // One comparison per entry while the two lists go in step (every held pod kept).
             let is_kept = loop {
-                match next.map(|candidate| candidate.as_str().cmp(pod.as_str())) {
+                match next.map(|candidate| {
+                    // Equality first: in step it is the usual answer, and cheaper to get.
+                    if candidate.as_str() == pod.as_str() {
+                        Ordering::Equal
+                    } else {
+                        candidate.as_str().cmp(pod.as_str())
+                    }
+                }) {
                     Some(Ordering::Less) => {
                         steps += 1;
                         if steps == STEPS {
@@ -519,14 +526,24 @@ impl PodDevices {
         &'a self,
         encode: impl Fn(&HolderKey, &Holding) -> Vec<u8> + 'a,
     ) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.encoded_entries(encode).map(|(_, _, bytes)| bytes)
+    }
+
+    /// [`PodDevices::encoded`], each with its key and entry.
+    pub fn encoded_entries<'a>(
+        &'a self,
+        encode: impl Fn(&HolderKey, &Holding) -> Vec<u8> + 'a,
+    ) -> impl Iterator<Item = (&'a HolderKey, &'a Holding, &'a [u8])> + 'a {
         self.entries
             .iter()
             .filter_map(move |(key, kept)| match kept.entry.state {
-                HoldingState::Allocated { .. } => Some(
+                HoldingState::Allocated { .. } => Some((
+                    &*key.0,
+                    &kept.entry,
                     &**kept
                         .encoded
                         .get_or_init(|| encode(&key.0, &kept.entry).into_boxed_slice()),
-                ),
+                )),
                 HoldingState::Reserved { .. } => None,
             })
     }

@@ -215,7 +215,7 @@ pub(crate) mod tests {
             let pods = pods.lock().unwrap().clone();
             let resources: BTreeMap<ResourceName, crate::devices::DeviceSet> = BTreeMap::new();
             let side = with_side.then(|| Box::new(SideState::default) as SideSource);
-            (files::kubelet_data(resources.iter(), &pods), side)
+            (files::KubeletCheckpoint::of(resources.iter(), pods), side)
         }
     }
 

@@ -172,7 +172,10 @@ mod tests {
             let pods = pods.clone();
             move |with_side: bool| {
                 let resources = BTreeMap::from([(ResourceName::from("vendor.com/gpu"), gpu_set())]);
-                let data = files::kubelet_data(resources.iter(), &pods.lock().unwrap());
+                let data = files::KubeletCheckpoint::of(
+                    resources.iter(),
+                    pods.lock().unwrap().without_index(),
+                );
                 let side = with_side.then(|| {
                     Box::new(move || SideState {
                         resources: BTreeMap::from([(

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pluglet_checkpoint::{CheckpointData, CheckpointError, Durability};
+use pluglet_checkpoint::{CheckpointError, Durability};
 use pluglet_core::error_chain;
 use tokio_util::sync::CancellationToken;
 
 use super::Persistence;
-use super::files::{self, SideState};
+use super::files::{self, KubeletCheckpoint, SideState};
 use crate::error::WriterError;
 
 /// The first retry of a failed checkpoint write comes after this long; each next one after
@@ -22,8 +22,9 @@ const RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// What the writer writes: the kubelet checkpoint, and the side file when asked for. The side
 /// file comes as a function that builds it from what the snapshot took (shared device sets), so
-/// that it is built after the disk lock is released.
-pub(crate) type Snapshot = (CheckpointData, Option<SideSource>);
+/// that it is built after the disk lock is released; so are the checkpoint's bytes (only its
+/// checksum is needed under the lock).
+pub(crate) type Snapshot = (KubeletCheckpoint, Option<SideSource>);
 
 /// Builds the side file's content of a snapshot.
 pub(crate) type SideSource = Box<dyn FnOnce() -> SideState + Send>;
@@ -66,14 +67,17 @@ impl Persistence {
             // Every request so far is covered by the snapshot taken below.
             let target = requests.requested();
             let with_side = requests.take_devices_changed();
-            let (bytes, checksum, side) = {
+            let (data, checksum, side) = {
                 // Under the disk lock, so a journal record made after this snapshot names it.
                 let mut disk = self.inner.disk.lock().await;
                 let (data, side) = snapshot(with_side);
-                let (bytes, checksum) = data.encode_with_checksum();
+                let checksum = data.checksum();
                 disk.writing(checksum);
-                (bytes, checksum, side)
+                (data, checksum, side)
             };
+            let bytes = data.encode(checksum);
+            // The snapshot's copy of the state goes before the writes start.
+            drop(data);
             let paths = &self.inner.paths;
             let started = Instant::now();
             let result = files::write_files(
