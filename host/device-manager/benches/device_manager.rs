@@ -14,6 +14,10 @@
 //!   "1 of 64, 10,000 held": 64 devices free among 10,064, the other 10,000 held by
 //!   containers restored from a kubelet checkpoint written before the start (a node that
 //!   filled up), against "1 of 64, none held";
+//!   Each timed allocation follows the checkpoint write of the release before it, which on
+//!   the full node takes milliseconds: the machine idles meanwhile, and on a VM the wake-up that
+//!   follows costs more than the allocation's own work. `PLUGLET_BENCH_GAP_MS=<ms>` pauses
+//!   that long before every timed allocation of every row, so rows compare from the same idle;
 //! - update 10,000: one ListAndWatch update of 10,000 devices (one health flips) → applied;
 //! - with CDI spec: the same allocation with the CDI hand-off on (the spec written before the
 //!   answer, on a tmpfs as `/var/run/cdi` is on a systemd node); and the spec write alone
@@ -33,6 +37,12 @@ use tokio_util::sync::CancellationToken;
 /// The daemon's allocator (see `host/src/main.rs`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// `PLUGLET_BENCH_GAP_MS`: a pause before each timed allocation, the same for every row.
+fn gap() -> Option<Duration> {
+    let ms: u64 = std::env::var("PLUGLET_BENCH_GAP_MS").ok()?.parse().ok()?;
+    Some(Duration::from_millis(ms))
+}
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -190,6 +200,9 @@ async fn bench_allocate(
         // Untimed: let the checkpoint writes that follow the answers finish, so each timed
         // allocation starts on an idle node (as the kubelet's figures do).
         manager.wait_checkpoint().await.expect("checkpoint");
+        if let Some(gap) = gap() {
+            tokio::time::sleep(gap).await;
+        }
     }
     manager.shutdown().await;
     median(samples)
