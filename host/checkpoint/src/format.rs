@@ -121,7 +121,8 @@ impl<S: AsRef<str>> EntryParts<'_, S> {
         96 + strings + ids + numa + response
     }
 
-    fn put(&self, out: &mut Vec<u8>) {
+    /// [`EntryParts::encode`] appended to `out`.
+    pub fn put(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"PodUID\":");
         put_json_string(out, self.pod_uid);
         out.extend_from_slice(b",\"ContainerName\":");

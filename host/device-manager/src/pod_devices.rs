@@ -526,24 +526,30 @@ impl PodDevices {
         &'a self,
         encode: impl Fn(&HolderKey, &Holding) -> Vec<u8> + 'a,
     ) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.encoded_entries(encode).map(|(_, _, bytes)| bytes)
-    }
-
-    /// [`PodDevices::encoded`], each with its key and entry.
-    pub fn encoded_entries<'a>(
-        &'a self,
-        encode: impl Fn(&HolderKey, &Holding) -> Vec<u8> + 'a,
-    ) -> impl Iterator<Item = (&'a HolderKey, &'a Holding, &'a [u8])> + 'a {
         self.entries
             .iter()
             .filter_map(move |(key, kept)| match kept.entry.state {
-                HoldingState::Allocated { .. } => Some((
-                    &*key.0,
-                    &kept.entry,
+                HoldingState::Allocated { .. } => Some(
                     &**kept
                         .encoded
                         .get_or_init(|| encode(&key.0, &kept.entry).into_boxed_slice()),
-                )),
+                ),
+                HoldingState::Reserved { .. } => None,
+            })
+    }
+
+    /// The allocated entries (reserved ones are left out), sorted by pod, container and
+    /// resource, each with the bytes [`PodDevices::encoded`] keeps for it if it has been
+    /// encoded (nothing is encoded or kept here).
+    pub fn allocated_with_bytes(
+        &self,
+    ) -> impl Iterator<Item = (&HolderKey, &Holding, Option<&[u8]>)> {
+        self.entries
+            .iter()
+            .filter_map(|(key, kept)| match kept.entry.state {
+                HoldingState::Allocated { .. } => {
+                    Some((&*key.0, &kept.entry, kept.encoded.get().map(|b| &**b)))
+                }
                 HoldingState::Reserved { .. } => None,
             })
     }

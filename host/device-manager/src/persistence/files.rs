@@ -170,11 +170,16 @@ impl KubeletCheckpoint {
     }
 
     /// The file, stamped with `checksum` (this checkpoint's [`KubeletCheckpoint::checksum`]).
+    /// An entry the journal has not encoded yet (restored at start, say) is written from its
+    /// parts and not kept: the checkpoint alone does not make the state hold every entry's bytes.
     pub fn encode(&self, checksum: u64) -> Vec<u8> {
-        let entries: Vec<(&Holding, &[u8])> = self
+        let entries: Vec<Listed<'_>> = self
             .pods
-            .encoded_entries(encode_entry)
-            .map(|(_, entry, bytes)| (entry, bytes))
+            .allocated_with_bytes()
+            .filter_map(|(key, entry, bytes)| match bytes {
+                Some(bytes) => Some(Listed::Kept(entry, bytes)),
+                None => entry_parts(key, entry).map(Listed::Parts),
+            })
             .collect();
         let ids: usize = self
             .registered
@@ -183,15 +188,30 @@ impl KubeletCheckpoint {
                 name.as_str().len() + 8 + ids.iter().map(|id| id.as_str().len() + 3).sum::<usize>()
             })
             .sum();
-        let size = 128 + ids + entries.iter().map(|(_, e)| e.len() + 1).sum::<usize>();
+        let listed: usize = entries
+            .iter()
+            .map(|entry| match entry {
+                Listed::Kept(_, bytes) => bytes.len() + 1,
+                Listed::Parts(_) => 512,
+            })
+            .sum();
         CheckpointData::encode_parts(
-            size,
+            128 + ids + listed,
             (!entries.is_empty()).then(|| entries.into_iter()),
-            |out, (entry, bytes)| put_kubelet_entry(out, entry, bytes),
+            |out, entry| match entry {
+                Listed::Kept(entry, bytes) => put_kubelet_entry(out, entry, bytes),
+                Listed::Parts(parts) => parts.put(out),
+            },
             self.registered(),
             checksum,
         )
     }
+}
+
+/// An entry of [`KubeletCheckpoint::encode`]: its kept bytes, or its parts when it has none.
+enum Listed<'a> {
+    Kept(&'a Holding, &'a [u8]),
+    Parts(EntryParts<'a, DeviceId>),
 }
 
 /// An entry's kept bytes ([`encode_entry`]) as the kubelet's checkpoint lists it: without the
@@ -610,9 +630,12 @@ pub(crate) mod tests {
                 pod: None,
             },
         );
-        // Once before the journal keeps each entry's bytes, once after.
+        // Once before the journal keeps each entry's bytes (the checkpoint keeps none), once
+        // after.
         same(&resources, &pods);
+        assert!(pods.allocated_with_bytes().all(|(_, _, bytes)| bytes.is_none()));
         encode_journal(&[], &pods);
+        assert!(pods.allocated_with_bytes().all(|(_, _, bytes)| bytes.is_some()));
         same(&resources, &pods);
     }
 
