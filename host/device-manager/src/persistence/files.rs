@@ -524,6 +524,16 @@ pub(crate) mod tests {
     use crate::devices::Device;
     use crate::pod_devices::{HolderKey, Holding};
 
+    /// A reservation of device `id`.
+    fn reserved(id: &str, token: u64) -> Holding {
+        Holding {
+            devices: vec![id.into()].into(),
+            numa: Default::default(),
+            state: HoldingState::Reserved { token },
+            pod: None,
+        }
+    }
+
     pub(crate) fn gpu_set() -> DeviceSet {
         DeviceSet::new(vec![
             ListedDevice {
@@ -623,19 +633,20 @@ pub(crate) mod tests {
         );
         pods.insert(
             HolderKey::new("pod-r", "ctr", "vendor.com/gpu"),
-            Holding {
-                devices: vec!["d9".into()].into(),
-                numa: Default::default(),
-                state: HoldingState::Reserved { token: 1 },
-                pod: None,
-            },
+            reserved("d9", 1),
         );
         // Once before the journal keeps each entry's bytes (the checkpoint keeps none), once
         // after.
         same(&resources, &pods);
-        assert!(pods.allocated_with_bytes().all(|(_, _, bytes)| bytes.is_none()));
+        assert!(
+            pods.allocated_with_bytes()
+                .all(|(_, _, bytes)| bytes.is_none())
+        );
         encode_journal(&[], &pods);
-        assert!(pods.allocated_with_bytes().all(|(_, _, bytes)| bytes.is_some()));
+        assert!(
+            pods.allocated_with_bytes()
+                .all(|(_, _, bytes)| bytes.is_some())
+        );
         same(&resources, &pods);
     }
 
@@ -644,12 +655,7 @@ pub(crate) mod tests {
         let mut pods = PodDevices::default();
         pods.insert(
             HolderKey::new("pod-2", "ctr", "vendor.com/gpu"),
-            Holding {
-                devices: vec!["d2".into()].into(),
-                numa: Default::default(),
-                state: HoldingState::Reserved { token: 1 },
-                pod: None,
-            },
+            reserved("d2", 1),
         );
         pods.insert(
             HolderKey::new("pod-1", "ctr", "vendor.com/gpu"),
@@ -701,12 +707,7 @@ pub(crate) mod tests {
         }
         pods.insert(
             HolderKey::new("pod-r", "ctr", "vendor.com/gpu"),
-            Holding {
-                devices: vec!["d9".into()].into(),
-                numa: Default::default(),
-                state: HoldingState::Reserved { token: 3 },
-                pod: None,
-            },
+            reserved("d9", 3),
         );
         assert_eq!(encode_journal(&[], &pods), whole(&pods));
         // A copy shares the entries' bytes; its changes are its own.
