@@ -461,13 +461,17 @@ impl DeviceSet {
 
     /// Ids of the healthy devices, sorted (what the kubelet checkpoints as `RegisteredDevices`).
     pub fn healthy_ids(&self) -> Vec<DeviceId> {
+        self.healthy_id_strs().map(DeviceId::from).collect()
+    }
+
+    /// [`DeviceSet::healthy_ids`], borrowed from the set.
+    pub fn healthy_id_strs(&self) -> impl Iterator<Item = &str> {
         self.ids
             .by_id
             .iter()
             .map(|&at| at as usize)
             .filter(|&at| self.health[at] == Health::Healthy)
-            .map(|at| DeviceId::from(self.ids.column.get(at)))
-            .collect()
+            .map(|at| self.ids.column.get(at))
     }
 }
 

@@ -133,8 +133,8 @@ fn kubelet_entry(key: &HolderKey, entry: &Holding) -> Option<PodDevicesEntry> {
 pub struct KubeletCheckpoint {
     /// A copy of the state (without index: it is only read).
     pods: PodDevices,
-    /// The healthy device ids of each resource, sorted by resource name.
-    registered: Vec<(ResourceName, Vec<DeviceId>)>,
+    /// Each resource's devices (shared with the registry), sorted by resource name.
+    resources: Vec<(ResourceName, DeviceSet)>,
 }
 
 impl KubeletCheckpoint {
@@ -143,18 +143,20 @@ impl KubeletCheckpoint {
         resources: impl Iterator<Item = (&'a ResourceName, &'a DeviceSet)>,
         pods: PodDevices,
     ) -> KubeletCheckpoint {
-        let mut registered: Vec<(ResourceName, Vec<DeviceId>)> = resources
-            .map(|(name, devices)| (name.clone(), devices.healthy_ids()))
+        let mut resources: Vec<(ResourceName, DeviceSet)> = resources
+            .map(|(name, devices)| (name.clone(), devices.clone()))
             .collect();
         // Go's map order: keys sorted byte-wise.
-        registered.sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        KubeletCheckpoint { pods, registered }
+        resources.sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        KubeletCheckpoint { pods, resources }
     }
 
-    fn registered(&self) -> impl Iterator<Item = (&str, Option<&[DeviceId]>)> {
-        self.registered
+    /// `RegisteredDevices`: each resource's healthy ids, borrowed from its set.
+    fn registered(&self) -> Vec<(&str, Vec<&str>)> {
+        self.resources
             .iter()
-            .map(|(name, ids)| (name.as_str(), Some(ids.as_slice())))
+            .map(|(name, devices)| (name.as_str(), devices.healthy_id_strs().collect()))
+            .collect()
     }
 
     /// The kubelet's checksum of this checkpoint.
@@ -166,7 +168,13 @@ impl KubeletCheckpoint {
             .peekable();
         // The kubelet writes a nil slice when no pod holds devices.
         let listed = entries.peek().is_some().then_some(entries);
-        CheckpointData::checksum_of_parts(listed, self.registered())
+        let registered = self.registered();
+        CheckpointData::checksum_of_parts(
+            listed,
+            registered
+                .iter()
+                .map(|(name, ids)| (*name, Some(ids.as_slice()))),
+        )
     }
 
     /// The file, stamped with `checksum` (this checkpoint's [`KubeletCheckpoint::checksum`]).
@@ -181,12 +189,10 @@ impl KubeletCheckpoint {
                 None => entry_parts(key, entry).map(Listed::Parts),
             })
             .collect();
-        let ids: usize = self
-            .registered
+        let registered = self.registered();
+        let ids: usize = registered
             .iter()
-            .map(|(name, ids)| {
-                name.as_str().len() + 8 + ids.iter().map(|id| id.as_str().len() + 3).sum::<usize>()
-            })
+            .map(|(name, ids)| name.len() + 8 + ids.iter().map(|id| id.len() + 3).sum::<usize>())
             .sum();
         let listed: usize = entries
             .iter()
@@ -202,7 +208,9 @@ impl KubeletCheckpoint {
                 Listed::Kept(entry, bytes) => put_kubelet_entry(out, entry, bytes),
                 Listed::Parts(parts) => parts.put(out),
             },
-            self.registered(),
+            registered
+                .iter()
+                .map(|(name, ids)| (*name, Some(ids.as_slice()))),
             checksum,
         )
     }
