@@ -126,10 +126,10 @@ fn kubelet_entry(key: &HolderKey, entry: &Holding) -> Option<PodDevicesEntry> {
 /// The kubelet checkpoint of one snapshot of the state, written from the state's own strings
 /// and each entry's kept bytes (those of the journal, [`encode_entry`]) instead of through a
 /// [`CheckpointData`] copy of every entry: on a node holding 10,000 allocations the copy, its
-/// encoding and its drop were more than half as much work as the checksum itself. The checksum is
-/// taken apart from the bytes ([`KubeletCheckpoint::checksum`], [`KubeletCheckpoint::encode`])
-/// so that the writer computes only it under the disk lock. Both equal those of
-/// [`kubelet_data`] for the same state.
+/// encoding and its drop were more than half as much work as the checksum itself. The
+/// checksum is taken apart from the bytes ([`KubeletCheckpoint::checksum`],
+/// [`KubeletCheckpoint::encode`]) so that the writer computes only it under the disk lock.
+/// Both equal those of [`kubelet_data`] for the same state.
 pub struct KubeletCheckpoint {
     /// A copy of the state (without index: it is only read).
     pods: PodDevices,
