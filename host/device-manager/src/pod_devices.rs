@@ -136,6 +136,12 @@ impl Kept {
             encoded: OnceLock::new(),
         })
     }
+
+    /// The entry's bytes as `encode` makes them, encoded the first time they are asked for.
+    fn bytes(&self, key: &HolderKey, encode: impl Fn(&HolderKey, &Holding) -> Vec<u8>) -> &[u8] {
+        self.encoded
+            .get_or_init(|| encode(key, &self.entry).into_boxed_slice())
+    }
 }
 
 /// Every holder's devices, with a per-resource index of what is held.
@@ -216,10 +222,7 @@ impl PodDevices {
     ) -> Option<&[u8]> {
         let kept = self.entries.get(key)?;
         match kept.entry.state {
-            HoldingState::Allocated { .. } => Some(
-                kept.encoded
-                    .get_or_init(|| encode(key, &kept.entry).into_boxed_slice()),
-            ),
+            HoldingState::Allocated { .. } => Some(kept.bytes(key, encode)),
             HoldingState::Reserved { .. } => None,
         }
     }
@@ -526,16 +529,8 @@ impl PodDevices {
         &'a self,
         encode: impl Fn(&HolderKey, &Holding) -> Vec<u8> + 'a,
     ) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.entries
-            .iter()
-            .filter_map(move |(key, kept)| match kept.entry.state {
-                HoldingState::Allocated { .. } => Some(
-                    &**kept
-                        .encoded
-                        .get_or_init(|| encode(&key.0, &kept.entry).into_boxed_slice()),
-                ),
-                HoldingState::Reserved { .. } => None,
-            })
+        self.allocated()
+            .map(move |(key, kept)| kept.bytes(key, &encode))
     }
 
     /// The allocated entries (reserved ones are left out), sorted by pod, container and
@@ -544,12 +539,16 @@ impl PodDevices {
     pub fn allocated_with_bytes(
         &self,
     ) -> impl Iterator<Item = (&HolderKey, &Holding, Option<&[u8]>)> {
+        self.allocated()
+            .map(|(key, kept)| (key, &kept.entry, kept.encoded.get().map(|b| &**b)))
+    }
+
+    /// The allocated entries, sorted by pod, container and resource.
+    fn allocated(&self) -> impl Iterator<Item = (&HolderKey, &Kept)> {
         self.entries
             .iter()
             .filter_map(|(key, kept)| match kept.entry.state {
-                HoldingState::Allocated { .. } => {
-                    Some((&*key.0, &kept.entry, kept.encoded.get().map(|b| &**b)))
-                }
+                HoldingState::Allocated { .. } => Some((&*key.0, &**kept)),
                 HoldingState::Reserved { .. } => None,
             })
     }

@@ -79,57 +79,13 @@ impl SideResource {
     }
 }
 
-/// The kubelet checkpoint for these resources and allocations (reservations are not written:
-/// a container that never got its Allocate answer holds nothing after a restart).
-pub fn kubelet_data<'a>(
-    resources: impl Iterator<Item = (&'a ResourceName, &'a DeviceSet)>,
-    pods: &PodDevices,
-) -> CheckpointData {
-    let entries: Vec<PodDevicesEntry> = pods
-        .iter()
-        .filter_map(|(key, entry)| kubelet_entry(key, entry))
-        .collect();
-    CheckpointData {
-        // The kubelet writes a nil slice (`null`) when no pod holds devices.
-        pod_device_entries: (!entries.is_empty()).then_some(entries),
-        registered_devices: resources
-            .map(|(name, devices)| {
-                (
-                    name.to_string(),
-                    Some(DeviceId::into_wire(devices.healthy_ids())),
-                )
-            })
-            .collect(),
-    }
-}
-
-/// An allocated entry as the kubelet checkpoints it (`None` for a reserved one).
-fn kubelet_entry(key: &HolderKey, entry: &Holding) -> Option<PodDevicesEntry> {
-    match &entry.state {
-        HoldingState::Allocated { answer } => Some(PodDevicesEntry {
-            pod_uid: key.pod_uid.to_string(),
-            container_name: key.container.to_string(),
-            resource_name: key.resource.to_string(),
-            device_ids: Some(
-                entry
-                    .numa
-                    .iter()
-                    .map(|(node, ids)| (*node, Some(DeviceId::to_wire(ids))))
-                    .collect(),
-            ),
-            alloc_resp: Some(answer.encoded().to_vec()),
-        }),
-        HoldingState::Reserved { .. } => None,
-    }
-}
-
 /// The kubelet checkpoint of one snapshot of the state, written from the state's own strings
 /// and each entry's kept bytes (those of the journal, [`encode_entry`]) instead of through a
 /// [`CheckpointData`] copy of every entry: on a node holding 10,000 allocations the copy, its
 /// encoding and its drop were more than half as much work as the checksum itself. The
 /// checksum is taken apart from the bytes ([`KubeletCheckpoint::checksum`],
 /// [`KubeletCheckpoint::encode`]) so that the writer computes only it under the disk lock.
-/// Both equal those of [`kubelet_data`] for the same state.
+/// Both equal those of a [`CheckpointData`] holding the same state (a test holds them to it).
 pub struct KubeletCheckpoint {
     /// A copy of the state (without index: it is only read).
     pods: PodDevices,
@@ -138,7 +94,8 @@ pub struct KubeletCheckpoint {
 }
 
 impl KubeletCheckpoint {
-    /// The checkpoint of these resources and allocations (see [`kubelet_data`]).
+    /// The checkpoint of these resources and allocations (reservations are not written: a
+    /// container that never got its Allocate answer holds nothing after a restart).
     pub fn of<'a>(
         resources: impl Iterator<Item = (&'a ResourceName, &'a DeviceSet)>,
         pods: PodDevices,
@@ -539,6 +496,50 @@ pub(crate) mod tests {
     use crate::answer::PluginAnswer;
     use crate::devices::Device;
     use crate::pod_devices::{HolderKey, Holding};
+
+    /// The kubelet checkpoint for these resources and allocations through the kubelet's own types:
+    /// the reference [`KubeletCheckpoint`] is held to.
+    pub(crate) fn kubelet_data<'a>(
+        resources: impl Iterator<Item = (&'a ResourceName, &'a DeviceSet)>,
+        pods: &PodDevices,
+    ) -> CheckpointData {
+        let entries: Vec<PodDevicesEntry> = pods
+            .iter()
+            .filter_map(|(key, entry)| kubelet_entry(key, entry))
+            .collect();
+        CheckpointData {
+            // The kubelet writes a nil slice (`null`) when no pod holds devices.
+            pod_device_entries: (!entries.is_empty()).then_some(entries),
+            registered_devices: resources
+                .map(|(name, devices)| {
+                    (
+                        name.to_string(),
+                        Some(DeviceId::into_wire(devices.healthy_ids())),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// An allocated entry as the kubelet checkpoints it (`None` for a reserved one).
+    pub(crate) fn kubelet_entry(key: &HolderKey, entry: &Holding) -> Option<PodDevicesEntry> {
+        match &entry.state {
+            HoldingState::Allocated { answer } => Some(PodDevicesEntry {
+                pod_uid: key.pod_uid.to_string(),
+                container_name: key.container.to_string(),
+                resource_name: key.resource.to_string(),
+                device_ids: Some(
+                    entry
+                        .numa
+                        .iter()
+                        .map(|(node, ids)| (*node, Some(DeviceId::to_wire(ids))))
+                        .collect(),
+                ),
+                alloc_resp: Some(answer.encoded().to_vec()),
+            }),
+            HoldingState::Reserved { .. } => None,
+        }
+    }
 
     /// A reservation of device `id`.
     fn reserved(id: &str, token: u64) -> Holding {

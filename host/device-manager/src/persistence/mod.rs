@@ -300,7 +300,7 @@ pub(crate) mod tests {
         let foreign = {
             let mut p = PodDevices::default();
             allocate(&mut p, "pod-9", "d9");
-            files::kubelet_data(std::iter::empty(), &p).encode()
+            files::tests::kubelet_data(std::iter::empty(), &p).encode()
         };
         std::fs::write(paths(dir.path()).checkpoint, foreign).unwrap();
         let (persistence, restored) = open();

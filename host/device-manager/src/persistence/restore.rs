@@ -344,7 +344,8 @@ mod tests {
     use super::*;
     use crate::persistence::NO_CHECKPOINT;
     use crate::persistence::files::tests::gpu_set;
-    use crate::persistence::files::{SideResource, encode_journal, kubelet_data};
+    use crate::persistence::files::tests::kubelet_data;
+    use crate::persistence::files::{SideResource, encode_journal};
     use crate::pod_devices::{PodName, group_by_numa};
     use pluglet_proto::v1beta1::ContainerAllocateResponse;
 
