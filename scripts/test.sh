@@ -54,6 +54,8 @@ kube_setup=$!
 # `cargo install` into a cache (a few minutes the first time on 2 cores; nothing after that),
 # in the background beside the Rust build. Built without optimisation (`--debug`): the tests
 # push and pull a few small modules with it, and an optimised build takes twice the CPU time.
+# Without debug info: its build directory peaks at 0.7 GB instead of 1.2 GB beside the Rust
+# build, and the binary kept is 61 MB instead of 246 MB.
 # Keep the version in step with WKG_VERSION in host/test-support/src/e2e/oci_registry.rs.
 wkg_version=0.16.1
 wkg_home=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}
@@ -62,7 +64,7 @@ wkg_log=target/wkg-install.log
 wkg_setup=
 if [[ ! -x $wkg_root/bin/wkg ]]; then
     echo "installing wkg $wkg_version into $wkg_root (needed by the tests; log: $wkg_log)"
-    env -u CARGO_TARGET_DIR cargo install --debug --locked wkg --version "$wkg_version" \
+    env -u CARGO_TARGET_DIR CARGO_PROFILE_DEV_DEBUG=false cargo install --debug --locked wkg --version "$wkg_version" \
         --root "$wkg_root" >"$wkg_log" 2>&1 &
     wkg_setup=$!
 fi
@@ -84,7 +86,7 @@ if ! wait "$kube_setup"; then
 fi
 if [[ -n $wkg_setup ]] && ! wait "$wkg_setup"; then
     echo "error: installing wkg $wkg_version for the registry tests failed" >&2
-    echo "       (cargo install --debug --locked wkg --version $wkg_version --root $wkg_root);" >&2
+    echo "       (CARGO_PROFILE_DEV_DEBUG=false cargo install --debug --locked wkg --version $wkg_version --root $wkg_root);" >&2
     echo "       the end of $wkg_log:" >&2
     tail -n 40 "$wkg_log" >&2
     exit 1
