@@ -46,6 +46,8 @@
 #   ROWS=held (only the rows of the nothing-held and the full node), ROWS=alloc (only the
 #   allocation, release and admin rows of the first node), ROWS=hook (only the hook call;
 #   default all),
+#   CALLGRIND_ARGS (more options for the daemon's callgrind, as words: `--cache-sim=yes` with
+#   KEEP=1 adds simulated cache misses to every kept window's files),
 #   HOOK_BENCH (the hook_call bench's executable for the "hook call" row, default the newest
 #   target/release/deps/hook_call-*; build it with
 #   `cargo bench -p pluglet-handler-runtime --bench hook_call --no-run`).
@@ -186,7 +188,8 @@ start_daemon() {
     if [ "${1:-}" = callgrind ]; then
         METRICS=127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
         mkdir -p "$CG_DIR"
-        valgrind --tool=callgrind --dump-instr=no --compress-strings=no --collect-atstart=yes \
+        # shellcheck disable=SC2086 # CALLGRIND_ARGS is a list of words
+        valgrind --tool=callgrind ${CALLGRIND_ARGS:-} --dump-instr=no --compress-strings=no --collect-atstart=yes \
             --separate-threads=yes --callgrind-out-file="$CG_DIR/cg.out" \
             "$PLUGLET" "${args[@]}" --metrics-addr "$METRICS" 2>>"$WORK/daemon.log" &
     else
