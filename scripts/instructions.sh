@@ -24,10 +24,14 @@
 #
 # "with 10,000 held": a native daemon first fills the node through `pluglet ctl`, then stops;
 # the daemon under callgrind restores those allocations from disk and is measured on them. The
-# same three rows (allocate 1 of the 64 free devices, release it, sync-pods freeing one pod) are
-# measured first on a node with one plugin of 64 devices and nothing held, so that the two can
-# be compared: what an operation costs more on a full node. Both sync-pods rows send the same
-# keep list (the full node's 10,000 pod UIDs), so they differ only by what the node holds.
+# same rows (allocate 1 of the 64 free devices, release it, sync-pods freeing one pod, and
+# allocate 1 once the checkpoint rewrites of an allocation and a release before it have
+# finished) are measured first on a node with one plugin of 64 devices and nothing held, so that
+# the two can be compared: what an operation costs more on a full node. Both sync-pods rows send
+# the same keep list (the full node's 10,000 pod UIDs), so they differ only by what the node
+# holds. The rewrite of a full node reads and writes megabytes: with
+# CALLGRIND_ARGS="--cache-sim=yes --LL=<the core's L2 size>,<ways>,64" and KEEP=1, the "after a
+# rewrite" windows show the cache misses it leaves to the allocation that follows.
 #
 # How operations reach the daemon (CLIENT): `kept` (the default) sends the allocations, releases
 # and admin calls over one connection kept open by `admin-driver`, as an orchestrator keeps its
@@ -310,6 +314,12 @@ flip() {
     kill -USR1 "$BIG_PID"
     wait_checkpoint_after "$before"
 }
+# An allocation and its release, whose checkpoint rewrites finish before the window opens.
+cycle_held() {
+    op allocate "pc-$1" c bench.io/held 1
+    op release "pc-$1"
+}
+alloc_after() { op allocate "pa-$1" c bench.io/held 1; }
 alloc_held() { op allocate "ph-$1" c bench.io/held 1; }
 release_held() { op release "ph-$1"; }
 alloc_sync() { op allocate "ps-$1" c bench.io/held 1; }
@@ -323,6 +333,7 @@ held_rows() {
     measure "allocate 1 of 64 free, $label" 8 alloc_held
     measure "release, $label" 8 release_held
     measure "sync-pods freeing 1 pod, $label" 4 sync_one alloc_sync
+    measure "allocate 1 of 64 free after a rewrite, $label" 6 alloc_after cycle_held
 }
 
 # The total instructions (every thread) of the hook_call bench making $1 calls under callgrind,
