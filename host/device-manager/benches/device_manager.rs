@@ -18,6 +18,9 @@
 //!   the full node takes milliseconds: the machine idles meanwhile, and on a VM the wake-up that
 //!   follows costs more than the allocation's own work. `PLUGLET_BENCH_GAP_MS=<ms>` pauses
 //!   that long before every timed allocation of every row, so rows compare from the same idle;
+//!   `PLUGLET_BENCH_EVICT_MB=<MB>` then writes and reads that much memory on every core, as a
+//!   rewrite of the full node's checkpoint leaves the caches, so that the rows also compare
+//!   from the same cold caches;
 //! - update 10,000: one ListAndWatch update of 10,000 devices (one health flips) → applied;
 //! - with CDI spec: the same allocation with the CDI hand-off on (the spec written before the
 //!   answer, on a tmpfs as `/var/run/cdi` is on a systemd node); and the spec write alone
@@ -42,6 +45,28 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn gap() -> Option<Duration> {
     let ms: u64 = std::env::var("PLUGLET_BENCH_GAP_MS").ok()?.parse().ok()?;
     Some(Duration::from_millis(ms))
+}
+
+/// `PLUGLET_BENCH_EVICT_MB`: memory streamed through every core's caches before each timed
+/// allocation, after the pause.
+fn evict_mb() -> Option<usize> {
+    std::env::var("PLUGLET_BENCH_EVICT_MB").ok()?.parse().ok()
+}
+
+/// Writes and reads `mb` MB on one thread per core, leaving the caches as a large write does.
+fn evict(mb: usize) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..cores {
+            scope.spawn(|| {
+                let mut buffer = vec![0u8; mb << 20];
+                for (i, byte) in buffer.iter_mut().enumerate() {
+                    *byte = i as u8;
+                }
+                std::hint::black_box(buffer.iter().map(|&b| u64::from(b)).sum::<u64>());
+            });
+        }
+    });
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -202,6 +227,9 @@ async fn bench_allocate(
         manager.wait_checkpoint().await.expect("checkpoint");
         if let Some(gap) = gap() {
             tokio::time::sleep(gap).await;
+        }
+        if let Some(mb) = evict_mb() {
+            evict(mb);
         }
     }
     manager.shutdown().await;
