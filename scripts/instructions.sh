@@ -31,7 +31,8 @@
 # the same keep list (the full node's 10,000 pod UIDs), so they differ only by what the node
 # holds. The rewrite of a full node reads and writes megabytes: with
 # CALLGRIND_ARGS="--cache-sim=yes --LL=<the core's L2 size>,<ways>,64" and KEEP=1, the "after a
-# rewrite" windows show the cache misses it leaves to the allocation that follows.
+# rewrite" windows show the cache misses it leaves to the allocation that follows (simulated:
+# BENCHMARKS.md says what they cost in wall time).
 #
 # How operations reach the daemon (CLIENT): `kept` (the default) sends the allocations, releases
 # and admin calls over one connection kept open by `admin-driver`, as an orchestrator keeps its
@@ -193,8 +194,8 @@ start_daemon() {
         METRICS=127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
         mkdir -p "$CG_DIR"
         # shellcheck disable=SC2086 # CALLGRIND_ARGS is a list of words
-        valgrind --tool=callgrind ${CALLGRIND_ARGS:-} --dump-instr=no --compress-strings=no --collect-atstart=yes \
-            --separate-threads=yes --callgrind-out-file="$CG_DIR/cg.out" \
+        valgrind --tool=callgrind ${CALLGRIND_ARGS:-} --dump-instr=no --compress-strings=no \
+            --collect-atstart=yes --separate-threads=yes --callgrind-out-file="$CG_DIR/cg.out" \
             "$PLUGLET" "${args[@]}" --metrics-addr "$METRICS" 2>>"$WORK/daemon.log" &
     else
         "$PLUGLET" "${args[@]}" 2>>"$WORK/daemon.log" &

@@ -64,8 +64,9 @@ wkg_log=target/wkg-install.log
 wkg_setup=
 if [[ ! -x $wkg_root/bin/wkg ]]; then
     echo "installing wkg $wkg_version into $wkg_root (needed by the tests; log: $wkg_log)"
-    env -u CARGO_TARGET_DIR CARGO_PROFILE_DEV_DEBUG=false cargo install --debug --locked wkg --version "$wkg_version" \
-        --root "$wkg_root" >"$wkg_log" 2>&1 &
+    env -u CARGO_TARGET_DIR CARGO_PROFILE_DEV_DEBUG=false \
+        cargo install --debug --locked wkg --version "$wkg_version" --root "$wkg_root" \
+        >"$wkg_log" 2>&1 &
     wkg_setup=$!
 fi
 
@@ -86,7 +87,8 @@ if ! wait "$kube_setup"; then
 fi
 if [[ -n $wkg_setup ]] && ! wait "$wkg_setup"; then
     echo "error: installing wkg $wkg_version for the registry tests failed" >&2
-    echo "       (CARGO_PROFILE_DEV_DEBUG=false cargo install --debug --locked wkg --version $wkg_version --root $wkg_root);" >&2
+    echo "       (CARGO_PROFILE_DEV_DEBUG=false cargo install --debug --locked wkg" >&2
+    echo "       --version $wkg_version --root $wkg_root);" >&2
     echo "       the end of $wkg_log:" >&2
     tail -n 40 "$wkg_log" >&2
     exit 1
