@@ -107,7 +107,7 @@ impl<S: AsRef<str>> EntryParts<'_, S> {
 
     /// About the encoded size, at least: the framing, each id with its quotes and comma, and the
     /// response's base64 text.
-    fn size_hint(&self) -> usize {
+    pub fn size_hint(&self) -> usize {
         let strings = self.pod_uid.len() + self.container_name.len() + self.resource_name.len();
         let ids: usize = self
             .device_ids

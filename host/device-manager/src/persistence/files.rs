@@ -155,7 +155,7 @@ impl KubeletCheckpoint {
             .iter()
             .map(|entry| match entry {
                 Listed::Kept(_, bytes) => bytes.len() + 1,
-                Listed::Parts(_) => 512,
+                Listed::Parts(parts) => parts.size_hint() + 1,
             })
             .sum();
         CheckpointData::encode_parts(
@@ -232,7 +232,8 @@ fn entry_parts<'a>(key: &'a HolderKey, entry: &'a Holding) -> Option<EntryParts<
 /// (`PodName`, `PodNamespace`) when they were given. A reader of the kubelet's format ignores
 /// keys it does not know, so records stay readable by versions before them.
 fn encode_entry(key: &HolderKey, entry: &Holding) -> Vec<u8> {
-    // Written from the holding's own strings and bytes, as `kubelet_entry` would give them.
+    // Written from the holding's own strings and bytes: the kubelet's entry of the holding (a
+    // test holds it to the one built through the kubelet's types).
     let Some(parts) = entry_parts(key, entry) else {
         return Vec::new();
     };
