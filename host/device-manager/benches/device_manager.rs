@@ -14,6 +14,10 @@
 //!   "1 of 64, 10,000 held": 64 devices free among 10,064, the other 10,000 held by
 //!   containers restored from a kubelet checkpoint written before the start (a node that
 //!   filled up), against "1 of 64, none held";
+//!   "during a rewrite": the same two nodes, each timed allocation arriving 0 to 10 ms after
+//!   the checkpoint writer has started the rewrite that the release before it asked for (it
+//!   starts once allocations have been quiet for `ALLOCATION_WRITE_DELAY`), as allocations
+//!   arrive on a busy node at any moment of a rewrite; prints p90, p99 and the slowest too;
 //!   Each timed allocation follows the checkpoint write of the release before it, which on
 //!   the full node takes milliseconds: the machine idles meanwhile, and on a VM the wake-up that
 //!   follows costs more than the allocation's own work. `PLUGLET_BENCH_GAP_MS=<ms>` pauses
@@ -30,6 +34,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use pluglet_device_manager::persistence::ALLOCATION_WRITE_DELAY;
 use pluglet_device_manager::{AnswerView, Config, DeviceManager, Durability};
 use pluglet_handler_runtime::{Runtime, RuntimeConfig};
 use pluglet_handlers::Handlers;
@@ -167,6 +172,15 @@ fn prefill(root: &Path, resource: &str, held: usize) {
     std::fs::write(dir.join("kubelet_internal_checkpoint"), data.encode()).unwrap();
 }
 
+/// When each timed allocation of [`bench_allocate`] arrives.
+#[derive(Clone, Copy, PartialEq)]
+enum Arrival {
+    /// Once the checkpoint writes of the iteration before have finished (and the pause).
+    Settled,
+    /// 1 ms after the checkpoint writer started the rewrite the release before asked for.
+    DuringRewrite,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn bench_allocate(
     handlers: Handlers,
@@ -177,6 +191,7 @@ async fn bench_allocate(
     cdi: bool,
     held: usize,
     restored: usize,
+    arrival: Arrival,
 ) -> Duration {
     let root = tempfile::tempdir().unwrap();
     prefill(root.path(), "bench.example.com/gpu", restored);
@@ -222,6 +237,13 @@ async fn bench_allocate(
         samples.push(elapsed);
         assert_eq!(got.device_ids.len(), count as usize);
         manager.release(&pod, None).await.expect("release");
+        if arrival == Arrival::DuringRewrite {
+            // 0 to 10 ms into the rewrite (the full node's checksum and file write take
+            // milliseconds), in a fixed order spread over the run.
+            let into = Duration::from_micros((i as u64 * 37 % 100) * 100);
+            tokio::time::sleep(ALLOCATION_WRITE_DELAY + into).await;
+            continue;
+        }
         // Untimed: let the checkpoint writes that follow the answers finish, so each timed
         // allocation starts on an idle node (as the kubelet's figures do).
         manager.wait_checkpoint().await.expect("checkpoint");
@@ -233,6 +255,18 @@ async fn bench_allocate(
         }
     }
     manager.shutdown().await;
+    if arrival == Arrival::DuringRewrite {
+        let mut sorted = samples.clone();
+        sorted.sort();
+        let at = |q: usize| ms(sorted[(sorted.len() * q / 100).min(sorted.len() - 1)]);
+        println!(
+            "{:<34} p90 {} p99 {} max {}",
+            format!("  ({durability:?}, n = {n})"),
+            at(90),
+            at(99),
+            ms(sorted[sorted.len() - 1])
+        );
+    }
     median(samples)
 }
 
@@ -474,7 +508,7 @@ fn main() {
             "  of which one unary RPC",
             ms(bench_rpc(500).await)
         );
-        let rows: [(&str, &str); 11] = [
+        let rows: [(&str, &str); 13] = [
             ("Register -> devices visible", "1.8 ms"),
             ("allocate 1 of 8", "0.77 ms"),
             ("allocate 1 of 1,024", "1.48 ms"),
@@ -485,6 +519,8 @@ fn main() {
             ("allocate 1 of 1,024, 100 held", "-"),
             ("allocate 1 of 64, none held", "-"),
             ("allocate 1 of 64, 10,000 held", "-"),
+            ("allocate 1 of 64, none held, during a rewrite", "-"),
+            ("allocate 1 of 64, 10,000 held, during a rewrite", "-"),
             ("allocate 1 of 100,000", "-"),
         ];
         for (i, (name, kubelet)) in rows.iter().enumerate() {
@@ -496,16 +532,80 @@ fn main() {
                 let h = handlers.clone();
                 let d = match i {
                     0 => bench_register(h, durability, 100).await,
-                    1 => bench_allocate(h, durability, 8, 1, 200, false, 0, 0).await,
-                    2 => bench_allocate(h, durability, 1024, 1, 200, false, 0, 0).await,
-                    3 => bench_allocate(h, durability, 1024, 1024, 50, false, 0, 0).await,
+                    1 => {
+                        bench_allocate(h, durability, 8, 1, 200, false, 0, 0, Arrival::Settled)
+                            .await
+                    }
+                    2 => {
+                        bench_allocate(h, durability, 1024, 1, 200, false, 0, 0, Arrival::Settled)
+                            .await
+                    }
+                    3 => {
+                        bench_allocate(h, durability, 1024, 1024, 50, false, 0, 0, Arrival::Settled)
+                            .await
+                    }
                     4 => bench_update(h, durability, 50).await,
-                    5 => bench_allocate(h, durability, 8, 1, 200, true, 0, 0).await,
-                    6 => bench_allocate(h, durability, 1024, 1024, 50, true, 0, 0).await,
-                    7 => bench_allocate(h, durability, 1024, 1, 200, false, 100, 0).await,
-                    8 => bench_allocate(h, durability, 64, 1, 100, false, 0, 0).await,
-                    9 => bench_allocate(h, durability, 10_064, 1, 100, false, 0, 10_000).await,
-                    _ => bench_allocate(h, durability, 100_000, 1, 50, false, 0, 0).await,
+                    5 => {
+                        bench_allocate(h, durability, 8, 1, 200, true, 0, 0, Arrival::Settled).await
+                    }
+                    6 => {
+                        bench_allocate(h, durability, 1024, 1024, 50, true, 0, 0, Arrival::Settled)
+                            .await
+                    }
+                    7 => {
+                        bench_allocate(h, durability, 1024, 1, 200, false, 100, 0, Arrival::Settled)
+                            .await
+                    }
+                    8 => {
+                        bench_allocate(h, durability, 64, 1, 100, false, 0, 0, Arrival::Settled)
+                            .await
+                    }
+                    9 => {
+                        bench_allocate(
+                            h,
+                            durability,
+                            10_064,
+                            1,
+                            100,
+                            false,
+                            0,
+                            10_000,
+                            Arrival::Settled,
+                        )
+                        .await
+                    }
+                    10 => {
+                        bench_allocate(
+                            h,
+                            durability,
+                            64,
+                            1,
+                            200,
+                            false,
+                            0,
+                            0,
+                            Arrival::DuringRewrite,
+                        )
+                        .await
+                    }
+                    11 => {
+                        bench_allocate(
+                            h,
+                            durability,
+                            10_064,
+                            1,
+                            200,
+                            false,
+                            0,
+                            10_000,
+                            Arrival::DuringRewrite,
+                        )
+                        .await
+                    }
+                    _ => {
+                        bench_allocate(h, durability, 100_000, 1, 50, false, 0, 0, Arrival::Settled)
+                            .await
+                    }
                 };
                 figures.push(ms(d));
             }

@@ -1,6 +1,6 @@
 //! [`Disk`]: what a journal record names (the checkpoint files that may be in place if the
 //! process dies now) and the journal it is written to, behind the lock that orders journal
-//! records and the checkpoint writer's snapshots.
+//! records, the checkpoint writer's snapshots and the naming of their files.
 
 use std::path::Path;
 
@@ -14,9 +14,10 @@ const DIR_SYNC_AFTER: usize = 4;
 /// failing).
 const MAX_ON_DISK: usize = 16;
 
-/// The durable side of the state, behind one async mutex so that a journal record and the
-/// checkpoint writer's snapshots are ordered: a record taken after a snapshot names that
-/// snapshot's file, and a snapshot never sees a change whose record is not on disk yet.
+/// The durable side of the state, behind one async mutex so that journal records and the
+/// checkpoint writer's snapshots are ordered: a snapshot never sees a change whose record is
+/// not on disk yet, and before a snapshot's file is written the journal's newest record names
+/// it (every record written once its checksum is known does; see `Persistence::name`).
 #[derive(Debug)]
 pub(crate) struct Disk {
     /// The allocation journal; `None` while it cannot be opened for writing (a read-only state
@@ -33,6 +34,9 @@ pub(crate) struct Disk {
     /// process (at start the state may come from a checkpoint newer than the journal) and
     /// after any failed write (what reached the disk is then unknown).
     pub based: bool,
+    /// Journal records this process has written to the file (or tried to): a checkpoint
+    /// snapshot taken when this was `n` may lack the changes of any record after the `n`th.
+    pub records: u64,
 }
 
 /// What a journal record names for "no checkpoint file in place" (a kubelet checksum is a
@@ -70,6 +74,7 @@ impl Disk {
         payload: &[u8],
     ) -> Result<(), CheckpointError> {
         let written = self.journal(path, durability)?.write(payload);
+        self.records += 1;
         self.based = written.is_ok();
         written
     }
@@ -86,6 +91,7 @@ impl Disk {
             return Ok(false);
         }
         let written = self.journal(path, durability)?.write_change(change);
+        self.records += 1;
         self.based = written.is_ok();
         written
     }
@@ -140,6 +146,7 @@ mod tests {
             on_disk: Vec::new(),
             unsynced: 0,
             based: false,
+            records: 0,
         };
         disk.writing(1);
         disk.written(1);

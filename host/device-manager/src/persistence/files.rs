@@ -84,7 +84,7 @@ impl SideResource {
 /// [`CheckpointData`] copy of every entry: on a node holding 10,000 allocations the copy, its
 /// encoding and its drop were more than half as much work as the checksum itself. The
 /// checksum is taken apart from the bytes ([`KubeletCheckpoint::checksum`],
-/// [`KubeletCheckpoint::encode`]) so that the writer computes only it under the disk lock.
+/// [`KubeletCheckpoint::encode`]): the journal must name it before the file is written.
 /// Both equal those of a [`CheckpointData`] holding the same state (a test holds them to it).
 pub struct KubeletCheckpoint {
     /// A copy of the state (without index: it is only read).

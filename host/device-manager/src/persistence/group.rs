@@ -26,6 +26,7 @@ use pluglet_checkpoint::{CheckpointError, Durability};
 use pluglet_core::error_chain;
 use tokio::sync::{mpsc, oneshot};
 
+use super::disk::Disk;
 use super::{Inner, files, lock};
 use crate::pod_devices::{HolderKey, PodDevices};
 
@@ -118,22 +119,11 @@ async fn commit_group(inner: &Inner) -> bool {
     let Some(last) = group.last() else {
         return false;
     };
-    let journal = &inner.paths.journal;
     let started = Instant::now();
     let mut records = 0;
     let mut written = Ok(());
     for queued in group.iter().filter(|q| !q.touched.is_empty()) {
-        let change = files::encode_change(&disk.on_disk, &queued.state, &queued.touched);
-        written = disk
-            .write_change(journal, inner.durability, &change)
-            .and_then(|done| {
-                if done {
-                    return Ok(());
-                }
-                // No room left after the newest whole record: a whole record of the state.
-                let whole = files::encode_journal(&disk.on_disk, &queued.state);
-                disk.write(journal, inner.durability, &whole)
-            });
+        written = write_record(inner, &mut disk, &queued.state, &queued.touched);
         records += 1;
         if written.is_err() {
             break;
@@ -190,4 +180,39 @@ async fn commit_group(inner: &Inner) -> bool {
         let _ = to.send(answer);
     }
     true
+}
+
+/// Writes the record of a change that touched `touched` and left `state` (as what it changed,
+/// or as the whole state when the newest whole record's slot has no room or the journal's
+/// newest record is not known to hold the state it was made on), naming the checkpoint files
+/// `disk` names. Not durable before [`Disk::sync`].
+fn write_record(
+    inner: &Inner,
+    disk: &mut Disk,
+    state: &PodDevices,
+    touched: &[HolderKey],
+) -> Result<(), CheckpointError> {
+    let journal = &inner.paths.journal;
+    let change = files::encode_change(&disk.on_disk, state, touched);
+    let done = disk.write_change(journal, inner.durability, &change)?;
+    if done {
+        return Ok(());
+    }
+    let whole = files::encode_journal(&disk.on_disk, state);
+    disk.write(journal, inner.durability, &whole)
+}
+
+/// Makes durable a record that changes nothing and names the checkpoint files `disk` names
+/// now (see `writer.rs`: a checkpoint whose snapshot was taken before the newest records).
+pub(super) fn name_checkpoint(inner: &Inner, disk: &mut Disk) -> Result<(), CheckpointError> {
+    let started = Instant::now();
+    let acknowledged = inner.acknowledged.load();
+    let result = write_record(inner, disk, &acknowledged, &[]).and_then(|()| disk.sync());
+    inner
+        .metrics
+        .journal_group(result.is_ok(), 1, started.elapsed());
+    if result.is_ok() && inner.durability == Durability::Fsync {
+        inner.metrics.journal_sync();
+    }
+    result
 }

@@ -26,7 +26,8 @@
 //!   the checkpoint (temporary file, fsync, rename, directory fsync), [`Persistence::change`]
 //!   writes a journal record first, on the caller's thread, and the checkpoint follows. The
 //!   checkpoint writer's snapshots are taken under the same lock, so the checkpoint never holds
-//!   a change the journal does not.
+//!   a change the journal does not; the checksum that the journal names the checkpoint by is
+//!   taken off that lock (see `writer.rs`).
 //!
 //! Which is newer after a crash: each journal record names the checkpoint files that were in
 //! place or being written when it was made (by their kubelet checksums, see [`Disk`]); the
@@ -61,6 +62,7 @@ use crate::metrics::Metrics;
 use crate::pod_devices::PodDevices;
 use disk::Disk;
 pub use disk::NO_CHECKPOINT;
+pub use requests::ALLOCATION_WRITE_DELAY;
 pub(crate) use requests::WriteRequests;
 pub(crate) use writer::{SideSource, Snapshot};
 
@@ -261,6 +263,61 @@ pub(crate) mod tests {
 
     fn held(pods: &PodDevices) -> Vec<String> {
         pods.iter().map(|(k, _)| k.pod_uid.to_string()).collect()
+    }
+
+    /// The checkpoint's checksum is taken off the disk lock, so changes commit while it
+    /// runs: a checkpoint whose snapshot lacks them is named by a record after them before it
+    /// is written, and a process that dies with that checkpoint in place loses none of them.
+    #[tokio::test]
+    async fn a_checkpoint_taken_before_a_change_never_wins_over_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || {
+            Persistence::open(paths(dir.path()), Durability::NoFsync, Metrics::default()).unwrap()
+        };
+        let changes = || {
+            pluglet_checkpoint::Journal::read(&paths(dir.path()).journal)
+                .unwrap()
+                .unwrap()
+                .changes
+                .len()
+        };
+        let (persistence, _) = open();
+        let pods = Arc::new(Mutex::new(PodDevices::default()));
+        persistence
+            .change(&pods, |p| allocate(p, "pod-1", "d0"))
+            .await
+            .unwrap();
+
+        // Nothing committed between the snapshot and its checksum: no record is added.
+        let records = persistence.inner.disk.lock().await.records;
+        let (data, _) = source(&pods)(false);
+        let checksum = data.checksum();
+        let before = changes();
+        persistence.name(checksum, records).await.unwrap();
+        assert_eq!(changes(), before);
+
+        // pod-3 commits while the checksum of a snapshot without it is taken.
+        persistence
+            .change(&pods, |p| allocate(p, "pod-2", "d1"))
+            .await
+            .unwrap();
+        let records = persistence.inner.disk.lock().await.records;
+        let (data, _) = source(&pods)(false);
+        persistence
+            .change(&pods, |p| allocate(p, "pod-3", "d2"))
+            .await
+            .unwrap();
+        let checksum = data.checksum();
+        let before = changes();
+        persistence.name(checksum, records).await.unwrap();
+        assert_eq!(changes(), before + 1, "a record naming the checkpoint");
+        // The checkpoint lands, and the process dies before another record is written.
+        std::fs::write(paths(dir.path()).checkpoint, data.encode(checksum)).unwrap();
+        drop(persistence);
+
+        let (_, restored) = open();
+        assert!(restored.report.from_journal);
+        assert_eq!(held(&restored.pods), ["pod-1", "pod-2", "pod-3"]);
     }
 
     /// Changes are written as what they changed, after a whole record; a start from a

@@ -79,6 +79,7 @@ impl Persistence {
                     on_disk,
                     unsynced: 0,
                     based: false,
+                    records: 0,
                 }),
                 requests: WriteRequests::new(),
                 queue: Default::default(),

@@ -16,7 +16,7 @@ use super::lock;
 /// keeps the write's fsyncs from queueing on the disk ahead of the next allocation's journal
 /// record, and keeps the writer thread's wake-up off the allocation's path. A device change, a
 /// caller waiting for the write, or shutdown wakes it sooner.
-const ALLOCATION_WRITE_DELAY: Duration = Duration::from_millis(20);
+pub const ALLOCATION_WRITE_DELAY: Duration = Duration::from_millis(20);
 
 /// The longest a steady stream of allocations and releases (never quiet for
 /// [`ALLOCATION_WRITE_DELAY`]) keeps the checkpoint writer waiting after the first change it has
