@@ -30,9 +30,9 @@ pub(crate) struct Disk {
     /// Renames since the last directory fsync.
     pub unsynced: usize,
     /// Whether the journal's newest record and its changes hold the state as it is now, so a
-    /// change can be written as what it changed. False until a whole record is written by this
-    /// process (at start the state may come from a checkpoint newer than the journal) and
-    /// after any failed write (what reached the disk is then unknown).
+    /// change can be written as what it changed. At start, whether they hold the state
+    /// restored (it may come from a checkpoint newer than the journal: then a whole record is
+    /// written first); false after any failed write (what reached the disk is then unknown).
     pub based: bool,
     /// Journal records this process has written to the file (or tried to): a checkpoint
     /// snapshot taken when this was `n` may lack the changes of any record after the `n`th.

@@ -13,7 +13,8 @@
 //!   it put and the keys it removed: [`files::encode_change`]) after the newest whole record,
 //!   so its cost does not grow with the allocations held; a whole record of the state
 //!   ([`files::encode_journal`]) is written only when the journal's slot has no room left for
-//!   changes, about once per slot-size of changes.
+//!   changes (about once per slot-size of changes), at a start whose restored state the
+//!   journal does not hold, and after a failed write.
 //!
 //! Two ways to disk:
 //! - the checkpoint and the side file are written by one writer on a thread of its own
@@ -345,8 +346,8 @@ pub(crate) mod tests {
         let record = journal().unwrap();
         assert_eq!(
             (record.seq, record.changes.len()),
-            (4, 3),
-            "a whole record, then three changes"
+            (5, 4),
+            "the whole record the start wrote, then four changes"
         );
         drop(persistence);
         let (_, restored) = open();
@@ -364,20 +365,21 @@ pub(crate) mod tests {
         assert!(!restored.report.from_journal);
         assert_eq!(held(&restored.pods), ["pod-9"]);
         let pods = Arc::new(Mutex::new(restored.pods));
+        let record = journal().unwrap();
+        assert!(
+            record.changes.is_empty(),
+            "a start writes the state it restored as a whole record"
+        );
         persistence
             .change(&pods, |p| allocate(p, "pod-4", "d3"))
             .await
             .unwrap();
-        let record = journal().unwrap();
-        assert!(
-            record.changes.is_empty(),
-            "the first change of a start is a whole record"
-        );
+        assert_eq!(journal().unwrap().changes.len(), 1, "changes follow it");
         persistence
             .change(&pods, |p| p.release("pod-9", None))
             .await
             .unwrap();
-        assert_eq!(journal().unwrap().changes.len(), 1);
+        assert_eq!(journal().unwrap().changes.len(), 2);
         drop(persistence);
         // The journal names that checkpoint and holds what was answered since.
         let (_, restored) = open();
@@ -404,12 +406,13 @@ pub(crate) mod tests {
         };
         let (persistence, _) =
             Persistence::open(paths(dir.path()), Durability::Fsync, metrics.clone()).unwrap();
+        assert_eq!(syncs(), 1, "the start's whole record");
         let pods = Arc::new(Mutex::new(PodDevices::default()));
         persistence
             .change(&pods, |p| allocate(p, "pod-0", "d0"))
             .await
             .unwrap();
-        assert_eq!(syncs(), 1);
+        assert_eq!(syncs(), 2);
 
         // The writer is kept busy (the disk lock held, as during a sync) while 16 changes
         // are made; none is answered or in the state before their sync.
@@ -439,7 +442,7 @@ pub(crate) mod tests {
         for change in changes {
             change.await.unwrap().unwrap();
         }
-        assert_eq!(syncs(), 2, "one sync for the 16 changes");
+        assert_eq!(syncs(), 3, "one sync for the 16 changes");
         assert_eq!(lock(&pods).iter().count(), 17);
         assert_eq!(persistence.acknowledged().iter().count(), 17);
         drop(persistence);

@@ -183,6 +183,10 @@ pub struct Restored {
     pub pods: PodDevices,
     /// What happened.
     pub report: RestoreReport,
+    /// Whether the journal's newest record and its changes hold exactly the allocations
+    /// restored, so that a change can be written after them as what it changed (otherwise the
+    /// journal needs a whole record of the state first).
+    pub journal_current: bool,
 }
 
 /// The state `files` describe (see the module doc for the rules).
@@ -204,14 +208,17 @@ pub fn restore(files: Files) -> Restored {
         Some((named, data, pod_names)) => (Some((named, data)), pod_names),
         None => (None, Default::default()),
     };
+    let mut journal_current = false;
     let (registered, entries) = match data {
         Some(data) => {
             let entries = match journal {
-                Some((named, journaled))
-                    if named.contains(&data.checksum())
-                        && journaled.pod_device_entries != data.pod_device_entries =>
-                {
+                Some((_, journaled)) if journaled.pod_device_entries == data.pod_device_entries => {
+                    journal_current = true;
+                    data.pod_device_entries
+                }
+                Some((named, journaled)) if named.contains(&data.checksum()) => {
                     report.from_journal = true;
+                    journal_current = true;
                     journaled.pod_device_entries
                 }
                 _ => data.pod_device_entries,
@@ -222,6 +229,7 @@ pub fn restore(files: Files) -> Restored {
             let entries = match journal {
                 Some((_, journaled)) => {
                     report.from_journal = true;
+                    journal_current = true;
                     journaled.pod_device_entries.unwrap_or_default()
                 }
                 None => Vec::new(),
@@ -241,6 +249,7 @@ pub fn restore(files: Files) -> Restored {
         None => match journal {
             Some((named, journaled)) if checkpoint_missing && named.contains(&NO_CHECKPOINT) => {
                 report.from_journal = true;
+                journal_current = true;
                 (
                     BTreeMap::new(),
                     journaled.pod_device_entries.unwrap_or_default(),
@@ -336,6 +345,7 @@ pub fn restore(files: Files) -> Restored {
         resources,
         pods,
         report,
+        journal_current,
     }
 }
 
@@ -604,8 +614,36 @@ mod tests {
             },
         ];
         for case in cases {
+            // The allocations the journal's newest record and its changes hold, if any.
+            let journaled: Option<Vec<String>> = match &case.files.journal {
+                Found::Loaded(Some(record)) | Found::Salvaged(Some(record), _) => {
+                    decode_journal_record(record).map(|(_, data, _)| {
+                        data.pod_device_entries
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|e| {
+                                let ids: Vec<&str> = e
+                                    .device_ids
+                                    .iter()
+                                    .flatten()
+                                    .flat_map(|(_, ids)| ids.iter().flatten())
+                                    .map(String::as_str)
+                                    .collect();
+                                format!("{}:{}", e.pod_uid, ids.join(","))
+                            })
+                            .collect()
+                    })
+                }
+                _ => None,
+            };
             let restored = restore(case.files);
             assert_eq!(holders(&restored), case.holders, "{}", case.name);
+            assert_eq!(
+                restored.journal_current,
+                journaled.as_deref() == Some(holders(&restored).as_slice()),
+                "{}: whether changes may follow the journal's record",
+                case.name
+            );
             assert_eq!(
                 restored.report.from_journal, case.from_journal,
                 "{}",
