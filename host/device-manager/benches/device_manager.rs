@@ -177,22 +177,76 @@ fn prefill(root: &Path, resource: &str, held: usize) {
 enum Arrival {
     /// Once the checkpoint writes of the iteration before have finished (and the pause).
     Settled,
-    /// 1 ms after the checkpoint writer started the rewrite the release before asked for.
+    /// 0 to 10 ms after the checkpoint writer started the rewrite the release before asked for.
     DuringRewrite,
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn bench_allocate(
-    handlers: Handlers,
-    durability: Durability,
-    devices_n: usize,
+/// One allocation row: `count` of `devices` devices, `n` times.
+#[derive(Clone, Copy)]
+struct Allocations {
+    devices: usize,
     count: u32,
     n: usize,
+    /// The CDI hand-off on.
     cdi: bool,
+    /// Other containers holding one device each, allocated before the timed ones.
     held: usize,
+    /// Containers holding one device each, restored from a checkpoint written before the start.
     restored: usize,
     arrival: Arrival,
-) -> Duration {
+}
+
+impl Allocations {
+    /// `count` of `devices`, `n` times, on a node holding nothing else.
+    const fn of(devices: usize, count: u32, n: usize) -> Allocations {
+        Allocations {
+            devices,
+            count,
+            n,
+            cdi: false,
+            held: 0,
+            restored: 0,
+            arrival: Arrival::Settled,
+        }
+    }
+
+    const fn with_cdi(self) -> Allocations {
+        Allocations { cdi: true, ..self }
+    }
+
+    const fn held(self, held: usize) -> Allocations {
+        Allocations { held, ..self }
+    }
+
+    const fn restored(self, restored: usize) -> Allocations {
+        Allocations { restored, ..self }
+    }
+
+    const fn during_rewrite(self) -> Allocations {
+        Allocations {
+            arrival: Arrival::DuringRewrite,
+            ..self
+        }
+    }
+}
+
+/// What a row of the table measures.
+enum Row {
+    Register,
+    Update,
+    Allocate(Allocations),
+}
+
+async fn bench_allocate(handlers: Handlers, durability: Durability, row: Allocations) -> Duration {
+    let Allocations {
+        devices: devices_n,
+        count,
+        n,
+        cdi,
+        held,
+        restored,
+        arrival,
+    } = row;
     let root = tempfile::tempdir().unwrap();
     prefill(root.path(), "bench.example.com/gpu", restored);
     let manager = start(root.path(), handlers, durability, cdi).await;
@@ -508,104 +562,80 @@ fn main() {
             "  of which one unary RPC",
             ms(bench_rpc(500).await)
         );
-        let rows: [(&str, &str); 13] = [
-            ("Register -> devices visible", "1.8 ms"),
-            ("allocate 1 of 8", "0.77 ms"),
-            ("allocate 1 of 1,024", "1.48 ms"),
-            ("allocate 1,024 of 1,024", "7.8 ms"),
-            ("ListAndWatch update of 10,000", "10 ms"),
-            ("allocate 1 of 8, CDI spec", "-"),
-            ("allocate 1,024 of 1,024, CDI spec", "-"),
-            ("allocate 1 of 1,024, 100 held", "-"),
-            ("allocate 1 of 64, none held", "-"),
-            ("allocate 1 of 64, 10,000 held", "-"),
-            ("allocate 1 of 64, none held, during a rewrite", "-"),
-            ("allocate 1 of 64, 10,000 held, during a rewrite", "-"),
-            ("allocate 1 of 100,000", "-"),
+        let rows = [
+            ("Register -> devices visible", "1.8 ms", Row::Register),
+            (
+                "allocate 1 of 8",
+                "0.77 ms",
+                Row::Allocate(Allocations::of(8, 1, 200)),
+            ),
+            (
+                "allocate 1 of 1,024",
+                "1.48 ms",
+                Row::Allocate(Allocations::of(1024, 1, 200)),
+            ),
+            (
+                "allocate 1,024 of 1,024",
+                "7.8 ms",
+                Row::Allocate(Allocations::of(1024, 1024, 50)),
+            ),
+            ("ListAndWatch update of 10,000", "10 ms", Row::Update),
+            (
+                "allocate 1 of 8, CDI spec",
+                "-",
+                Row::Allocate(Allocations::of(8, 1, 200).with_cdi()),
+            ),
+            (
+                "allocate 1,024 of 1,024, CDI spec",
+                "-",
+                Row::Allocate(Allocations::of(1024, 1024, 50).with_cdi()),
+            ),
+            (
+                "allocate 1 of 1,024, 100 held",
+                "-",
+                Row::Allocate(Allocations::of(1024, 1, 200).held(100)),
+            ),
+            (
+                "allocate 1 of 64, none held",
+                "-",
+                Row::Allocate(Allocations::of(64, 1, 100)),
+            ),
+            (
+                "allocate 1 of 64, 10,000 held",
+                "-",
+                Row::Allocate(Allocations::of(10_064, 1, 100).restored(10_000)),
+            ),
+            (
+                "allocate 1 of 64, none held, during a rewrite",
+                "-",
+                Row::Allocate(Allocations::of(64, 1, 200).during_rewrite()),
+            ),
+            (
+                "allocate 1 of 64, 10,000 held, during a rewrite",
+                "-",
+                Row::Allocate(
+                    Allocations::of(10_064, 1, 200)
+                        .restored(10_000)
+                        .during_rewrite(),
+                ),
+            ),
+            (
+                "allocate 1 of 100,000",
+                "-",
+                Row::Allocate(Allocations::of(100_000, 1, 50)),
+            ),
         ];
-        for (i, (name, kubelet)) in rows.iter().enumerate() {
+        for (name, kubelet, row) in rows {
             if !wanted(name) {
                 continue;
             }
             let mut figures = Vec::new();
             for durability in [Durability::Fsync, Durability::NoFsync] {
                 let h = handlers.clone();
-                let d = match i {
-                    0 => bench_register(h, durability, 100).await,
-                    1 => {
-                        bench_allocate(h, durability, 8, 1, 200, false, 0, 0, Arrival::Settled)
-                            .await
-                    }
-                    2 => {
-                        bench_allocate(h, durability, 1024, 1, 200, false, 0, 0, Arrival::Settled)
-                            .await
-                    }
-                    3 => {
-                        bench_allocate(h, durability, 1024, 1024, 50, false, 0, 0, Arrival::Settled)
-                            .await
-                    }
-                    4 => bench_update(h, durability, 50).await,
-                    5 => {
-                        bench_allocate(h, durability, 8, 1, 200, true, 0, 0, Arrival::Settled).await
-                    }
-                    6 => {
-                        bench_allocate(h, durability, 1024, 1024, 50, true, 0, 0, Arrival::Settled)
-                            .await
-                    }
-                    7 => {
-                        bench_allocate(h, durability, 1024, 1, 200, false, 100, 0, Arrival::Settled)
-                            .await
-                    }
-                    8 => {
-                        bench_allocate(h, durability, 64, 1, 100, false, 0, 0, Arrival::Settled)
-                            .await
-                    }
-                    9 => {
-                        bench_allocate(
-                            h,
-                            durability,
-                            10_064,
-                            1,
-                            100,
-                            false,
-                            0,
-                            10_000,
-                            Arrival::Settled,
-                        )
-                        .await
-                    }
-                    10 => {
-                        bench_allocate(
-                            h,
-                            durability,
-                            64,
-                            1,
-                            200,
-                            false,
-                            0,
-                            0,
-                            Arrival::DuringRewrite,
-                        )
-                        .await
-                    }
-                    11 => {
-                        bench_allocate(
-                            h,
-                            durability,
-                            10_064,
-                            1,
-                            200,
-                            false,
-                            0,
-                            10_000,
-                            Arrival::DuringRewrite,
-                        )
-                        .await
-                    }
-                    _ => {
-                        bench_allocate(h, durability, 100_000, 1, 50, false, 0, 0, Arrival::Settled)
-                            .await
-                    }
+                let d = match row {
+                    Row::Register => bench_register(h, durability, 100).await,
+                    Row::Update => bench_update(h, durability, 50).await,
+                    Row::Allocate(allocations) => bench_allocate(h, durability, allocations).await,
                 };
                 figures.push(ms(d));
             }

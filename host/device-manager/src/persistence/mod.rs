@@ -289,29 +289,40 @@ pub(crate) mod tests {
             .await
             .unwrap();
 
-        // Nothing committed between the snapshot and its checksum: no record is added.
-        let records = persistence.inner.disk.lock().await.records;
-        let (data, _) = source(&pods)(false);
-        let checksum = data.checksum();
-        let before = changes();
-        persistence.name(checksum, records).await.unwrap();
-        assert_eq!(changes(), before);
-
-        // pod-3 commits while the checksum of a snapshot without it is taken.
+        // The writer's steps: a snapshot, its checksum (with `meanwhile` committed before it
+        // is taken), the journal made to name it; returns the snapshot, its checksum and how
+        // many records naming it were added.
+        let take_and_name = |meanwhile: Option<(&'static str, &'static str)>| {
+            let (persistence, pods, changes) = (&persistence, &pods, &changes);
+            async move {
+                let records = persistence.inner.disk.lock().await.records;
+                let (data, _) = source(pods)(false);
+                if let Some((pod, device)) = meanwhile {
+                    persistence
+                        .change(pods, |p| allocate(p, pod, device))
+                        .await
+                        .unwrap();
+                }
+                let checksum = data.checksum();
+                let before = changes();
+                persistence.name(checksum, records).await.unwrap();
+                (data, checksum, changes() - before)
+            }
+        };
+        let (_, _, added) = take_and_name(None).await;
+        assert_eq!(
+            added, 0,
+            "nothing committed since the snapshot: no record added"
+        );
         persistence
             .change(&pods, |p| allocate(p, "pod-2", "d1"))
             .await
             .unwrap();
-        let records = persistence.inner.disk.lock().await.records;
-        let (data, _) = source(&pods)(false);
-        persistence
-            .change(&pods, |p| allocate(p, "pod-3", "d2"))
-            .await
-            .unwrap();
-        let checksum = data.checksum();
-        let before = changes();
-        persistence.name(checksum, records).await.unwrap();
-        assert_eq!(changes(), before + 1, "a record naming the checkpoint");
+        let (data, checksum, added) = take_and_name(Some(("pod-3", "d2"))).await;
+        assert_eq!(
+            added, 1,
+            "pod-3 committed since the snapshot: a record naming it"
+        );
         // The checkpoint lands, and the process dies before another record is written.
         std::fs::write(paths(dir.path()).checkpoint, data.encode(checksum)).unwrap();
         drop(persistence);
