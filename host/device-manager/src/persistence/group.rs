@@ -19,6 +19,7 @@
 //! a short mutex and wait for their answer, so the next group gathers while a sync runs.
 
 use std::collections::VecDeque;
+use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
@@ -28,6 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::disk::Disk;
 use super::{Inner, files, lock};
+use crate::metrics::Metrics;
 use crate::pod_devices::{HolderKey, PodDevices};
 
 /// What a change's caller hears: `Ok` once its record is durable and the change is made.
@@ -123,7 +125,13 @@ async fn commit_group(inner: &Inner) -> bool {
     let mut records = 0;
     let mut written = Ok(());
     for queued in group.iter().filter(|q| !q.touched.is_empty()) {
-        written = write_record(inner, &mut disk, &queued.state, &queued.touched);
+        written = write_record(
+            &mut disk,
+            &inner.paths.journal,
+            inner.durability,
+            &queued.state,
+            &queued.touched,
+        );
         records += 1;
         if written.is_err() {
             break;
@@ -187,32 +195,37 @@ async fn commit_group(inner: &Inner) -> bool {
 /// newest record is not known to hold the state it was made on), naming the checkpoint files
 /// `disk` names. Not durable before [`Disk::sync`].
 fn write_record(
-    inner: &Inner,
     disk: &mut Disk,
+    journal: &Path,
+    durability: Durability,
     state: &PodDevices,
     touched: &[HolderKey],
 ) -> Result<(), CheckpointError> {
-    let journal = &inner.paths.journal;
     let change = files::encode_change(&disk.on_disk, state, touched);
-    let done = disk.write_change(journal, inner.durability, &change)?;
+    let done = disk.write_change(journal, durability, &change)?;
     if done {
         return Ok(());
     }
     let whole = files::encode_journal(&disk.on_disk, state);
-    disk.write(journal, inner.durability, &whole)
+    disk.write(journal, durability, &whole)
 }
 
-/// Makes durable a record that changes nothing and names the checkpoint files `disk` names
-/// now (see `writer.rs`: a checkpoint whose snapshot was taken before the newest records).
-pub(super) fn name_checkpoint(inner: &Inner, disk: &mut Disk) -> Result<(), CheckpointError> {
+/// Makes durable a record that changes nothing: `state` (the state the journal holds, or is
+/// to hold: a whole record when it does not), naming the checkpoint files `disk` names now.
+/// For a start whose restored state the journal does not hold (`open.rs`), and for a
+/// checkpoint whose snapshot was taken before the newest records (`writer.rs`).
+pub(super) fn record_state(
+    disk: &mut Disk,
+    journal: &Path,
+    durability: Durability,
+    metrics: &Metrics,
+    state: &PodDevices,
+) -> Result<(), CheckpointError> {
     let started = Instant::now();
-    let acknowledged = inner.acknowledged.load();
-    let result = write_record(inner, disk, &acknowledged, &[]).and_then(|()| disk.sync());
-    inner
-        .metrics
-        .journal_group(result.is_ok(), 1, started.elapsed());
-    if result.is_ok() && inner.durability == Durability::Fsync {
-        inner.metrics.journal_sync();
+    let result = write_record(disk, journal, durability, state, &[]).and_then(|()| disk.sync());
+    metrics.journal_group(result.is_ok(), 1, started.elapsed());
+    if result.is_ok() && durability == Durability::Fsync {
+        metrics.journal_sync();
     }
     result
 }

@@ -11,7 +11,7 @@ use pluglet_checkpoint::{
 };
 use pluglet_core::error_chain;
 
-use super::files::{self, SideState};
+use super::files::SideState;
 use super::restore::{self, Files, Found, Restored, SetAside};
 use super::{Disk, Inner, NO_CHECKPOINT, Paths, Persistence, WriteRequests};
 use crate::metrics::Metrics;
@@ -114,19 +114,11 @@ fn rebase(
     if disk.journal.is_none() {
         return;
     }
-    let started = std::time::Instant::now();
-    let whole = files::encode_journal(&disk.on_disk, &restored.pods);
-    let written = disk
-        .write(path, durability, &whole)
-        .and_then(|()| disk.sync());
-    metrics.journal_group(written.is_ok(), 1, started.elapsed());
-    match written {
-        Ok(()) if durability == Durability::Fsync => metrics.journal_sync(),
-        Ok(()) => {}
-        Err(err) => tracing::warn!(
+    if let Err(err) = super::group::record_state(disk, path, durability, metrics, &restored.pods) {
+        tracing::warn!(
             error = %error_chain(&err),
             "cannot write the restored state to the allocation journal; the first allocation or release tries again"
-        ),
+        );
     }
 }
 
@@ -196,6 +188,7 @@ mod tests {
 
     use super::*;
     use crate::persistence::SideSource;
+    use crate::persistence::files;
     use crate::persistence::tests::{allocate, paths};
     use crate::pod_devices::PodDevices;
 

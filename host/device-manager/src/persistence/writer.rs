@@ -81,27 +81,10 @@ impl Persistence {
                 (data, side, disk.records)
             };
             let checksum = data.checksum();
-            let result = match self.name(checksum, records).await {
-                Ok(()) => {
-                    let bytes = data.encode(checksum);
-                    // The snapshot's copy of the state goes before the writes start.
-                    drop(data);
-                    let paths = &self.inner.paths;
-                    let started = Instant::now();
-                    let result = files::write_files(
-                        &paths.checkpoint,
-                        &paths.side,
-                        &bytes,
-                        side,
-                        self.inner.durability,
-                    );
-                    self.inner
-                        .metrics
-                        .checkpoint_write(result.is_ok(), started.elapsed());
-                    result
-                }
-                Err(err) => Err(err),
-            };
+            let result = self
+                .name(checksum, records)
+                .await
+                .and_then(|()| self.write_snapshot(data, checksum, side));
             let result = match result {
                 Ok(()) => {
                     let sync = {
@@ -152,7 +135,40 @@ impl Persistence {
         if disk.records == records {
             return Ok(());
         }
-        super::group::name_checkpoint(&self.inner, &mut disk)
+        let inner = &self.inner;
+        super::group::record_state(
+            &mut disk,
+            &inner.paths.journal,
+            inner.durability,
+            &inner.metrics,
+            &inner.acknowledged.load(),
+        )
+    }
+
+    /// Writes the checkpoint of `data` (whose checksum is `checksum`) and, when given, the side
+    /// file.
+    fn write_snapshot(
+        &self,
+        data: KubeletCheckpoint,
+        checksum: u64,
+        side: Option<SideSource>,
+    ) -> Result<(), CheckpointError> {
+        let bytes = data.encode(checksum);
+        // The snapshot's copy of the state goes before the writes start.
+        drop(data);
+        let paths = &self.inner.paths;
+        let started = Instant::now();
+        let result = files::write_files(
+            &paths.checkpoint,
+            &paths.side,
+            &bytes,
+            side,
+            self.inner.durability,
+        );
+        self.inner
+            .metrics
+            .checkpoint_write(result.is_ok(), started.elapsed());
+        result
     }
 
     /// Runs [`Persistence::run_writer`] on a thread of its own (driving it with the current
