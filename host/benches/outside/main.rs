@@ -9,7 +9,8 @@
 //! `PLUGLET_BENCH_DAEMON_ARGS` adds options to every `pluglet run` (e.g. `--no-cdi`);
 //! `PLUGLET_BENCH_BIN` names another `pluglet` binary to measure (an A/B of two builds);
 //! `PLUGLET_BENCH_ROWS=parallel` runs only the allocations in parallel (`parallel.rs`), on a
-//! daemon of their own; `PLUGLET_BENCH_ROWS=scale` only the scale of one node (`scale.rs`:
+//! daemon of their own (`PLUGLET_BENCH_PEERS=each`: a peer process per plugin there);
+//! `PLUGLET_BENCH_ROWS=scale` only the scale of one node (`scale.rs`:
 //! a thousand plugins at once, 100,000 devices, a restart with 10,000 allocations held).
 //!
 //! # Processes
