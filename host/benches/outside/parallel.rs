@@ -31,7 +31,7 @@ use crate::TIMEOUT;
 use crate::node::Node;
 use crate::peer_handle::Peer;
 use crate::report::pct;
-use crate::stages::{STAGES, StageSums, counter, scrape, stage_sums};
+use crate::stages::{STAGES, StageSums, counter, scrape, stage_sums, stages_since};
 
 /// Concurrent clients.
 const CLIENTS: usize = 16;
@@ -214,13 +214,16 @@ struct Pids<'a> {
 }
 
 impl Pids<'_> {
-    /// CPU seconds so far of the daemon, the peers and the clients.
-    fn cpu(&self) -> [f64; 3] {
-        [
-            cpu_seconds(self.daemon),
+    /// CPU seconds so far of the daemon, the peers and the clients, and of the daemon's the
+    /// seconds in the kernel.
+    fn cpu(&self) -> ([f64; 3], f64) {
+        let (user, sys) = cpu_seconds_split(self.daemon);
+        let cpu = [
+            user + sys,
             self.peers.iter().copied().map(cpu_seconds).sum(),
             cpu_seconds(std::process::id()),
-        ]
+        ];
+        (cpu, sys)
     }
 }
 
@@ -279,8 +282,7 @@ fn run_phase(
         })
         .collect();
     let syncs_before = counter(&scrape(addr), "pluglet_journal_syncs_total");
-    let cpu_before = pids.cpu();
-    let sys_before = cpu_seconds_split(pids.daemon).1;
+    let (cpu_before, sys_before) = pids.cpu();
     let stages_before = stage_sums(addr);
     barrier.wait();
     let started = Instant::now();
@@ -291,16 +293,9 @@ fn run_phase(
         cycles.extend(c);
     }
     let wall = started.elapsed();
-    let cpu_after = pids.cpu();
-    let sys_after = cpu_seconds_split(pids.daemon).1;
+    let (cpu_after, sys_after) = pids.cpu();
     let syncs = counter(&scrape(addr), "pluglet_journal_syncs_total") - syncs_before;
-    let stages = stage_sums(addr)
-        .into_iter()
-        .map(|(key, total)| {
-            let spent = total - stages_before.get(&key).copied().unwrap_or(0.0);
-            (key, spent)
-        })
-        .collect();
+    let stages = stages_since(&stage_sums(addr), &stages_before);
     Phase {
         allocations: latencies.len(),
         wall,

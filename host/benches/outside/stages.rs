@@ -115,6 +115,13 @@ pub fn print_stages(rows: &mut [Row]) {
     }
 }
 
+/// What each step took between `before` and `now` (two [`stage_sums`]).
+pub fn stages_since(now: &StageSums, before: &StageSums) -> StageSums {
+    now.iter()
+        .map(|(key, total)| (key.clone(), total - before.get(key).copied().unwrap_or(0.0)))
+        .collect()
+}
+
 /// Adds what each step took since `before` to `allocate` (operation `allocate`) and
 /// `release` (operation `release`); returns the sums now.
 pub fn take_stages(
@@ -124,18 +131,14 @@ pub fn take_stages(
     release: &mut Row,
 ) -> StageSums {
     let now = stage_sums(addr);
-    for ((operation, stage), total) in &now {
-        let spent = total
-            - before
-                .get(&(operation.clone(), stage.clone()))
-                .unwrap_or(&0.0);
+    for ((operation, stage), spent) in stages_since(&now, before) {
         let row = match operation.as_str() {
             "allocate" => &mut *allocate,
             "release" => &mut *release,
             _ => continue,
         };
         if spent > 0.0 {
-            row.stages.entry(stage.clone()).or_default().push(spent);
+            row.stages.entry(stage).or_default().push(spent);
         }
     }
     now
