@@ -206,6 +206,12 @@ pub struct RunArgs {
     /// before it is removed, unless the plugin registers again (kubelet: 5m).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub device_grace_period: Duration,
+    /// The most containers one Allocate call asks a device plugin for. A plugin has one
+    /// Allocate call at a time, as from the kubelet; the allocations that reach it while a
+    /// call runs are asked for together in its next call. 1 asks for one container per call,
+    /// as the kubelet does.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub device_allocate_batch: u32,
     /// Time allowed for stages to stop on SIGINT/SIGTERM.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,

@@ -269,6 +269,8 @@ pub struct Config {
     pub removed_resource_linger: Duration,
     /// Handler calls that may run at once (the WASM pool's slots).
     pub handler_pool_size: u32,
+    /// The most containers one Allocate call asks a device plugin for.
+    pub device_allocate_batch: u32,
 }
 
 /// `--kubeconfig` / `--in-cluster` and what goes with them.
@@ -500,6 +502,10 @@ impl Config {
             handler_pool_size: positive(
                 args.handler_pool_size,
                 "--handler-pool-size (handler_pool_size)",
+            )?,
+            device_allocate_batch: positive(
+                args.device_allocate_batch,
+                "--device-allocate-batch (device_allocate_batch)",
             )?,
         })
     }

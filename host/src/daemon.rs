@@ -301,6 +301,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     device_config.grace_period = timings.device_grace_period;
     device_config.dial_timeout = timings.dial_timeout;
+    device_config.allocate_batch = config.device_allocate_batch as usize;
     let device_metrics = device_config.metrics.clone();
     device_config.events = events.clone();
     device_config.cdi_spec_dir = config.cdi.then(|| paths.cdi_spec_dir.clone());

@@ -193,6 +193,14 @@ fn metrics_count_registrations_allocations_and_handler_calls() {
     assert_eq!(
         value(
             &s,
+            &format!("pluglet_device_plugin_allocate_calls_total{{{gpu}}}")
+        ),
+        1.0,
+        "one allocation alone: one Allocate call"
+    );
+    assert_eq!(
+        value(
+            &s,
             "pluglet_registrations_total{door=\"registry\",outcome=\"registered\",plugin_type=\"CSIPlugin\"}"
         ),
         1.0

@@ -7,7 +7,8 @@
 //!
 //! Prints the allocations per second, the allocate p50 / p99 of each, the journal syncs per
 //! allocation and per operation (from `/metrics`: `pluglet_journal_syncs_total` against the
-//! allocations and releases made), and the CPU time per allocation of the daemon, the peer and
+//! allocations and releases made), the allocations per Allocate call the plugins saw
+//! (`pluglet_device_plugin_allocate_calls_total`), and the CPU time per allocation of the daemon, the peer and
 //! this process (the clients), from `/proc/<pid>/stat`: what is left of the limit shows where
 //! the time goes. Then the mean time per allocation of each step inside the daemon (from
 //! `pluglet_device_stage_duration_seconds`), one client against all of them: the steps that
@@ -50,6 +51,8 @@ struct Phase {
     /// Each client's whole cycles (allocate + release + its own work), as measured.
     cycles: Vec<Duration>,
     syncs: f64,
+    /// The plugins' Allocate calls.
+    calls: f64,
     /// CPU seconds of the daemon, the peer and the clients.
     cpu: [f64; 3],
     /// Of the daemon's, the seconds spent in the kernel.
@@ -110,7 +113,7 @@ pub fn parallel_rows(node: &mut Node, peer: &mut Peer, per_client: usize) {
         peers.len()
     );
     println!(
-        "{:<22} {:>7} {:>10} {:>9} {:>9} {:>11} {:>11}   CPU ms per allocation: {:>7} {:>10} {:>7} {:>7}",
+        "{:<22} {:>7} {:>10} {:>9} {:>9} {:>11} {:>11} {:>11}   CPU ms per allocation: {:>7} {:>10} {:>7} {:>7}",
         "clients",
         "allocs",
         "allocs/s",
@@ -118,6 +121,7 @@ pub fn parallel_rows(node: &mut Node, peer: &mut Peer, per_client: usize) {
         "p99 ms",
         "syncs/alloc",
         "syncs/op",
+        "allocs/call",
         "daemon",
         "(of it sys)",
         "peer",
@@ -128,7 +132,7 @@ pub fn parallel_rows(node: &mut Node, peer: &mut Peer, per_client: usize) {
         sorted.sort();
         let n = phase.allocations as f64;
         println!(
-            "{:<22} {:>7} {:>10.0} {:>9.3} {:>9.3} {:>11.3} {:>11.3}   {:>29.3} {:>10.3} {:>7.3} {:>7.3}",
+            "{:<22} {:>7} {:>10.0} {:>9.3} {:>9.3} {:>11.3} {:>11.3} {:>11.2}   {:>29.3} {:>10.3} {:>7.3} {:>7.3}",
             name,
             phase.allocations,
             n / phase.wall.as_secs_f64(),
@@ -136,6 +140,7 @@ pub fn parallel_rows(node: &mut Node, peer: &mut Peer, per_client: usize) {
             pct(&sorted, 0.99),
             phase.syncs / n,
             phase.syncs / (2.0 * n),
+            n / phase.calls,
             phase.cpu[0] * 1e3 / n,
             phase.daemon_sys * 1e3 / n,
             phase.cpu[1] * 1e3 / n,
@@ -281,7 +286,14 @@ fn run_phase(
             })
         })
         .collect();
-    let syncs_before = counter(&scrape(addr), "pluglet_journal_syncs_total");
+    let counters = |text: &str| {
+        [
+            "pluglet_journal_syncs_total",
+            "pluglet_device_plugin_allocate_calls_total",
+        ]
+        .map(|name| counter(text, name))
+    };
+    let before = counters(&scrape(addr));
     let (cpu_before, sys_before) = pids.cpu();
     let stages_before = stage_sums(addr);
     barrier.wait();
@@ -294,7 +306,8 @@ fn run_phase(
     }
     let wall = started.elapsed();
     let (cpu_after, sys_after) = pids.cpu();
-    let syncs = counter(&scrape(addr), "pluglet_journal_syncs_total") - syncs_before;
+    let after = counters(&scrape(addr));
+    let [syncs, calls] = [0, 1].map(|i| after[i] - before[i]);
     let stages = stages_since(&stage_sums(addr), &stages_before);
     Phase {
         allocations: latencies.len(),
@@ -302,6 +315,7 @@ fn run_phase(
         latencies,
         cycles,
         syncs,
+        calls,
         cpu: [0, 1, 2].map(|i| cpu_after[i] - cpu_before[i]),
         daemon_sys: sys_after - sys_before,
         stages,

@@ -43,6 +43,7 @@ use crate::answer::{AllocateIds, AnswerView, PluginAnswer, ReadAnswer};
 use crate::cdi::{Handoff, PendingSpec};
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher, NameHasher, Positions};
+use crate::endpoint::AllocateCalls;
 use crate::error::{AllocateError, AnswerError, ReleaseError};
 use crate::metrics::{Metrics, Operation, Outcome, ResourceSeries, Stage, StageClock};
 use crate::persistence::Persistence;
@@ -800,6 +801,7 @@ impl Allocator {
         );
         Ok(PluginCall {
             channel: offer.channel,
+            calls: offer.calls,
             pre_start: offer.pre_start_required,
         })
     }
@@ -991,13 +993,16 @@ enum Plan {
     },
 }
 
-/// Allocate, then PreStartContainer when the plugin asked for it.
-/// Whom an allocation asks: the plugin's connection, and whether it wants PreStartContainer.
+/// Whom an allocation asks: the plugin's connection and Allocate calls, and whether it wants
+/// PreStartContainer.
 struct PluginCall {
     channel: Channel,
+    calls: Arc<AllocateCalls>,
     pre_start: bool,
 }
 
+/// Allocate (in the plugin's next call, see [`AllocateCalls`]), then PreStartContainer when the
+/// plugin asked for it.
 async fn call_plugin(
     plugin: PluginCall,
     key: &HolderKey,
@@ -1005,15 +1010,12 @@ async fn call_plugin(
     metrics: &Metrics,
     series: &ResourceSeries,
 ) -> Result<ReadAnswer, AllocateError> {
-    let request = AllocateIds(Arc::clone(chosen));
     let started = std::time::Instant::now();
-    let answer = pluglet_uds::with_deadline(
-        ALLOCATE_TIMEOUT,
-        crate::endpoint::allocate(plugin.channel.clone(), request),
-    )
-    .await;
-    series.allocate_call(metrics, key.resource.as_str(), started.elapsed());
-    let answer = answer.map_err(|status| AllocateError::Allocate {
+    let called = plugin.calls.allocate(AllocateIds(Arc::clone(chosen))).await;
+    let resource = key.resource.as_str();
+    series.allocate_call(metrics, resource, started.elapsed());
+    series.allocate_calls(metrics, resource, called.calls);
+    let answer = called.answer.map_err(|status| AllocateError::Allocate {
         resource: key.resource.clone(),
         devices: chosen.to_vec(),
         status,
@@ -1273,7 +1275,7 @@ mod alone {
 
     use super::*;
     use crate::persistence::{JOURNAL_FILE_NAME, Paths, SIDE_FILE_NAME};
-    use crate::registry::Timings;
+    use crate::registry::Settings;
     use pluglet_test_support::pipeline::{handlers, registration};
     use pluglet_test_support::stub::{Stub, devices};
 
@@ -1309,9 +1311,10 @@ mod alone {
         let log = pluglet_core::events::EventLog::default();
         let registry = Registry::new(
             BTreeMap::new(),
-            Timings {
+            Settings {
                 grace_period: Duration::from_secs(300),
                 dial_timeout: Duration::from_secs(5),
+                allocate_batch: crate::DEFAULT_ALLOCATE_BATCH,
             },
             persistence.requests(),
             cancel.clone(),

@@ -25,8 +25,8 @@ use crate::device_id::DeviceId;
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
 pub use view::{AnswerDevice, AnswerMount, AnswerView, ViewError};
 
-/// What Allocate answered for the first container asked about (the only one Pluglet asks
-/// about), as the bytes it came in; [`ReadAnswer::view`] reads them.
+/// What Allocate answered for one container, as the bytes it came in; [`ReadAnswer::view`]
+/// reads them.
 #[derive(Debug)]
 pub(crate) struct ReadAnswer {
     /// The answer's protobuf bytes as the plugin sent them.
@@ -60,16 +60,22 @@ struct AllocateResponseBytes {
 pub(crate) struct AllocateIds(pub Arc<[DeviceId]>);
 
 impl AllocateIds {
-    /// Encodes `AllocateRequest { container_requests: [{ devices_ids }] }`.
+    /// The length of the encoded `ContainerAllocateRequest { devices_ids }`.
+    fn encoded_len(&self) -> usize {
+        // Field 1: each id a length-delimited string.
+        self.0
+            .iter()
+            .map(|id| {
+                let len = id.as_str().len();
+                key_len(1) + encoded_len_varint(len as u64) + len
+            })
+            .sum()
+    }
+
+    /// Encodes this container as field 1 of `AllocateRequest`.
     fn encode(&self, buf: &mut impl BufMut) {
-        // Both messages' field 1; each id a length-delimited string.
-        let id_len = |id: &DeviceId| {
-            let len = id.as_str().len();
-            key_len(1) + encoded_len_varint(len as u64) + len
-        };
-        let inner: usize = self.0.iter().map(id_len).sum();
         encode_key(1, WireType::LengthDelimited, buf);
-        encode_varint(inner as u64, buf);
+        encode_varint(self.encoded_len() as u64, buf);
         for id in self.0.iter() {
             encode_key(1, WireType::LengthDelimited, buf);
             encode_varint(id.as_str().len() as u64, buf);
@@ -78,15 +84,27 @@ impl AllocateIds {
     }
 }
 
-/// The Allocate call's codec: the request encoded from the allocation's ids
-/// ([`AllocateIds`]); the answer's first container answer read as its bytes (`None` when the
-/// plugin answered no container).
+/// An Allocate request: one `ContainerAllocateRequest` per allocation, in order.
+#[derive(Clone, Debug)]
+pub(crate) struct AllocateRequestIds(pub Vec<AllocateIds>);
+
+impl AllocateRequestIds {
+    /// Encodes `AllocateRequest { container_requests: [{ devices_ids }, ...] }`.
+    fn encode(&self, buf: &mut impl BufMut) {
+        for container in &self.0 {
+            container.encode(buf);
+        }
+    }
+}
+
+/// The Allocate call's codec: the request encoded from the allocations' ids
+/// ([`AllocateRequestIds`]); each container answer read as its bytes, in the plugin's order.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct AllocateCodec;
 
 impl Codec for AllocateCodec {
-    type Encode = AllocateIds;
-    type Decode = Option<ReadAnswer>;
+    type Encode = AllocateRequestIds;
+    type Decode = Vec<ReadAnswer>;
     type Encoder = AllocateCodec;
     type Decoder = AllocateCodec;
 
@@ -100,20 +118,20 @@ impl Codec for AllocateCodec {
 }
 
 impl Encoder for AllocateCodec {
-    type Item = AllocateIds;
+    type Item = AllocateRequestIds;
     type Error = Status;
 
-    fn encode(&mut self, item: AllocateIds, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+    fn encode(&mut self, item: AllocateRequestIds, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         item.encode(dst);
         Ok(())
     }
 }
 
 impl Decoder for AllocateCodec {
-    type Item = Option<ReadAnswer>;
+    type Item = Vec<ReadAnswer>;
     type Error = Status;
 
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Option<ReadAnswer>>, Status> {
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Vec<ReadAnswer>>, Status> {
         read(buf).map(Some).map_err(undecodable)
     }
 }
@@ -123,17 +141,17 @@ fn undecodable(error: impl std::fmt::Display) -> Status {
     Status::internal(format!("the Allocate answer does not decode: {error}"))
 }
 
-/// The first container answer of an `AllocateResponse` message, as its bytes (read by
+/// The container answers of an `AllocateResponse` message, each as its bytes (read by
 /// [`ReadAnswer::view`]).
-fn read(message: impl bytes::Buf) -> Result<Option<ReadAnswer>, prost::DecodeError> {
+fn read(message: impl bytes::Buf) -> Result<Vec<ReadAnswer>, prost::DecodeError> {
     let message = AllocateResponseBytes::decode(message)?;
     Ok(message
         .container_responses
         .into_iter()
-        .next()
         .map(|encoded| ReadAnswer {
             encoded: encoded.into(),
-        }))
+        })
+        .collect())
 }
 
 /// A plugin's Allocate answer for one container: its protobuf bytes and what listings read of
@@ -238,25 +256,42 @@ mod tests {
     #[test]
     fn the_request_is_encoded_as_the_generated_message_is() {
         use pluglet_proto::v1beta1::{AllocateRequest, ContainerAllocateRequest};
-        for ids in [
+        let lists: [Vec<String>; 3] = [
             vec![],
             vec!["d0".to_owned()],
             (0..300).map(|i| format!("dev-{i}")).collect(),
-        ] {
-            let generated = AllocateRequest {
-                container_requests: vec![ContainerAllocateRequest {
-                    devices_ids: ids.clone(),
-                }],
+        ];
+        let ours = |containers: &[Vec<String>]| {
+            let mut buf = Vec::new();
+            AllocateRequestIds(
+                containers
+                    .iter()
+                    .map(|ids| AllocateIds(DeviceId::from_wire(ids.clone()).into()))
+                    .collect(),
+            )
+            .encode(&mut buf);
+            buf
+        };
+        let generated = |containers: &[Vec<String>]| {
+            AllocateRequest {
+                container_requests: containers
+                    .iter()
+                    .map(|ids| ContainerAllocateRequest {
+                        devices_ids: ids.clone(),
+                    })
+                    .collect(),
             }
-            .encode_to_vec();
-            let mut ours = Vec::new();
-            AllocateIds(DeviceId::from_wire(ids).into()).encode(&mut ours);
-            assert_eq!(ours, generated);
+            .encode_to_vec()
+        };
+        for ids in &lists {
+            let one = std::slice::from_ref(ids);
+            assert_eq!(ours(one), generated(one));
         }
+        assert_eq!(ours(&lists), generated(&lists), "several containers");
     }
 
     #[test]
-    fn the_first_container_answer_is_read_with_the_bytes_it_came_in() {
+    fn each_container_answer_is_read_with_the_bytes_it_came_in() {
         let first = ContainerAllocateResponse {
             envs: [("E".to_owned(), "1".to_owned())].into(),
             ..Default::default()
@@ -266,31 +301,33 @@ mod tests {
             ..Default::default()
         };
         let message = pluglet_proto::v1beta1::AllocateResponse {
-            container_responses: vec![first.clone(), second],
+            container_responses: vec![first.clone(), second.clone()],
         }
         .encode_to_vec();
-        let answer = read(message.as_slice()).unwrap().unwrap();
-        assert_eq!(answer.encoded, first.encode_to_vec());
-        let view = answer.view().unwrap();
+        let answers = read(message.as_slice()).unwrap();
+        assert_eq!(answers.len(), 2);
+        assert_eq!(answers[0].encoded, first.encode_to_vec());
+        assert_eq!(answers[1].encoded, second.encode_to_vec());
+        let view = answers[0].view().unwrap();
         assert_eq!(view, AnswerView::of(&first));
-        assert_eq!(answer.kept(&view), PluginAnswer::of(&first));
+        assert_eq!(answers[0].kept(&view), PluginAnswer::of(&first));
 
         // A field the message does not define (from a newer plugin) is skipped.
         let mut newer = vec![0x12, 0x02, b'h', b'i'];
         newer.extend_from_slice(&message);
         assert_eq!(
-            read(newer.as_slice()).unwrap().unwrap().encoded,
+            read(newer.as_slice()).unwrap()[0].encoded,
             first.encode_to_vec()
         );
 
         let none = pluglet_proto::v1beta1::AllocateResponse::default().encode_to_vec();
         assert!(
-            read(none.as_slice()).unwrap().is_none(),
+            read(none.as_slice()).unwrap().is_empty(),
             "no container answered"
         );
         assert!(read(&[0x0a, 0x05, 0x01][..]).is_err(), "cut short");
-        let cut = read(&[0x0a, 0x02, 0x0a, 0x07][..]).unwrap().unwrap();
-        let refused = cut.view().unwrap_err();
+        let cut = read(&[0x0a, 0x02, 0x0a, 0x07][..]).unwrap();
+        let refused = cut[0].view().unwrap_err();
         assert!(
             refused.message().contains("does not decode"),
             "the container answer itself cut short: {refused}"

@@ -9,7 +9,10 @@
 //! kubelet looks its client up by name there and does disconnect it; see
 //! `docs/kubelet-compatibility.md`, "Register on the kubelet socket").
 
+mod allocate_calls;
+
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pluglet_core::{Generation, ResourceName};
@@ -18,7 +21,9 @@ use pluglet_proto::v1beta1::{DevicePluginOptions, Empty};
 use pluglet_uds::{Channel, RpcError};
 use tokio_util::sync::CancellationToken;
 
-use crate::answer::{AllocateCodec, AllocateIds, ReadAnswer};
+pub(crate) use allocate_calls::AllocateCalls;
+
+use crate::answer::{AllocateCodec, AllocateRequestIds, ReadAnswer};
 use crate::device_list::{DeviceListCodec, DeviceUpdate};
 use crate::error::ConnectError;
 use crate::registry::Registry;
@@ -46,6 +51,8 @@ pub(crate) struct Endpoint {
     /// The plugin's connection (cheap to clone): the generated client over it, or the calls
     /// read with codecs of Pluglet's own.
     pub channel: Channel,
+    /// Its Allocate calls, one at a time ([`AllocateCalls`]).
+    pub calls: Arc<AllocateCalls>,
     /// Cancelled when the endpoint is replaced, disconnected or the manager stops.
     pub cancel: CancellationToken,
 }
@@ -56,6 +63,7 @@ pub(crate) type Opened = Result<tonic::Streaming<DeviceUpdate>, tonic::Status>;
 
 impl Endpoint {
     /// Dials `path`, asks GetDevicePluginOptions (within `timeout`) and opens ListAndWatch.
+    /// Its Allocate calls ask for at most `batch` containers each.
     ///
     /// ListAndWatch is opened on the same connection at the same time as the options are asked
     /// for, so the first device list is on its way when the registration is answered: one round
@@ -68,6 +76,7 @@ impl Endpoint {
         flow: Flow,
         generation: Generation,
         timeout: Duration,
+        batch: usize,
         cancel: CancellationToken,
     ) -> Result<(Endpoint, Opened), ConnectError> {
         let channel = pluglet_uds::connect(&path, timeout)
@@ -87,12 +96,19 @@ impl Endpoint {
             endpoint: path.clone(),
             status,
         })?;
+        let calls = AllocateCalls::new(
+            resource.clone(),
+            channel.clone(),
+            batch,
+            crate::allocator::ALLOCATE_TIMEOUT,
+        );
         let endpoint = Endpoint {
             path,
             flow,
             generation,
             options,
             channel,
+            calls: Arc::new(calls),
             cancel,
         };
         Ok((endpoint, opened.map(tonic::Response::into_inner)))
@@ -129,13 +145,13 @@ async fn list_and_watch(
         .await
 }
 
-/// Calls the plugin's Allocate for the devices `request` names, with the codec that encodes
-/// them from the allocation's ids and keeps the answer's bytes ([`AllocateCodec`]); the
+/// Calls the plugin's Allocate for the containers `request` names, with the codec that encodes
+/// them from the allocations' ids and keeps the answers' bytes ([`AllocateCodec`]); the
 /// generated client would copy the one and drop the other.
-pub(crate) async fn allocate(
+async fn allocate(
     channel: Channel,
-    request: AllocateIds,
-) -> Result<tonic::Response<Option<ReadAnswer>>, tonic::Status> {
+    request: AllocateRequestIds,
+) -> Result<tonic::Response<Vec<ReadAnswer>>, tonic::Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready()
         .await

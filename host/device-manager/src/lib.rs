@@ -53,7 +53,9 @@ pub use device_id::DeviceId;
 pub use devices::{Health, ListedDevice};
 pub use endpoint::Flow;
 pub use error::{AllocateError, AnswerError, ConnectError, ReleaseError, StartError, WriterError};
-pub use manager::{Config, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager};
+pub use manager::{
+    Config, DEFAULT_ALLOCATE_BATCH, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager,
+};
 pub use metrics::Metrics;
 pub use persistence::restore::{Recovery, RestoreReport, SetAside};
 pub use pluglet_checkpoint::Durability;

@@ -40,7 +40,7 @@ use crate::persistence::{
     JOURNAL_FILE_NAME, Paths, Persistence, SIDE_FILE_NAME, SideSource, Snapshot,
 };
 use crate::pod_devices::{HolderKey, PodDevices, PodName};
-use crate::registry::{Registry, ResourceInfo, Timings};
+use crate::registry::{Registry, ResourceInfo, Settings};
 
 /// How long a resource whose plugin disconnected stays (with its devices unhealthy) before it
 /// is removed, unless the plugin registers again: the kubelet's `endpointStopGracePeriod`.
@@ -49,6 +49,12 @@ pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5 * 60);
 /// Time allowed to dial a plugin and for GetDevicePluginOptions to answer (the kubelet dials
 /// with a 10 s blocking timeout).
 pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most containers one Allocate call asks a plugin for (16). A plugin has one Allocate
+/// call at a time, as from the kubelet; the allocations that reach it while a call runs are
+/// asked for together in the next (see `endpoint::allocate_calls`). 1 asks for one container
+/// per call, as the kubelet does.
+pub const DEFAULT_ALLOCATE_BATCH: usize = 16;
 
 /// Settings of one device manager.
 #[derive(Clone, Debug)]
@@ -63,6 +69,8 @@ pub struct Config {
     pub grace_period: Duration,
     /// See [`DEFAULT_DIAL_TIMEOUT`].
     pub dial_timeout: Duration,
+    /// See [`DEFAULT_ALLOCATE_BATCH`].
+    pub allocate_batch: usize,
     /// Whether checkpoint writes fsync ([`Durability::NoFsync`] only for benchmarks).
     pub durability: Durability,
     /// Where the device manager counts (register [`crate::Metrics`] to export them).
@@ -84,6 +92,7 @@ impl Config {
             node_name,
             grace_period: DEFAULT_GRACE_PERIOD,
             dial_timeout: DEFAULT_DIAL_TIMEOUT,
+            allocate_batch: DEFAULT_ALLOCATE_BATCH,
             durability: Durability::Fsync,
             metrics: crate::Metrics::default(),
             events: EventLog::default(),
@@ -178,9 +187,10 @@ impl DeviceManager {
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
         let registry = Registry::new(
             restored.resources,
-            Timings {
+            Settings {
                 grace_period: config.grace_period,
                 dial_timeout: config.dial_timeout,
+                allocate_batch: config.allocate_batch,
             },
             persistence.requests(),
             cancel.clone(),

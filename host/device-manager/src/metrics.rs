@@ -124,6 +124,7 @@ type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 pub struct Metrics {
     registrations: Family<ResourceLabel, Counter>,
     alloc_duration: Histograms<ResourceLabel>,
+    allocate_calls: Family<ResourceLabel, Counter>,
     allocations: Family<ResourceOutcome, Counter>,
     released: Family<ResourceLabel, Counter>,
     journal_writes: Family<WriteOutcome, Counter>,
@@ -158,6 +159,7 @@ impl Default for Metrics {
         Metrics {
             registrations: Family::default(),
             alloc_duration: Family::new_with_constructor(default_histogram),
+            allocate_calls: Family::default(),
             allocations: Family::default(),
             released: Family::default(),
             journal_writes: Family::default(),
@@ -181,8 +183,13 @@ impl Metrics {
         );
         registry.register(
             "kubelet_device_plugin_alloc_duration_seconds",
-            "Duration of the device plugin's Allocate call, by resource",
+            "Duration of the device plugin's Allocate call for one allocation (with its wait for the plugin's previous call), by resource",
             self.alloc_duration.clone(),
+        );
+        registry.register(
+            "pluglet_device_plugin_allocate_calls",
+            "Allocate calls made to device plugins, by resource (one call asks for every allocation that waited for the previous one)",
+            self.allocate_calls.clone(),
         );
         registry.register(
             "pluglet_device_allocations",
@@ -326,6 +333,7 @@ impl Outcome {
 #[derive(Debug, Default)]
 pub(crate) struct ResourceSeries {
     alloc_duration: OnceLock<Histogram>,
+    allocate_calls: OnceLock<Counter>,
     /// By [`Outcome`].
     allocations: [OnceLock<Counter>; 3],
     released: OnceLock<Counter>,
@@ -344,6 +352,23 @@ impl ResourceSeries {
                     .clone()
             })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// `calls` Allocate calls were made to `resource_name`'s plugin.
+    pub(crate) fn allocate_calls(&self, metrics: &Metrics, resource_name: &str, calls: u32) {
+        if calls == 0 {
+            return;
+        }
+        self.allocate_calls
+            .get_or_init(|| {
+                metrics
+                    .allocate_calls
+                    .get_or_create(&ResourceLabel {
+                        resource_name: resource_name.to_owned(),
+                    })
+                    .clone()
+            })
+            .inc_by(u64::from(calls));
     }
 
     /// An allocation of `resource_name` was released.

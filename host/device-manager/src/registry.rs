@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::device_list::DeviceUpdate;
 use crate::devices::{Device, DeviceSet, ListedDevice};
-use crate::endpoint::{self, Endpoint, Flow};
+use crate::endpoint::{self, AllocateCalls, Endpoint, Flow};
 use crate::error::{AllocateError, ConnectError};
 use crate::persistence::WriteRequests;
 
@@ -112,19 +112,23 @@ pub(crate) struct Offer {
     pub devices: DeviceSet,
     /// The plugin's connection.
     pub channel: Channel,
+    /// The plugin's Allocate calls.
+    pub calls: Arc<AllocateCalls>,
     /// Whether the plugin answers GetPreferredAllocation.
     pub preferred_available: bool,
     /// Whether the plugin wants PreStartContainer.
     pub pre_start_required: bool,
 }
 
-/// Timings of the registry.
+/// Timings and limits of the registry's endpoints.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Timings {
+pub(crate) struct Settings {
     /// How long a disconnected resource stays.
     pub grace_period: Duration,
     /// Time allowed to dial a plugin and for GetDevicePluginOptions.
     pub dial_timeout: Duration,
+    /// The most containers one Allocate call asks for (see [`AllocateCalls`]).
+    pub allocate_batch: usize,
 }
 
 struct Inner {
@@ -134,7 +138,7 @@ struct Inner {
     events: broadcast::Sender<RegistryEvent>,
     log: EventLog,
     writes: WriteRequests,
-    timings: Timings,
+    settings: Settings,
     cancel: CancellationToken,
     tasks: TaskTracker,
     ended: mpsc::UnboundedSender<Arc<Registration>>,
@@ -154,7 +158,7 @@ impl Registry {
     /// are recorded in `log`.
     pub fn new(
         restored: BTreeMap<ResourceName, DeviceSet>,
-        timings: Timings,
+        settings: Settings,
         writes: WriteRequests,
         cancel: CancellationToken,
         tasks: TaskTracker,
@@ -166,7 +170,7 @@ impl Registry {
             "restored from the checkpoint; the plugin has not registered since the daemon \
              started; its devices stay allocated, and capacity is kept until the grace period \
              ends at {}",
-            grace_end(timings.grace_period)
+            grace_end(settings.grace_period)
         );
         let resources = restored
             .into_iter()
@@ -188,7 +192,7 @@ impl Registry {
                 events: broadcast::channel(256).0,
                 log,
                 writes,
-                timings,
+                settings,
                 cancel,
                 tasks,
                 ended,
@@ -219,7 +223,8 @@ impl Registry {
             path,
             flow,
             generation,
-            self.inner.timings.dial_timeout,
+            self.inner.settings.dial_timeout,
+            self.inner.settings.allocate_batch,
             cancel.clone(),
         )
         .await?;
@@ -368,13 +373,13 @@ impl Registry {
             entry.last_error = Some(format!(
                 "disconnected: {reason}; its devices are unhealthy until the plugin registers \
                  again, and capacity is kept until the grace period ends at {}",
-                grace_end(self.inner.timings.grace_period)
+                grace_end(self.inner.settings.grace_period)
             ));
         }
         tracing::warn!(
             %resource,
             reason,
-            grace_period = ?self.inner.timings.grace_period,
+            grace_period = ?self.inner.settings.grace_period,
             "device plugin disconnected: its devices are unhealthy until it registers again"
         );
         self.start_grace_timer(resource.clone(), generation);
@@ -383,7 +388,7 @@ impl Registry {
             resource.as_str(),
             format!(
                 "{reason}; devices unhealthy for the grace period ({:?})",
-                self.inner.timings.grace_period
+                self.inner.settings.grace_period
             ),
         );
         let _ = self.inner.events.send(RegistryEvent::Disconnected {
@@ -426,7 +431,7 @@ impl Registry {
 
     fn start_grace_timer(&self, resource: ResourceName, generation: Generation) {
         let registry = self.clone();
-        let grace = self.inner.timings.grace_period;
+        let grace = self.inner.settings.grace_period;
         let cancel = self.inner.cancel.clone();
         self.inner.tasks.spawn(async move {
             tokio::select! {
@@ -489,6 +494,7 @@ impl Registry {
         Ok(Offer {
             devices: entry.devices.clone(),
             channel: endpoint.channel.clone(),
+            calls: endpoint.calls.clone(),
             preferred_available: endpoint.options.get_preferred_allocation_available,
             pre_start_required: endpoint.options.pre_start_required,
         })
@@ -575,9 +581,10 @@ mod tests {
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
         let registry = Registry::new(
             BTreeMap::new(),
-            Timings {
+            Settings {
                 grace_period,
                 dial_timeout: Duration::from_secs(5),
+                allocate_batch: crate::DEFAULT_ALLOCATE_BATCH,
             },
             WriteRequests::new(),
             CancellationToken::new(),

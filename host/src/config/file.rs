@@ -40,6 +40,7 @@ pub const KEYS: &[&str] = &[
     "nodegetinfo_timeout",
     "resync_period",
     "device_grace_period",
+    "device_allocate_batch",
     "shutdown_grace",
     "handler_pool_size",
     "trusted_key",
@@ -96,6 +97,7 @@ pub struct ConfigFile {
     resync_period: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
     device_grace_period: Option<Duration>,
+    device_allocate_batch: Option<u32>,
     #[serde(default, deserialize_with = "duration")]
     shutdown_grace: Option<Duration>,
     handler_pool_size: Option<u32>,
@@ -259,6 +261,7 @@ impl ConfigFile {
             nodegetinfo_timeout,
             resync_period,
             device_grace_period,
+            device_allocate_batch,
             shutdown_grace,
             handler_pool_size,
             trusted_key,
@@ -412,6 +415,11 @@ pub fn to_toml(config: &Config) -> String {
     line(
         "device_grace_period",
         Some(duration(t.device_grace_period)),
+        "",
+    );
+    line(
+        "device_allocate_batch",
+        Some(config.device_allocate_batch.to_string()),
         "",
     );
     line("shutdown_grace", Some(duration(t.shutdown_grace)), "");

@@ -40,6 +40,13 @@ pub struct StubState {
     pub allocating: Notify,
     /// When set, Allocate answers this for every container instead of the stub's own answer.
     pub allocate_answer: Mutex<Option<v1beta1::ContainerAllocateResponse>>,
+    /// The containers each Allocate call asked for, in the order of the calls.
+    pub allocate_sizes: Mutex<Vec<usize>>,
+    /// When set, Allocate answers only the first container of a call (a plugin that does not
+    /// loop over `container_requests`).
+    pub answer_first_only: AtomicBool,
+    /// When set, an Allocate call that asks for this device fails whole.
+    pub refuse_device: Mutex<Option<String>>,
 }
 
 /// A running stub plugin; stops (and ends its streams) when dropped or [`Stub::stop`]ped.
@@ -225,6 +232,11 @@ impl DevicePlugin for StubService {
         request: tonic::Request<v1beta1::AllocateRequest>,
     ) -> Result<tonic::Response<v1beta1::AllocateResponse>, tonic::Status> {
         self.state.allocate_calls.fetch_add(1, Ordering::SeqCst);
+        self.state
+            .allocate_sizes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(request.get_ref().container_requests.len());
         self.state.allocating.notify_one();
         let gate = self
             .state
@@ -241,6 +253,21 @@ impl DevicePlugin for StubService {
         if self.state.fail_allocate.load(Ordering::SeqCst) {
             return Err(tonic::Status::internal("stub: Allocate fails on purpose"));
         }
+        let refused = self
+            .state
+            .refuse_device
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(refused) = refused {
+            let asked = request.get_ref().container_requests.iter();
+            if asked.flat_map(|r| &r.devices_ids).any(|id| *id == refused) {
+                return Err(tonic::Status::invalid_argument(format!(
+                    "stub: device {refused} is refused on purpose"
+                )));
+            }
+        }
+        let first_only = self.state.answer_first_only.load(Ordering::SeqCst);
         let fixed = self
             .state
             .allocate_answer
@@ -251,6 +278,7 @@ impl DevicePlugin for StubService {
             .into_inner()
             .container_requests
             .into_iter()
+            .take(if first_only { 1 } else { usize::MAX })
             .map(|r| {
                 fixed
                     .clone()

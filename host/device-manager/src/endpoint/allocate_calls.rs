@@ -1,0 +1,505 @@
+//! A plugin's Allocate calls: one at a time, with the allocations that became ready while a
+//! call ran asked together in the next one (as the journal's group commit makes the changes
+//! that became ready during a sync durable with the next one).
+//!
+//! The kubelet admits one pod at a time, so a plugin never has two of its Allocate calls at
+//! once. Pluglet allocates concurrently, and keeps that for each plugin: while a call runs, the
+//! allocations that reach the plugin wait in a queue, and the next call asks for all of them
+//! (at most [`AllocateCalls::new`]'s `batch`), one `ContainerAllocateRequest` each. The API's
+//! request is a list of containers, answered in the same order, so a plugin that loops over
+//! `container_requests` (every one we know of) needs nothing new. A busy plugin then pays its
+//! per-call cost (the gRPC round trip, for a Python plugin about a quarter of a millisecond of
+//! CPU) once per call, not once per allocation. An allocation that finds no call running is
+//! asked at once, by its own task: a lone allocation waits for nothing.
+//!
+//! A plugin that answers a call of several containers with another number of answers is asked
+//! one container per call from then on (that call's allocations are asked again, one by one).
+//! A call of several that the plugin refuses is asked again one container at a time, so one
+//! container's refusal fails only its own allocation. A call that timed out or whose connection
+//! failed fails every allocation in it: asking again would only wait again.
+//!
+//! The queue is a short mutex; no task runs while the plugin is idle. When the call that an
+//! allocation made itself ends (or its caller stops waiting) with allocations queued, a task is
+//! started that calls for the queue until it is empty. Allocations whose callers stopped
+//! waiting before their call was sent are left out of it.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pluglet_core::ResourceName;
+use pluglet_uds::{Channel, RpcError};
+use tokio::sync::oneshot;
+
+use crate::answer::{AllocateIds, AllocateRequestIds, ReadAnswer};
+
+/// What an allocation hears from its plugin.
+#[derive(Debug)]
+pub(crate) struct Called {
+    /// The answer for its container (`None`: the plugin answered no container).
+    pub answer: Result<Option<ReadAnswer>, RpcError>,
+    /// How many Allocate calls to count for it: the call it was first in, and the call it
+    /// was asked again in alone.
+    pub calls: u32,
+}
+
+/// One plugin's Allocate calls (see the module doc). Shared by the allocations of its
+/// endpoint.
+#[derive(Debug)]
+pub(crate) struct AllocateCalls {
+    resource: ResourceName,
+    channel: Channel,
+    batch: usize,
+    timeout: Duration,
+    /// Set when the plugin answered a call of several containers wrongly.
+    one_per_call: AtomicBool,
+    queue: Mutex<Queue>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// Whether a call runs (or a task is about to make the next one).
+    busy: bool,
+    waiting: VecDeque<Waiting>,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    ids: AllocateIds,
+    answer: oneshot::Sender<Called>,
+}
+
+impl AllocateCalls {
+    /// The Allocate calls of `resource`'s plugin on `channel`: at most `batch` containers in a
+    /// call (1: one per call, as the kubelet asks), each call given `timeout`.
+    pub fn new(
+        resource: ResourceName,
+        channel: Channel,
+        batch: usize,
+        timeout: Duration,
+    ) -> AllocateCalls {
+        AllocateCalls {
+            resource,
+            channel,
+            batch: batch.max(1),
+            timeout,
+            one_per_call: AtomicBool::new(false),
+            queue: Mutex::new(Queue::default()),
+        }
+    }
+
+    /// Asks the plugin to allocate `ids` to one container: at once when no call runs,
+    /// otherwise in the next call.
+    pub async fn allocate(self: &Arc<Self>, ids: AllocateIds) -> Called {
+        let queued = {
+            let mut queue = self.lock();
+            if queue.busy {
+                let (answer, answered) = oneshot::channel();
+                queue.waiting.push_back(Waiting { ids, answer });
+                Err(answered)
+            } else {
+                queue.busy = true;
+                Ok(ids)
+            }
+        };
+        match queued {
+            Ok(ids) => {
+                let turn = Turn(self);
+                let called = self.call_one(ids).await;
+                drop(turn);
+                called
+            }
+            Err(answered) => answered.await.unwrap_or_else(|_| Called {
+                answer: Err(RpcError(tonic::Status::cancelled(
+                    "the Allocate call was abandoned: the daemon is stopping",
+                ))),
+                calls: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// After a call an allocation made itself: the queue's next calls go to a task of their
+    /// own, or the plugin is idle again.
+    fn hand_on(self: &Arc<Self>) {
+        let mut queue = self.lock();
+        if queue.waiting.is_empty() {
+            queue.busy = false;
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to call from (it is gone): the queued allocations hear that when
+            // their answers are dropped with the queue.
+            queue.waiting.clear();
+            queue.busy = false;
+            return;
+        };
+        drop(queue);
+        let calls = Arc::clone(self);
+        runtime.spawn(async move { calls.drain().await });
+    }
+
+    /// Calls for the queue until it is empty.
+    async fn drain(self: Arc<Self>) {
+        loop {
+            let next: Vec<Waiting> = {
+                let mut queue = self.lock();
+                queue.waiting.retain(|w| !w.answer.is_closed());
+                if queue.waiting.is_empty() {
+                    queue.busy = false;
+                    return;
+                }
+                let size = if self.one_per_call.load(Ordering::Relaxed) {
+                    1
+                } else {
+                    self.batch.min(queue.waiting.len())
+                };
+                queue.waiting.drain(..size).collect()
+            };
+            self.call(next).await;
+        }
+    }
+
+    /// One call for `waiting` (at least one), and each answer sent.
+    async fn call(&self, mut waiting: Vec<Waiting>) {
+        if waiting.len() == 1 {
+            let one = waiting.pop().expect("one waiting");
+            let called = self.call_one(one.ids).await;
+            let _ = one.answer.send(called);
+            return;
+        }
+        let asked = waiting.len();
+        let request = AllocateRequestIds(waiting.iter().map(|w| w.ids.clone()).collect());
+        let answered = self.send(request).await;
+        match answered {
+            Ok(answers) if answers.len() == asked => {
+                for (k, (w, answer)) in waiting.into_iter().zip(answers).enumerate() {
+                    let _ = w.answer.send(Called {
+                        answer: Ok(Some(answer)),
+                        calls: u32::from(k == 0),
+                    });
+                }
+            }
+            Ok(answers) => {
+                tracing::warn!(
+                    resource = %self.resource,
+                    asked,
+                    answered = answers.len(),
+                    "the device plugin answered an Allocate call of several containers with \
+                     another number of answers; it is asked one container per call from now on"
+                );
+                self.one_per_call.store(true, Ordering::Relaxed);
+                self.one_by_one(waiting).await;
+            }
+            Err(err) if failed_for_all(&err) => {
+                for (k, w) in waiting.into_iter().enumerate() {
+                    let _ = w.answer.send(Called {
+                        answer: Err(err.clone()),
+                        calls: u32::from(k == 0),
+                    });
+                }
+            }
+            Err(err) => {
+                tracing::debug!(
+                    resource = %self.resource,
+                    asked,
+                    error = %err,
+                    "the device plugin refused an Allocate call of several containers; asking \
+                     for each alone"
+                );
+                self.one_by_one(waiting).await;
+            }
+        }
+    }
+
+    /// Each of `waiting` asked alone, in order, after a call of them all that counts for the
+    /// first.
+    async fn one_by_one(&self, waiting: Vec<Waiting>) {
+        for (k, w) in waiting.into_iter().enumerate() {
+            let mut called = self.call_one(w.ids).await;
+            called.calls += u32::from(k == 0);
+            let _ = w.answer.send(called);
+        }
+    }
+
+    /// A call for one container.
+    async fn call_one(&self, ids: AllocateIds) -> Called {
+        let answer = self
+            .send(AllocateRequestIds(vec![ids]))
+            .await
+            .map(|answers| answers.into_iter().next());
+        Called { answer, calls: 1 }
+    }
+
+    async fn send(&self, request: AllocateRequestIds) -> Result<Vec<ReadAnswer>, RpcError> {
+        pluglet_uds::with_deadline(self.timeout, super::allocate(self.channel.clone(), request))
+            .await
+    }
+}
+
+/// Whether a failed call would fail again for each container alone: no answer in time, or
+/// no connection.
+fn failed_for_all(err: &RpcError) -> bool {
+    matches!(
+        err.code(),
+        tonic::Code::DeadlineExceeded | tonic::Code::Unavailable | tonic::Code::Cancelled
+    )
+}
+
+/// The turn of an allocation that calls the plugin itself: when it ends (or its caller stops
+/// waiting), the queue is handed on.
+struct Turn<'a>(&'a Arc<AllocateCalls>);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.hand_on();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use pluglet_proto::v1beta1::DevicePluginOptions;
+    use pluglet_test_support::stub::{Stub, devices};
+    use tokio::sync::Semaphore;
+    use tokio::task::JoinHandle;
+
+    use super::*;
+    use crate::answer::AnswerView;
+    use crate::device_id::DeviceId;
+
+    async fn calls(stub: &Stub, batch: usize) -> Arc<AllocateCalls> {
+        let channel = pluglet_uds::connect(&stub.socket, Duration::from_secs(10))
+            .await
+            .unwrap();
+        Arc::new(AllocateCalls::new(
+            ResourceName::new("vendor.com/gpu"),
+            channel,
+            batch,
+            Duration::from_secs(10),
+        ))
+    }
+
+    fn stub(dir: &tempfile::TempDir) -> Stub {
+        Stub::start(
+            &dir.path().join("dp.sock"),
+            devices(8, 0),
+            DevicePluginOptions::default(),
+        )
+    }
+
+    fn ids(list: &[&str]) -> AllocateIds {
+        AllocateIds(DeviceId::from_wire(list.iter().map(|s| s.to_string()).collect()).into())
+    }
+
+    /// The devices the stub's answer names (its `STUB_DEVICES` env).
+    fn answered(called: &Called) -> Result<String, tonic::Code> {
+        match &called.answer {
+            Ok(Some(answer)) => {
+                let view: AnswerView<'_> = answer.view().unwrap();
+                Ok(view
+                    .envs
+                    .iter()
+                    .find(|(k, _)| *k == "STUB_DEVICES")
+                    .map(|(_, v)| (*v).to_owned())
+                    .unwrap())
+            }
+            Ok(None) => panic!("no container answered"),
+            Err(err) => Err(err.code()),
+        }
+    }
+
+    fn sizes(stub: &Stub) -> Vec<usize> {
+        stub.state.allocate_sizes.lock().unwrap().clone()
+    }
+
+    /// Holds the stub's Allocate calls until the gate's permits are added.
+    fn gate(stub: &Stub) -> Arc<Semaphore> {
+        let gate = Arc::new(Semaphore::new(0));
+        *stub.state.allocate_gate.lock().unwrap() = Some(gate.clone());
+        gate
+    }
+
+    /// Starts an allocation of `devices` in a task of its own.
+    fn start(calls: &Arc<AllocateCalls>, devices: &[&str]) -> JoinHandle<Called> {
+        let calls = calls.clone();
+        let ids = ids(devices);
+        tokio::spawn(async move { calls.allocate(ids).await })
+    }
+
+    /// Waits until `n` allocations are queued behind the running call.
+    async fn queued(calls: &AllocateCalls, n: usize) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while calls.lock().waiting.len() < n {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the allocations were queued");
+    }
+
+    /// One call runs, held by the gate; `then` are queued behind it; the gate opens. Returns
+    /// what each of the queued heard, in order.
+    async fn behind_one_call(
+        stub: &Stub,
+        calls: &Arc<AllocateCalls>,
+        then: &[&str],
+    ) -> Vec<Called> {
+        let gate = gate(stub);
+        let first = start(calls, &["d0"]);
+        stub.state.allocating.notified().await;
+        let rest: Vec<_> = then.iter().map(|d| start(calls, &[d])).collect();
+        queued(calls, then.len()).await;
+        gate.add_permits(100);
+        assert_eq!(answered(&first.await.unwrap()), Ok("d0".to_owned()));
+        let mut heard = Vec::new();
+        for task in rest {
+            heard.push(task.await.unwrap());
+        }
+        heard
+    }
+
+    #[tokio::test]
+    async fn a_lone_allocation_is_asked_at_once_in_a_call_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let stub = stub(&dir);
+        let calls = calls(&stub, 16).await;
+        for device in ["d0", "d1"] {
+            let called = calls.allocate(ids(&[device])).await;
+            assert_eq!(answered(&called), Ok(device.to_owned()));
+            assert_eq!(called.calls, 1);
+        }
+        assert_eq!(sizes(&stub), [1, 1]);
+        assert!(!calls.lock().busy, "the plugin is idle again");
+    }
+
+    #[tokio::test]
+    async fn allocations_that_wait_for_a_call_are_asked_together_in_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let stub = stub(&dir);
+        let calls = calls(&stub, 16).await;
+        let heard = behind_one_call(&stub, &calls, &["d1", "d2", "d3"]).await;
+        let answers: Vec<_> = heard.iter().map(answered).collect();
+        assert_eq!(
+            answers,
+            [
+                Ok("d1".to_owned()),
+                Ok("d2".to_owned()),
+                Ok("d3".to_owned())
+            ],
+            "each hears the answer for its own container"
+        );
+        assert_eq!(sizes(&stub), [1, 3]);
+        let counted: Vec<u32> = heard.iter().map(|c| c.calls).collect();
+        assert_eq!(counted, [1, 0, 0], "the call counts once");
+        assert!(!calls.lock().busy);
+    }
+
+    #[tokio::test]
+    async fn a_call_asks_for_at_most_the_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let stub = stub(&dir);
+        let calls = calls(&stub, 2).await;
+        let heard = behind_one_call(&stub, &calls, &["d1", "d2", "d3"]).await;
+        assert!(heard.iter().all(|c| c.answer.is_ok()));
+        assert_eq!(sizes(&stub), [1, 2, 1]);
+
+        // 1: one container per call, and still one call at a time.
+        let calls = super::tests::calls(&stub, 1).await;
+        stub.state.allocate_sizes.lock().unwrap().clear();
+        let heard = behind_one_call(&stub, &calls, &["d1", "d2"]).await;
+        assert!(heard.iter().all(|c| c.answer.is_ok()));
+        assert_eq!(sizes(&stub), [1, 1, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_plugin_that_answers_only_the_first_container_is_asked_one_per_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let stub = stub(&dir);
+        stub.state.answer_first_only.store(true, Ordering::SeqCst);
+        let calls = calls(&stub, 16).await;
+        let heard = behind_one_call(&stub, &calls, &["d1", "d2", "d3"]).await;
+        let answers: Vec<_> = heard.iter().map(answered).collect();
+        assert_eq!(
+            answers,
+            [
+                Ok("d1".to_owned()),
+                Ok("d2".to_owned()),
+                Ok("d3".to_owned())
+            ]
+        );
+        assert_eq!(sizes(&stub), [1, 3, 1, 1, 1], "asked again one by one");
+        let counted: Vec<u32> = heard.iter().map(|c| c.calls).collect();
+        assert_eq!(counted, [2, 1, 1]);
+
+        stub.state.allocate_sizes.lock().unwrap().clear();
+        let heard = behind_one_call(&stub, &calls, &["d4", "d5"]).await;
+        assert!(heard.iter().all(|c| c.answer.is_ok()));
+        assert_eq!(sizes(&stub), [1, 1, 1], "one per call from then on");
+    }
+
+    #[tokio::test]
+    async fn a_refused_call_of_several_fails_only_the_container_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let stub = stub(&dir);
+        *stub.state.refuse_device.lock().unwrap() = Some("d2".to_owned());
+        let calls = calls(&stub, 16).await;
+        let heard = behind_one_call(&stub, &calls, &["d1", "d2", "d3"]).await;
+        let answers: Vec<_> = heard.iter().map(answered).collect();
+        assert_eq!(
+            answers,
+            [
+                Ok("d1".to_owned()),
+                Err(tonic::Code::InvalidArgument),
+                Ok("d3".to_owned())
+            ]
+        );
+        assert_eq!(sizes(&stub), [1, 3, 1, 1, 1]);
+
+        stub.state.allocate_sizes.lock().unwrap().clear();
+        let heard = behind_one_call(&stub, &calls, &["d4", "d5"]).await;
+        assert!(heard.iter().all(|c| c.answer.is_ok()));
+        assert_eq!(sizes(&stub), [1, 2], "still asked together");
+    }
+
+    #[tokio::test]
+    async fn an_allocation_whose_caller_stopped_waiting_is_not_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let stub = stub(&dir);
+        let calls = calls(&stub, 16).await;
+        let gate = gate(&stub);
+        let first = start(&calls, &["d0"]);
+        stub.state.allocating.notified().await;
+        let gone = start(&calls, &["d1"]);
+        let kept = start(&calls, &["d2"]);
+        queued(&calls, 2).await;
+        gone.abort();
+        let _ = gone.await;
+        gate.add_permits(100);
+        assert!(first.await.unwrap().answer.is_ok());
+        assert_eq!(answered(&kept.await.unwrap()), Ok("d2".to_owned()));
+        assert_eq!(sizes(&stub), [1, 1]);
+    }
+
+    #[tokio::test]
+    async fn when_the_caller_of_a_running_call_stops_waiting_the_queue_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let stub = stub(&dir);
+        let calls = calls(&stub, 16).await;
+        let gate = gate(&stub);
+        let first = start(&calls, &["d0"]);
+        stub.state.allocating.notified().await;
+        let next = start(&calls, &["d1"]);
+        queued(&calls, 1).await;
+        first.abort();
+        let _ = first.await;
+        gate.add_permits(100);
+        assert_eq!(answered(&next.await.unwrap()), Ok("d1".to_owned()));
+        assert!(!calls.lock().busy);
+    }
+}
