@@ -84,16 +84,54 @@ impl AllocateIds {
     }
 }
 
-/// An Allocate request: one `ContainerAllocateRequest` per allocation, in order.
+/// An Allocate request: one `ContainerAllocateRequest` per allocation, in order (a lone
+/// allocation's without a list of its own: this is made per allocation).
 #[derive(Clone, Debug)]
-pub(crate) struct AllocateRequestIds(pub Vec<AllocateIds>);
+pub(crate) enum AllocateRequestIds {
+    /// One container.
+    One(AllocateIds),
+    /// Several, in order.
+    Several(Vec<AllocateIds>),
+}
 
 impl AllocateRequestIds {
     /// Encodes `AllocateRequest { container_requests: [{ devices_ids }, ...] }`.
     fn encode(&self, buf: &mut impl BufMut) {
-        for container in &self.0 {
-            container.encode(buf);
+        match self {
+            AllocateRequestIds::One(container) => container.encode(buf),
+            AllocateRequestIds::Several(containers) => {
+                for container in containers {
+                    container.encode(buf);
+                }
+            }
         }
+    }
+}
+
+/// The container answers of an Allocate call, in the plugin's order, each as its bytes.
+#[derive(Debug, Default)]
+pub(crate) struct ContainerAnswers(Vec<Vec<u8>>);
+
+impl ContainerAnswers {
+    /// How many containers were answered.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The first container's answer (`None`: none was answered).
+    pub fn first(self) -> Option<ReadAnswer> {
+        self.into_iter().next()
+    }
+}
+
+impl IntoIterator for ContainerAnswers {
+    type Item = ReadAnswer;
+    type IntoIter = std::iter::Map<std::vec::IntoIter<Vec<u8>>, fn(Vec<u8>) -> ReadAnswer>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter().map(|encoded| ReadAnswer {
+            encoded: encoded.into(),
+        })
     }
 }
 
@@ -104,7 +142,7 @@ pub(crate) struct AllocateCodec;
 
 impl Codec for AllocateCodec {
     type Encode = AllocateRequestIds;
-    type Decode = Vec<ReadAnswer>;
+    type Decode = ContainerAnswers;
     type Encoder = AllocateCodec;
     type Decoder = AllocateCodec;
 
@@ -128,10 +166,10 @@ impl Encoder for AllocateCodec {
 }
 
 impl Decoder for AllocateCodec {
-    type Item = Vec<ReadAnswer>;
+    type Item = ContainerAnswers;
     type Error = Status;
 
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Vec<ReadAnswer>>, Status> {
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<ContainerAnswers>, Status> {
         read(buf).map(Some).map_err(undecodable)
     }
 }
@@ -143,15 +181,9 @@ fn undecodable(error: impl std::fmt::Display) -> Status {
 
 /// The container answers of an `AllocateResponse` message, each as its bytes (read by
 /// [`ReadAnswer::view`]).
-fn read(message: impl bytes::Buf) -> Result<Vec<ReadAnswer>, prost::DecodeError> {
+fn read(message: impl bytes::Buf) -> Result<ContainerAnswers, prost::DecodeError> {
     let message = AllocateResponseBytes::decode(message)?;
-    Ok(message
-        .container_responses
-        .into_iter()
-        .map(|encoded| ReadAnswer {
-            encoded: encoded.into(),
-        })
-        .collect())
+    Ok(ContainerAnswers(message.container_responses))
 }
 
 /// A plugin's Allocate answer for one container: its protobuf bytes and what listings read of
@@ -263,13 +295,15 @@ mod tests {
         ];
         let ours = |containers: &[Vec<String>]| {
             let mut buf = Vec::new();
-            AllocateRequestIds(
-                containers
-                    .iter()
-                    .map(|ids| AllocateIds(DeviceId::from_wire(ids.clone()).into()))
-                    .collect(),
-            )
-            .encode(&mut buf);
+            let mut each = containers
+                .iter()
+                .map(|ids| AllocateIds(DeviceId::from_wire(ids.clone()).into()));
+            let request = if containers.len() == 1 {
+                AllocateRequestIds::One(each.next().unwrap())
+            } else {
+                AllocateRequestIds::Several(each.collect())
+            };
+            request.encode(&mut buf);
             buf
         };
         let generated = |containers: &[Vec<String>]| {
@@ -306,6 +340,7 @@ mod tests {
         .encode_to_vec();
         let answers = read(message.as_slice()).unwrap();
         assert_eq!(answers.len(), 2);
+        let answers: Vec<ReadAnswer> = answers.into_iter().collect();
         assert_eq!(answers[0].encoded, first.encode_to_vec());
         assert_eq!(answers[1].encoded, second.encode_to_vec());
         let view = answers[0].view().unwrap();
@@ -316,18 +351,21 @@ mod tests {
         let mut newer = vec![0x12, 0x02, b'h', b'i'];
         newer.extend_from_slice(&message);
         assert_eq!(
-            read(newer.as_slice()).unwrap()[0].encoded,
+            read(newer.as_slice()).unwrap().first().unwrap().encoded,
             first.encode_to_vec()
         );
 
         let none = pluglet_proto::v1beta1::AllocateResponse::default().encode_to_vec();
         assert!(
-            read(none.as_slice()).unwrap().is_empty(),
+            read(none.as_slice()).unwrap().first().is_none(),
             "no container answered"
         );
         assert!(read(&[0x0a, 0x05, 0x01][..]).is_err(), "cut short");
-        let cut = read(&[0x0a, 0x02, 0x0a, 0x07][..]).unwrap();
-        let refused = cut[0].view().unwrap_err();
+        let cut = read(&[0x0a, 0x02, 0x0a, 0x07][..])
+            .unwrap()
+            .first()
+            .unwrap();
+        let refused = cut.view().unwrap_err();
         assert!(
             refused.message().contains("does not decode"),
             "the container answer itself cut short: {refused}"

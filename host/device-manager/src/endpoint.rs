@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use allocate_calls::AllocateCalls;
 
-use crate::answer::{AllocateCodec, AllocateRequestIds, ReadAnswer};
+use crate::answer::{AllocateCodec, AllocateRequestIds, ContainerAnswers};
 use crate::device_list::{DeviceListCodec, DeviceUpdate};
 use crate::error::ConnectError;
 use crate::registry::Registry;
@@ -151,7 +151,7 @@ async fn list_and_watch(
 async fn allocate(
     channel: Channel,
     request: AllocateRequestIds,
-) -> Result<tonic::Response<Vec<ReadAnswer>>, tonic::Status> {
+) -> Result<tonic::Response<ContainerAnswers>, tonic::Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready()
         .await

@@ -4,9 +4,12 @@
 //! about to run, so a tick only matters while some runs; an idle daemon has no timer of its own.
 //!
 //! Whoever runs guest code (a call, or the making of a spare) holds a [`Ticking`] from arming the
-//! deadline until the guest code is done. The first holder wakes the thread; it ticks until the
-//! last holder is gone. A late wake-up gives one tick, never a burst (the thread sleeps one
-//! period after each tick), so a stalled ticker cannot time calls out spuriously.
+//! deadline until the guest code is done. The first holder wakes the thread; it ticks until a
+//! period passes in which no guest code ran or started. A call lasts tens of microseconds, far
+//! less than a period, so on a busy node the thread ticks on and the calls never wake it (a wake
+//! is a system call on the call's path and two context switches); a lone call costs one wake and
+//! one tick, as before. A late wake-up gives one tick, never a burst (the thread sleeps one period
+//! after each tick), so a stalled ticker cannot time calls out spuriously.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -26,6 +29,8 @@ pub(crate) struct Ticker {
 struct TickerState {
     /// Holders of a [`Ticking`] now.
     running: u32,
+    /// Whether a [`Ticking`] was taken since the thread last looked.
+    started: bool,
     /// Set when the runtime is gone: the thread ends.
     closed: bool,
     /// The thread waits for a runner (only then does a new one wake it: while it ticks, it
@@ -55,6 +60,7 @@ impl Ticker {
     pub(crate) fn start(self: &Arc<Ticker>) -> Ticking {
         let mut state = self.lock();
         state.running += 1;
+        state.started = true;
         if state.asleep {
             state.asleep = false;
             self.wake.notify_all();
@@ -89,7 +95,8 @@ impl Drop for Ticking {
     }
 }
 
-/// The ticker thread: waits until guest code runs, then ticks once per period while it does.
+/// The ticker thread: waits until guest code runs, then ticks once per period while some runs or
+/// started during the period.
 fn run(ticker: &Weak<Ticker>, engine: &EngineWeak, tick: Duration) {
     loop {
         {
@@ -97,11 +104,12 @@ fn run(ticker: &Weak<Ticker>, engine: &EngineWeak, tick: Duration) {
                 return;
             };
             let mut state = shared.lock();
-            while state.running == 0 && !state.closed {
+            while state.running == 0 && !state.started && !state.closed {
                 state.asleep = true;
                 state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
             }
             state.asleep = false;
+            state.started = false;
             if state.closed {
                 return;
             }

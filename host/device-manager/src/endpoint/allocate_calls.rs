@@ -32,7 +32,7 @@ use pluglet_core::ResourceName;
 use pluglet_uds::{Channel, RpcError};
 use tokio::sync::oneshot;
 
-use crate::answer::{AllocateIds, AllocateRequestIds, ReadAnswer};
+use crate::answer::{AllocateIds, AllocateRequestIds, ContainerAnswers, ReadAnswer};
 
 /// What an allocation hears from its plugin.
 #[derive(Debug)]
@@ -173,7 +173,7 @@ impl AllocateCalls {
             return;
         }
         let asked = waiting.len();
-        let request = AllocateRequestIds(waiting.iter().map(|w| w.ids.clone()).collect());
+        let request = AllocateRequestIds::Several(waiting.iter().map(|w| w.ids.clone()).collect());
         let answered = self.send(request).await;
         match answered {
             Ok(answers) if answers.len() == asked => {
@@ -229,13 +229,13 @@ impl AllocateCalls {
     /// A call for one container.
     async fn call_one(&self, ids: AllocateIds) -> Called {
         let answer = self
-            .send(AllocateRequestIds(vec![ids]))
+            .send(AllocateRequestIds::One(ids))
             .await
-            .map(|answers| answers.into_iter().next());
+            .map(ContainerAnswers::first);
         Called { answer, calls: 1 }
     }
 
-    async fn send(&self, request: AllocateRequestIds) -> Result<Vec<ReadAnswer>, RpcError> {
+    async fn send(&self, request: AllocateRequestIds) -> Result<ContainerAnswers, RpcError> {
         pluglet_uds::with_deadline(self.timeout, super::allocate(self.channel.clone(), request))
             .await
     }
