@@ -16,7 +16,10 @@
 //! one container per call from then on (that call's allocations are asked again, one by one).
 //! A call of several that the plugin refuses is asked again one container at a time, so one
 //! container's refusal fails only its own allocation. A call that timed out or whose connection
-//! failed fails every allocation in it: asking again would only wait again.
+//! failed fails every allocation in it: asking again would only wait again. Each allocation
+//! has the call's timeout from the moment it reaches the plugin, its wait for the calls before
+//! its own included: a call's deadline is that of the oldest allocation in it, and one whose
+//! time ran out while it waited is answered so without being asked for.
 //!
 //! The queue is a short mutex; no task runs while the plugin is idle. When the call that an
 //! allocation made itself ends (or its caller stops waiting) with allocations queued, a task is
@@ -31,6 +34,7 @@ use std::time::Duration;
 use pluglet_core::ResourceName;
 use pluglet_uds::{Channel, RpcError};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::answer::{AllocateIds, AllocateRequestIds, ContainerAnswers, ReadAnswer};
 
@@ -64,15 +68,19 @@ struct Queue {
     waiting: VecDeque<Waiting>,
 }
 
+/// An allocation waiting for the plugin's next call.
 #[derive(Debug)]
 struct Waiting {
     ids: AllocateIds,
+    /// When it reached the plugin plus the call's timeout.
+    deadline: Instant,
     answer: oneshot::Sender<Called>,
 }
 
 impl AllocateCalls {
     /// The Allocate calls of `resource`'s plugin on `channel`: at most `batch` containers in a
-    /// call (1: one per call, as the kubelet asks), each call given `timeout`.
+    /// call (1: one per call, as the kubelet asks). Each allocation hears an answer within
+    /// `timeout` of reaching the plugin, its wait for the calls before its own included.
     pub fn new(
         resource: ResourceName,
         channel: Channel,
@@ -92,11 +100,16 @@ impl AllocateCalls {
     /// Asks the plugin to allocate `ids` to one container: at once when no call runs,
     /// otherwise in the next call.
     pub async fn allocate(self: &Arc<Self>, ids: AllocateIds) -> Called {
+        let deadline = Instant::now() + self.timeout;
         let queued = {
             let mut queue = self.lock();
             if queue.busy {
                 let (answer, answered) = oneshot::channel();
-                queue.waiting.push_back(Waiting { ids, answer });
+                queue.waiting.push_back(Waiting {
+                    ids,
+                    deadline,
+                    answer,
+                });
                 Err(answered)
             } else {
                 queue.busy = true;
@@ -106,7 +119,7 @@ impl AllocateCalls {
         match queued {
             Ok(ids) => {
                 let turn = Turn(self);
-                let called = self.call_one(ids).await;
+                let called = self.call_one(ids, deadline).await;
                 drop(turn);
                 called
             }
@@ -146,35 +159,55 @@ impl AllocateCalls {
     /// Calls for the queue until it is empty.
     async fn drain(self: Arc<Self>) {
         loop {
-            let next: Vec<Waiting> = {
+            let (next, expired) = {
                 let mut queue = self.lock();
                 queue.waiting.retain(|w| !w.answer.is_closed());
                 if queue.waiting.is_empty() {
                     queue.busy = false;
                     return;
                 }
+                // Those whose time ran out while they waited are answered so, not asked for.
+                let now = Instant::now();
+                let expired = queue
+                    .waiting
+                    .iter()
+                    .take_while(|w| w.deadline <= now)
+                    .count();
+                let expired: Vec<Waiting> = queue.waiting.drain(..expired).collect();
                 let size = if self.one_per_call.load(Ordering::Relaxed) {
                     1
                 } else {
-                    self.batch.min(queue.waiting.len())
+                    self.batch
                 };
-                queue.waiting.drain(..size).collect()
+                let size = size.min(queue.waiting.len());
+                let next: Vec<Waiting> = queue.waiting.drain(..size).collect();
+                (next, expired)
             };
-            self.call(next).await;
+            for w in expired {
+                let _ = w.answer.send(Called {
+                    answer: Err(self.expired()),
+                    calls: 0,
+                });
+            }
+            if !next.is_empty() {
+                self.call(next).await;
+            }
         }
     }
 
-    /// One call for `waiting` (at least one), and each answer sent.
+    /// One call for `waiting` (at least one, oldest first), and each answer sent.
     async fn call(&self, mut waiting: Vec<Waiting>) {
         if waiting.len() == 1 {
             let one = waiting.pop().expect("one waiting");
-            let called = self.call_one(one.ids).await;
+            let called = self.call_one(one.ids, one.deadline).await;
             let _ = one.answer.send(called);
             return;
         }
         let asked = waiting.len();
+        // The oldest's deadline is the soonest.
+        let deadline = waiting[0].deadline;
         let request = AllocateRequestIds::Several(waiting.iter().map(|w| w.ids.clone()).collect());
-        let answered = self.send(request).await;
+        let answered = self.send(request, deadline).await;
         match answered {
             Ok(answers) if answers.len() == asked => {
                 for (k, (w, answer)) in waiting.into_iter().zip(answers).enumerate() {
@@ -220,24 +253,46 @@ impl AllocateCalls {
     /// first.
     async fn one_by_one(&self, waiting: Vec<Waiting>) {
         for (k, w) in waiting.into_iter().enumerate() {
-            let mut called = self.call_one(w.ids).await;
+            let mut called = self.call_one(w.ids, w.deadline).await;
             called.calls += u32::from(k == 0);
             let _ = w.answer.send(called);
         }
     }
 
-    /// A call for one container.
-    async fn call_one(&self, ids: AllocateIds) -> Called {
+    /// A call for one container, answered by `deadline`.
+    async fn call_one(&self, ids: AllocateIds, deadline: Instant) -> Called {
+        if deadline <= Instant::now() {
+            return Called {
+                answer: Err(self.expired()),
+                calls: 0,
+            };
+        }
         let answer = self
-            .send(AllocateRequestIds::One(ids))
+            .send(AllocateRequestIds::One(ids), deadline)
             .await
             .map(ContainerAnswers::first);
         Called { answer, calls: 1 }
     }
 
-    async fn send(&self, request: AllocateRequestIds) -> Result<ContainerAnswers, RpcError> {
-        pluglet_uds::with_deadline(self.timeout, super::allocate(self.channel.clone(), request))
-            .await
+    async fn send(
+        &self,
+        request: AllocateRequestIds,
+        deadline: Instant,
+    ) -> Result<ContainerAnswers, RpcError> {
+        let call = super::allocate(self.channel.clone(), request);
+        match tokio::time::timeout_at(deadline, call).await {
+            Ok(Ok(answer)) => Ok(answer.into_inner()),
+            Ok(Err(status)) => Err(RpcError(status)),
+            Err(_) => Err(self.expired()),
+        }
+    }
+
+    /// The error of an allocation the plugin did not answer in time.
+    fn expired(&self) -> RpcError {
+        RpcError(tonic::Status::deadline_exceeded(format!(
+            "no answer within {:?} (the plugin's calls before this allocation's included)",
+            self.timeout
+        )))
     }
 }
 
@@ -484,6 +539,31 @@ mod tests {
         assert!(first.await.unwrap().answer.is_ok());
         assert_eq!(answered(&kept.await.unwrap()), Ok("d2".to_owned()));
         assert_eq!(sizes(&stub), [1, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_allocation_has_the_timeout_from_reaching_the_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let stub = stub(&dir);
+        let calls = calls(&stub, 16).await;
+        let _gate = gate(&stub);
+        let first = start(&calls, &["d0"]);
+        stub.state.allocating.notified().await;
+        let waiting = start(&calls, &["d1"]);
+        queued(&calls, 1).await;
+        // Nothing answers: the clock runs to the first deadline, the running call's, which is
+        // also the waiting one's (both reached the plugin at the same paused instant).
+        let first = first.await.unwrap();
+        assert_eq!(answered(&first), Err(tonic::Code::DeadlineExceeded));
+        let waiting = waiting.await.unwrap();
+        let Err(err) = &waiting.answer else {
+            panic!("answered: {waiting:?}");
+        };
+        assert_eq!(err.code(), tonic::Code::DeadlineExceeded);
+        assert!(err.0.message().contains("calls before"), "{err:?}");
+        assert_eq!(waiting.calls, 0, "not asked for");
+        assert_eq!(sizes(&stub), [1]);
+        assert!(!calls.lock().busy);
     }
 
     #[tokio::test]
