@@ -23,7 +23,8 @@
 //! ```
 //!
 //! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task
-//! per connected plugin; `device_list` reads its ListAndWatch updates), [`devices`] (health,
+//! per connected plugin; `device_list` reads its ListAndWatch updates; `allocate_calls` makes
+//! its Allocate calls, one at a time, the allocations that wait asked for together), [`devices`] (health,
 //! capacity, allocatable; ids are [`DeviceId`]s), [`allocator`] and [`pod_devices`] (who holds
 //! what; `answer` reads the plugin's Allocate answer and keeps it as a [`PluginAnswer`]),
 //! `cdi::writer` (the spec files' thread), [`persistence`] (the files), [`pod_resources`] (the
