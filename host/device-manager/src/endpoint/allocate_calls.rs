@@ -7,7 +7,8 @@
 //! allocations that reach the plugin wait in a queue, and the next call asks for all of them
 //! (at most [`AllocateCalls::new`]'s `batch`), one `ContainerAllocateRequest` each. The API's
 //! request is a list of containers, answered in the same order, so a plugin that loops over
-//! `container_requests` (every one we know of) needs nothing new. A busy plugin then pays its
+//! `container_requests` (as the kubelet's sample device plugin does) needs nothing new, and
+//! `--device-allocate-batch 1` asks one container per call for one that does not. A busy plugin then pays its
 //! per-call cost (the gRPC round trip, for a Python plugin about a quarter of a millisecond of
 //! CPU) once per call, not once per allocation. An allocation that finds no call running is
 //! asked at once, by its own task: a lone allocation waits for nothing.
