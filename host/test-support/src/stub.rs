@@ -238,12 +238,7 @@ impl DevicePlugin for StubService {
             .unwrap_or_else(|e| e.into_inner())
             .push(request.get_ref().container_requests.len());
         self.state.allocating.notify_one();
-        let gate = self
-            .state
-            .allocate_gate
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let gate = current(&self.state.allocate_gate);
         if let Some(gate) = gate {
             gate.acquire()
                 .await
@@ -253,12 +248,7 @@ impl DevicePlugin for StubService {
         if self.state.fail_allocate.load(Ordering::SeqCst) {
             return Err(tonic::Status::internal("stub: Allocate fails on purpose"));
         }
-        let refused = self
-            .state
-            .refuse_device
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let refused = current(&self.state.refuse_device);
         if let Some(refused) = refused {
             let asked = request.get_ref().container_requests.iter();
             if asked.flat_map(|r| &r.devices_ids).any(|id| *id == refused) {
@@ -268,12 +258,7 @@ impl DevicePlugin for StubService {
             }
         }
         let first_only = self.state.answer_first_only.load(Ordering::SeqCst);
-        let fixed = self
-            .state
-            .allocate_answer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let fixed = current(&self.state.allocate_answer);
         let container_responses = request
             .into_inner()
             .container_requests
@@ -320,4 +305,9 @@ pub async fn next_event<E: Clone, T>(
             Err(_) => panic!("timed out waiting for {what}"),
         }
     }
+}
+
+/// A copy of what `value` holds now (a poisoned lock still holds it).
+fn current<T: Clone>(value: &Mutex<T>) -> T {
+    value.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }

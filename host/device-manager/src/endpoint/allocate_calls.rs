@@ -326,8 +326,87 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use super::*;
-    use crate::answer::AnswerView;
     use crate::device_id::DeviceId;
+
+    /// A stub plugin of 8 devices (kept while its directory is) and calls of at most `batch`.
+    struct Plugin {
+        _dir: tempfile::TempDir,
+        stub: Stub,
+        calls: Arc<AllocateCalls>,
+    }
+
+    impl Plugin {
+        async fn start(batch: usize) -> Plugin {
+            let dir = tempfile::tempdir().unwrap();
+            let stub = Stub::start(
+                &dir.path().join("dp.sock"),
+                devices(8, 0),
+                DevicePluginOptions::default(),
+            );
+            let calls = calls(&stub, batch).await;
+            Plugin {
+                _dir: dir,
+                stub,
+                calls,
+            }
+        }
+
+        /// The containers each call asked for since the last look.
+        fn sizes(&self) -> Vec<usize> {
+            std::mem::take(&mut *self.stub.state.allocate_sizes.lock().unwrap())
+        }
+
+        /// Holds the stub's Allocate calls until the gate's permits are added.
+        fn gate(&self) -> Arc<Semaphore> {
+            let gate = Arc::new(Semaphore::new(0));
+            *self.stub.state.allocate_gate.lock().unwrap() = Some(gate.clone());
+            gate
+        }
+
+        /// Starts an allocation of `device` in a task of its own.
+        fn start_one(&self, device: &str) -> JoinHandle<Called> {
+            let calls = self.calls.clone();
+            let ids = AllocateIds(DeviceId::from_wire(vec![device.to_owned()]).into());
+            tokio::spawn(async move { calls.allocate(ids).await })
+        }
+
+        /// Starts `d0`, held in its call, and waits until `then` are queued behind it.
+        async fn behind_a_held_call(
+            &self,
+            then: &[&str],
+        ) -> (Arc<Semaphore>, JoinHandle<Called>, Vec<JoinHandle<Called>>) {
+            let gate = self.gate();
+            let first = self.start_one("d0");
+            self.stub.state.allocating.notified().await;
+            let rest = then.iter().map(|d| self.start_one(d)).collect();
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while self.calls.lock().waiting.len() < then.len() {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("the allocations were queued");
+            (gate, first, rest)
+        }
+
+        /// `d0`'s call is held while `then` queue; then the gate opens. Returns what each of
+        /// the queued heard, in order.
+        async fn behind_one_call(&self, then: &[&str]) -> Vec<Called> {
+            let (gate, first, rest) = self.behind_a_held_call(then).await;
+            gate.add_permits(100);
+            assert_eq!(answered(&first.await.unwrap()), Ok("d0".to_owned()));
+            let mut heard = Vec::new();
+            for task in rest {
+                heard.push(task.await.unwrap());
+            }
+            heard
+        }
+
+        /// Whether no call runs.
+        fn idle(&self) -> bool {
+            !self.calls.lock().busy
+        }
+    }
 
     async fn calls(stub: &Stub, batch: usize) -> Arc<AllocateCalls> {
         let channel = pluglet_uds::connect(&stub.socket, Duration::from_secs(10))
@@ -341,246 +420,149 @@ mod tests {
         ))
     }
 
-    fn stub(dir: &tempfile::TempDir) -> Stub {
-        Stub::start(
-            &dir.path().join("dp.sock"),
-            devices(8, 0),
-            DevicePluginOptions::default(),
-        )
-    }
-
-    fn ids(list: &[&str]) -> AllocateIds {
-        AllocateIds(DeviceId::from_wire(list.iter().map(|s| s.to_string()).collect()).into())
-    }
-
-    /// The devices the stub's answer names (its `STUB_DEVICES` env).
+    /// The devices the stub's answer names (its `STUB_DEVICES` env), or the call's error code.
     fn answered(called: &Called) -> Result<String, tonic::Code> {
         match &called.answer {
-            Ok(Some(answer)) => {
-                let view: AnswerView<'_> = answer.view().unwrap();
-                Ok(view
-                    .envs
-                    .iter()
-                    .find(|(k, _)| *k == "STUB_DEVICES")
-                    .map(|(_, v)| (*v).to_owned())
-                    .unwrap())
-            }
+            Ok(Some(answer)) => Ok(answer
+                .view()
+                .unwrap()
+                .envs
+                .iter()
+                .find(|(k, _)| *k == "STUB_DEVICES")
+                .map(|(_, v)| (*v).to_owned())
+                .unwrap()),
             Ok(None) => panic!("no container answered"),
             Err(err) => Err(err.code()),
         }
     }
 
-    fn sizes(stub: &Stub) -> Vec<usize> {
-        stub.state.allocate_sizes.lock().unwrap().clone()
+    /// What each of `heard` was answered, and the calls counted for each.
+    fn answers(heard: &[Called]) -> (Vec<Result<String, tonic::Code>>, Vec<u32>) {
+        (
+            heard.iter().map(answered).collect(),
+            heard.iter().map(|c| c.calls).collect(),
+        )
     }
 
-    /// Holds the stub's Allocate calls until the gate's permits are added.
-    fn gate(stub: &Stub) -> Arc<Semaphore> {
-        let gate = Arc::new(Semaphore::new(0));
-        *stub.state.allocate_gate.lock().unwrap() = Some(gate.clone());
-        gate
-    }
-
-    /// Starts an allocation of `devices` in a task of its own.
-    fn start(calls: &Arc<AllocateCalls>, devices: &[&str]) -> JoinHandle<Called> {
-        let calls = calls.clone();
-        let ids = ids(devices);
-        tokio::spawn(async move { calls.allocate(ids).await })
-    }
-
-    /// Waits until `n` allocations are queued behind the running call.
-    async fn queued(calls: &AllocateCalls, n: usize) {
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while calls.lock().waiting.len() < n {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .expect("the allocations were queued");
-    }
-
-    /// One call runs, held by the gate; `then` are queued behind it; the gate opens. Returns
-    /// what each of the queued heard, in order.
-    async fn behind_one_call(
-        stub: &Stub,
-        calls: &Arc<AllocateCalls>,
-        then: &[&str],
-    ) -> Vec<Called> {
-        let gate = gate(stub);
-        let first = start(calls, &["d0"]);
-        stub.state.allocating.notified().await;
-        let rest: Vec<_> = then.iter().map(|d| start(calls, &[d])).collect();
-        queued(calls, then.len()).await;
-        gate.add_permits(100);
-        assert_eq!(answered(&first.await.unwrap()), Ok("d0".to_owned()));
-        let mut heard = Vec::new();
-        for task in rest {
-            heard.push(task.await.unwrap());
-        }
-        heard
+    /// Each device answered to its own allocation.
+    fn own(devices: &[&str]) -> Vec<Result<String, tonic::Code>> {
+        devices.iter().map(|d| Ok((*d).to_owned())).collect()
     }
 
     #[tokio::test]
     async fn a_lone_allocation_is_asked_at_once_in_a_call_of_its_own() {
-        let dir = tempfile::tempdir().unwrap();
-        let stub = stub(&dir);
-        let calls = calls(&stub, 16).await;
+        let plugin = Plugin::start(16).await;
         for device in ["d0", "d1"] {
-            let called = calls.allocate(ids(&[device])).await;
-            assert_eq!(answered(&called), Ok(device.to_owned()));
-            assert_eq!(called.calls, 1);
+            let called = plugin.start_one(device).await.unwrap();
+            assert_eq!(answers(&[called]), (own(&[device]), vec![1]));
         }
-        assert_eq!(sizes(&stub), [1, 1]);
-        assert!(!calls.lock().busy, "the plugin is idle again");
+        assert_eq!(plugin.sizes(), [1, 1]);
+        assert!(plugin.idle());
     }
 
     #[tokio::test]
     async fn allocations_that_wait_for_a_call_are_asked_together_in_the_next() {
-        let dir = tempfile::tempdir().unwrap();
-        let stub = stub(&dir);
-        let calls = calls(&stub, 16).await;
-        let heard = behind_one_call(&stub, &calls, &["d1", "d2", "d3"]).await;
-        let answers: Vec<_> = heard.iter().map(answered).collect();
+        let plugin = Plugin::start(16).await;
+        let heard = plugin.behind_one_call(&["d1", "d2", "d3"]).await;
         assert_eq!(
-            answers,
-            [
-                Ok("d1".to_owned()),
-                Ok("d2".to_owned()),
-                Ok("d3".to_owned())
-            ],
-            "each hears the answer for its own container"
+            answers(&heard),
+            (own(&["d1", "d2", "d3"]), vec![1, 0, 0]),
+            "each hears the answer for its own container; the call counts once"
         );
-        assert_eq!(sizes(&stub), [1, 3]);
-        let counted: Vec<u32> = heard.iter().map(|c| c.calls).collect();
-        assert_eq!(counted, [1, 0, 0], "the call counts once");
-        assert!(!calls.lock().busy);
+        assert_eq!(plugin.sizes(), [1, 3]);
+        assert!(plugin.idle());
     }
 
     #[tokio::test]
     async fn a_call_asks_for_at_most_the_batch() {
-        let dir = tempfile::tempdir().unwrap();
-        let stub = stub(&dir);
-        let calls = calls(&stub, 2).await;
-        let heard = behind_one_call(&stub, &calls, &["d1", "d2", "d3"]).await;
-        assert!(heard.iter().all(|c| c.answer.is_ok()));
-        assert_eq!(sizes(&stub), [1, 2, 1]);
+        let plugin = Plugin::start(2).await;
+        let heard = plugin.behind_one_call(&["d1", "d2", "d3"]).await;
+        assert_eq!(answers(&heard).0, own(&["d1", "d2", "d3"]));
+        assert_eq!(plugin.sizes(), [1, 2, 1]);
 
         // 1: one container per call, and still one call at a time.
-        let calls = super::tests::calls(&stub, 1).await;
-        stub.state.allocate_sizes.lock().unwrap().clear();
-        let heard = behind_one_call(&stub, &calls, &["d1", "d2"]).await;
-        assert!(heard.iter().all(|c| c.answer.is_ok()));
-        assert_eq!(sizes(&stub), [1, 1, 1]);
+        let one = Plugin::start(1).await;
+        let heard = one.behind_one_call(&["d1", "d2"]).await;
+        assert_eq!(answers(&heard).0, own(&["d1", "d2"]));
+        assert_eq!(one.sizes(), [1, 1, 1]);
     }
 
     #[tokio::test]
     async fn a_plugin_that_answers_only_the_first_container_is_asked_one_per_call() {
-        let dir = tempfile::tempdir().unwrap();
-        let stub = stub(&dir);
-        stub.state.answer_first_only.store(true, Ordering::SeqCst);
-        let calls = calls(&stub, 16).await;
-        let heard = behind_one_call(&stub, &calls, &["d1", "d2", "d3"]).await;
-        let answers: Vec<_> = heard.iter().map(answered).collect();
-        assert_eq!(
-            answers,
-            [
-                Ok("d1".to_owned()),
-                Ok("d2".to_owned()),
-                Ok("d3".to_owned())
-            ]
-        );
-        assert_eq!(sizes(&stub), [1, 3, 1, 1, 1], "asked again one by one");
-        let counted: Vec<u32> = heard.iter().map(|c| c.calls).collect();
-        assert_eq!(counted, [2, 1, 1]);
+        let plugin = Plugin::start(16).await;
+        plugin
+            .stub
+            .state
+            .answer_first_only
+            .store(true, Ordering::SeqCst);
+        let heard = plugin.behind_one_call(&["d1", "d2", "d3"]).await;
+        assert_eq!(answers(&heard), (own(&["d1", "d2", "d3"]), vec![2, 1, 1]));
+        assert_eq!(plugin.sizes(), [1, 3, 1, 1, 1], "asked again one by one");
 
-        stub.state.allocate_sizes.lock().unwrap().clear();
-        let heard = behind_one_call(&stub, &calls, &["d4", "d5"]).await;
-        assert!(heard.iter().all(|c| c.answer.is_ok()));
-        assert_eq!(sizes(&stub), [1, 1, 1], "one per call from then on");
+        let heard = plugin.behind_one_call(&["d4", "d5"]).await;
+        assert_eq!(answers(&heard).0, own(&["d4", "d5"]));
+        assert_eq!(plugin.sizes(), [1, 1, 1], "one per call from then on");
     }
 
     #[tokio::test]
     async fn a_refused_call_of_several_fails_only_the_container_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let stub = stub(&dir);
-        *stub.state.refuse_device.lock().unwrap() = Some("d2".to_owned());
-        let calls = calls(&stub, 16).await;
-        let heard = behind_one_call(&stub, &calls, &["d1", "d2", "d3"]).await;
-        let answers: Vec<_> = heard.iter().map(answered).collect();
-        assert_eq!(
-            answers,
-            [
-                Ok("d1".to_owned()),
-                Err(tonic::Code::InvalidArgument),
-                Ok("d3".to_owned())
-            ]
-        );
-        assert_eq!(sizes(&stub), [1, 3, 1, 1, 1]);
+        let plugin = Plugin::start(16).await;
+        *plugin.stub.state.refuse_device.lock().unwrap() = Some("d2".to_owned());
+        let heard = plugin.behind_one_call(&["d1", "d2", "d3"]).await;
+        let mut expected = own(&["d1", "d2", "d3"]);
+        expected[1] = Err(tonic::Code::InvalidArgument);
+        assert_eq!(answers(&heard).0, expected);
+        assert_eq!(plugin.sizes(), [1, 3, 1, 1, 1]);
 
-        stub.state.allocate_sizes.lock().unwrap().clear();
-        let heard = behind_one_call(&stub, &calls, &["d4", "d5"]).await;
-        assert!(heard.iter().all(|c| c.answer.is_ok()));
-        assert_eq!(sizes(&stub), [1, 2], "still asked together");
+        let heard = plugin.behind_one_call(&["d4", "d5"]).await;
+        assert_eq!(answers(&heard).0, own(&["d4", "d5"]));
+        assert_eq!(plugin.sizes(), [1, 2], "still asked together");
     }
 
     #[tokio::test]
     async fn an_allocation_whose_caller_stopped_waiting_is_not_asked_for() {
-        let dir = tempfile::tempdir().unwrap();
-        let stub = stub(&dir);
-        let calls = calls(&stub, 16).await;
-        let gate = gate(&stub);
-        let first = start(&calls, &["d0"]);
-        stub.state.allocating.notified().await;
-        let gone = start(&calls, &["d1"]);
-        let kept = start(&calls, &["d2"]);
-        queued(&calls, 2).await;
+        let plugin = Plugin::start(16).await;
+        let (gate, first, rest) = plugin.behind_a_held_call(&["d1", "d2"]).await;
+        let [gone, kept] = <[_; 2]>::try_from(rest).unwrap();
         gone.abort();
         let _ = gone.await;
         gate.add_permits(100);
         assert!(first.await.unwrap().answer.is_ok());
         assert_eq!(answered(&kept.await.unwrap()), Ok("d2".to_owned()));
-        assert_eq!(sizes(&stub), [1, 1]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_waiting_allocation_has_the_timeout_from_reaching_the_plugin() {
-        let dir = tempfile::tempdir().unwrap();
-        let stub = stub(&dir);
-        let calls = calls(&stub, 16).await;
-        let _gate = gate(&stub);
-        let first = start(&calls, &["d0"]);
-        stub.state.allocating.notified().await;
-        let waiting = start(&calls, &["d1"]);
-        queued(&calls, 1).await;
-        // Nothing answers: the clock runs to the first deadline, the running call's, which is
-        // also the waiting one's (both reached the plugin at the same paused instant).
-        let first = first.await.unwrap();
-        assert_eq!(answered(&first), Err(tonic::Code::DeadlineExceeded));
-        let waiting = waiting.await.unwrap();
-        let Err(err) = &waiting.answer else {
-            panic!("answered: {waiting:?}");
-        };
-        assert_eq!(err.code(), tonic::Code::DeadlineExceeded);
-        assert!(err.0.message().contains("calls before"), "{err:?}");
-        assert_eq!(waiting.calls, 0, "not asked for");
-        assert_eq!(sizes(&stub), [1]);
-        assert!(!calls.lock().busy);
+        assert_eq!(plugin.sizes(), [1, 1]);
     }
 
     #[tokio::test]
     async fn when_the_caller_of_a_running_call_stops_waiting_the_queue_goes_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let stub = stub(&dir);
-        let calls = calls(&stub, 16).await;
-        let gate = gate(&stub);
-        let first = start(&calls, &["d0"]);
-        stub.state.allocating.notified().await;
-        let next = start(&calls, &["d1"]);
-        queued(&calls, 1).await;
+        let plugin = Plugin::start(16).await;
+        let (gate, first, rest) = plugin.behind_a_held_call(&["d1"]).await;
         first.abort();
         let _ = first.await;
         gate.add_permits(100);
-        assert_eq!(answered(&next.await.unwrap()), Ok("d1".to_owned()));
-        assert!(!calls.lock().busy);
+        for next in rest {
+            assert_eq!(answered(&next.await.unwrap()), Ok("d1".to_owned()));
+        }
+        assert!(plugin.idle());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_allocation_has_the_timeout_from_reaching_the_plugin() {
+        let plugin = Plugin::start(16).await;
+        let (_gate, first, rest) = plugin.behind_a_held_call(&["d1"]).await;
+        // Nothing answers: the clock runs to the first deadline, the running call's, which is
+        // also the waiting one's (both reached the plugin at the same paused instant).
+        let first = first.await.unwrap();
+        assert_eq!(answered(&first), Err(tonic::Code::DeadlineExceeded));
+        for waiting in rest {
+            let waiting = waiting.await.unwrap();
+            let Err(err) = &waiting.answer else {
+                panic!("answered: {waiting:?}");
+            };
+            assert_eq!(err.code(), tonic::Code::DeadlineExceeded);
+            assert!(err.0.message().contains("calls before"), "{err:?}");
+            assert_eq!(waiting.calls, 0, "not asked for");
+        }
+        assert_eq!(plugin.sizes(), [1]);
+        assert!(plugin.idle());
     }
 }
