@@ -8,9 +8,9 @@
 //! Prints the allocations per second, the allocate p50 / p99 of each, the journal syncs per
 //! allocation and per operation (from `/metrics`: `pluglet_journal_syncs_total` against the
 //! allocations and releases made), the allocations per Allocate call the plugins saw
-//! (`pluglet_device_plugin_allocate_calls_total`), and the CPU time per allocation of the daemon, the peer and
-//! this process (the clients), from `/proc/<pid>/stat`: what is left of the limit shows where
-//! the time goes. Then the mean time per allocation of each step inside the daemon (from
+//! (`pluglet_device_plugin_allocate_calls_total`), and the CPU time per allocation of the
+//! daemon, the peer and this process (the clients), from `/proc/<pid>/stat`: what is left of
+//! the limit shows where the time goes. Then the mean time per allocation of each step inside the daemon (from
 //! `pluglet_device_stage_duration_seconds`), one client against all of them: the steps that
 //! grow are where the clients wait.
 //!
