@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -342,47 +342,21 @@ pub(crate) struct ResourceSeries {
 impl ResourceSeries {
     /// The plugin's `Allocate` call for `resource_name` took `elapsed`.
     pub(crate) fn allocate_call(&self, metrics: &Metrics, resource_name: &str, elapsed: Duration) {
-        self.alloc_duration
-            .get_or_init(|| {
-                metrics
-                    .alloc_duration
-                    .get_or_create(&ResourceLabel {
-                        resource_name: resource_name.to_owned(),
-                    })
-                    .clone()
-            })
+        of_resource(&self.alloc_duration, &metrics.alloc_duration, resource_name)
             .observe(elapsed.as_secs_f64());
     }
 
     /// `calls` Allocate calls were made to `resource_name`'s plugin.
     pub(crate) fn allocate_calls(&self, metrics: &Metrics, resource_name: &str, calls: u32) {
-        if calls == 0 {
-            return;
+        if calls > 0 {
+            of_resource(&self.allocate_calls, &metrics.allocate_calls, resource_name)
+                .inc_by(u64::from(calls));
         }
-        self.allocate_calls
-            .get_or_init(|| {
-                metrics
-                    .allocate_calls
-                    .get_or_create(&ResourceLabel {
-                        resource_name: resource_name.to_owned(),
-                    })
-                    .clone()
-            })
-            .inc_by(u64::from(calls));
     }
 
     /// An allocation of `resource_name` was released.
     pub(crate) fn released(&self, metrics: &Metrics, resource_name: &str) {
-        self.released
-            .get_or_init(|| {
-                metrics
-                    .released
-                    .get_or_create(&ResourceLabel {
-                        resource_name: resource_name.to_owned(),
-                    })
-                    .clone()
-            })
-            .inc();
+        of_resource(&self.released, &metrics.released, resource_name).inc();
     }
 
     /// An allocation request for `resource_name` ended with `outcome`.
@@ -399,6 +373,21 @@ impl ResourceSeries {
             })
             .inc();
     }
+}
+
+/// `resource_name`'s series of `family`, looked up at its first use and kept in `kept`.
+fn of_resource<'a, M: Clone, C: MetricConstructor<M>>(
+    kept: &'a OnceLock<M>,
+    family: &Family<ResourceLabel, M, C>,
+    resource_name: &str,
+) -> &'a M {
+    kept.get_or_init(|| {
+        family
+            .get_or_create(&ResourceLabel {
+                resource_name: resource_name.to_owned(),
+            })
+            .clone()
+    })
 }
 
 /// The shape of an extended resource name (`domain/name`, at most 253 + 1 + 63 characters of

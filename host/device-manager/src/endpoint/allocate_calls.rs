@@ -254,7 +254,15 @@ impl AllocateCalls {
     /// first.
     async fn one_by_one(&self, waiting: Vec<Waiting>) {
         for (k, w) in waiting.into_iter().enumerate() {
-            let mut called = self.call_one(w.ids, w.deadline).await;
+            // The calls before this one may have used up its time.
+            let mut called = if w.deadline <= Instant::now() {
+                Called {
+                    answer: Err(self.expired()),
+                    calls: 0,
+                }
+            } else {
+                self.call_one(w.ids, w.deadline).await
+            };
             called.calls += u32::from(k == 0);
             let _ = w.answer.send(called);
         }
@@ -262,12 +270,6 @@ impl AllocateCalls {
 
     /// A call for one container, answered by `deadline`.
     async fn call_one(&self, ids: AllocateIds, deadline: Instant) -> Called {
-        if deadline <= Instant::now() {
-            return Called {
-                answer: Err(self.expired()),
-                calls: 0,
-            };
-        }
         let answer = self
             .send(AllocateRequestIds::One(ids), deadline)
             .await
