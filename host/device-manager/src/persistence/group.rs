@@ -111,9 +111,8 @@ pub(super) async fn run(inner: Weak<Inner>, mut wake: mpsc::Receiver<()>) {
             return;
         };
         while commit_group(&inner).await {
-            // The callers just answered were woken on this thread, the last one in the slot no
-            // other worker takes from, and the next group's sync blocks the thread: they run
-            // first, and tasks that were ready queue their changes for that group.
+            // The callers just answered, and the tasks ready meanwhile, run before the next
+            // group's sync blocks this worker (see the module doc).
             tokio::task::yield_now().await;
         }
     }
