@@ -1013,7 +1013,7 @@ async fn call_plugin(
     let started = std::time::Instant::now();
     let called = plugin.calls.allocate(AllocateIds(Arc::clone(chosen))).await;
     let resource = key.resource.as_str();
-    series.allocate_call(metrics, resource, started.elapsed());
+    series.alloc_duration(metrics, resource, started.elapsed());
     series.allocate_calls(metrics, resource, called.calls);
     let answer = called.answer.map_err(|status| AllocateError::Allocate {
         resource: key.resource.clone(),

@@ -340,8 +340,9 @@ pub(crate) struct ResourceSeries {
 }
 
 impl ResourceSeries {
-    /// The plugin's `Allocate` call for `resource_name` took `elapsed`.
-    pub(crate) fn allocate_call(&self, metrics: &Metrics, resource_name: &str, elapsed: Duration) {
+    /// An allocation's `Allocate` call to `resource_name`'s plugin took `elapsed` (its wait
+    /// for the plugin's previous call included).
+    pub(crate) fn alloc_duration(&self, metrics: &Metrics, resource_name: &str, elapsed: Duration) {
         of_resource(&self.alloc_duration, &metrics.alloc_duration, resource_name)
             .observe(elapsed.as_secs_f64());
     }

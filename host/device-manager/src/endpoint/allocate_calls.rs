@@ -8,10 +8,10 @@
 //! (at most [`AllocateCalls::new`]'s `batch`), one `ContainerAllocateRequest` each. The API's
 //! request is a list of containers, answered in the same order, so a plugin that loops over
 //! `container_requests` (as the kubelet's sample device plugin does) needs nothing new, and
-//! `--device-allocate-batch 1` asks one container per call for one that does not. A busy plugin then pays its
-//! per-call cost (the gRPC round trip, for a Python plugin about a quarter of a millisecond of
-//! CPU) once per call, not once per allocation. An allocation that finds no call running is
-//! asked at once, by its own task: a lone allocation waits for nothing.
+//! `--device-allocate-batch 1` asks one container per call for one that does not. A busy
+//! plugin then pays its per-call cost (the gRPC round trip, for a Python plugin about a quarter
+//! of a millisecond of CPU) once per call, not once per allocation. An allocation that finds no
+//! call running is asked at once, by its own task: a lone allocation waits for nothing.
 //!
 //! A plugin that answers a call of several containers with another number of answers is asked
 //! one container per call from then on (that call's allocations are asked again, one by one).
