@@ -45,6 +45,7 @@ use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher, NameHasher, Positions};
 use crate::endpoint::AllocateCalls;
 use crate::error::{AllocateError, AnswerError, ReleaseError};
+use crate::keep_list::KeepList;
 use crate::metrics::{Metrics, Operation, Outcome, ResourceSeries, Stage, StageClock};
 use crate::persistence::Persistence;
 use crate::pod_devices::{
@@ -569,20 +570,20 @@ impl Allocator {
     /// sync with the active pods); with `dry_run`, only says what that would free.
     pub async fn sync_pods(
         &self,
-        keep: &BTreeSet<PodUid>,
+        keep: &KeepList,
         dry_run: bool,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         if dry_run {
             return Ok(self
                 .lock()
                 .iter()
-                .filter(|(key, _)| !keep.contains(&key.pod_uid))
+                .filter(|(key, _)| !keep.contains(key.pod_uid.as_str()))
                 .map(|(key, entry)| AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
                 .collect());
         }
         self.release_where(
             Select::NotKept(keep),
-            |key| !keep.contains(&key.pod_uid),
+            |key| !keep.contains(key.pod_uid.as_str()),
             " (sync of pods: the pod is no longer active)",
         )
         .await
@@ -975,7 +976,7 @@ enum Select<'a> {
     /// Among the entries of this pod only.
     Pod(&'a str),
     /// Every entry of a pod not in this set.
-    NotKept(&'a BTreeSet<PodUid>),
+    NotKept(&'a KeepList),
 }
 
 /// What the records say before the policy runs.
@@ -1380,7 +1381,7 @@ mod alone {
         );
         assert!(journaled().modified().unwrap() >= before);
 
-        let keep = BTreeSet::from([PodUid::from("pod-b")]);
+        let keep = KeepList::from_iter(["pod-b"]);
         let would = allocator.sync_pods(&keep, true).await.unwrap();
         assert_eq!(would.len(), 1);
         assert_eq!(allocator.allocations().len(), 2, "a dry run frees nothing");
@@ -1469,7 +1470,10 @@ mod alone {
             again.cdi_names, a.cdi_names,
             "a reused allocation has the same names"
         );
-        allocator.sync_pods(&BTreeSet::new(), false).await.unwrap();
+        allocator
+            .sync_pods(&KeepList::default(), false)
+            .await
+            .unwrap();
         assert!(!spec.exists(), "the spec went with the allocation");
 
         *stub.state.allocate_answer.lock().unwrap() = Some(v1beta1::ContainerAllocateResponse {

@@ -22,14 +22,15 @@
 //!             registry's device sets; never the allocator's lock)
 //! ```
 //!
-//! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task
-//! per connected plugin; `device_list` reads its ListAndWatch updates; `allocate_calls` makes
-//! its Allocate calls, one at a time, the allocations that wait asked for together), [`devices`] (health,
-//! capacity, allocatable; ids are [`DeviceId`]s), [`allocator`] and [`pod_devices`] (who holds
-//! what; `answer` reads the plugin's Allocate answer and keeps it as a [`PluginAnswer`]),
-//! `cdi::writer` (the spec files' thread), [`persistence`] (the files), [`pod_resources`] (the
-//! kubelet's pod-resources API, read from the acknowledged allocations), [`registration_server`]
-//! (`kubelet.sock` and start-up), `kind` (the device plugin type's pipeline steps), [`error`].
+//! Modules: [`registry`] (resources, devices, endpoints, grace period), [`endpoint`] (one task per
+//! connected plugin; `device_list` reads its ListAndWatch updates; `allocate_calls` makes its
+//! Allocate calls, one at a time, the allocations that wait asked for together), [`devices`]
+//! (health, capacity, allocatable; ids are [`DeviceId`]s), [`allocator`] and [`pod_devices`] (who
+//! holds what; `answer` reads the plugin's Allocate answer and keeps it as a [`PluginAnswer`];
+//! [`KeepList`] is the pods a sync of pods keeps), `cdi::writer` (the spec files' thread),
+//! [`persistence`] (the files), [`pod_resources`] (the kubelet's pod-resources API, read from the
+//! acknowledged allocations), [`registration_server`] (`kubelet.sock` and start-up), `kind` (the
+//! device plugin type's pipeline steps), [`error`].
 
 pub mod allocator;
 mod answer;
@@ -39,6 +40,7 @@ mod device_list;
 pub mod devices;
 pub mod endpoint;
 pub mod error;
+mod keep_list;
 mod kind;
 mod manager;
 pub mod metrics;
@@ -54,6 +56,7 @@ pub use device_id::DeviceId;
 pub use devices::{Health, ListedDevice};
 pub use endpoint::Flow;
 pub use error::{AllocateError, AnswerError, ConnectError, ReleaseError, StartError, WriterError};
+pub use keep_list::KeepList;
 pub use manager::{
     Config, DEFAULT_ALLOCATE_BATCH, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager,
 };

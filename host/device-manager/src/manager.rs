@@ -14,7 +14,6 @@
 //! server, the loop below) runs on one [`TaskTracker`] and stops when the cancel token given
 //! to [`DeviceManager::start`] fires; [`DeviceManager::shutdown`] waits for all of them.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +32,7 @@ use crate::allocator::{Allocation, AllocationInfo, Allocator};
 use crate::cdi::{Handoff, Reconciled};
 use crate::devices::DeviceSet;
 use crate::error::{AllocateError, ReleaseError, StartError};
+use crate::keep_list::KeepList;
 use crate::kind::DevicePluginKind;
 use crate::persistence::files::{KubeletCheckpoint, SideResource, SideState};
 use crate::persistence::restore::RestoreReport;
@@ -441,7 +441,7 @@ impl DeviceManager {
     /// freed. With `dry_run`, frees nothing and returns what would be freed.
     pub async fn sync_pods(
         &self,
-        keep: &BTreeSet<PodUid>,
+        keep: &KeepList,
         dry_run: bool,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         self.inner.allocator.sync_pods(keep, dry_run).await

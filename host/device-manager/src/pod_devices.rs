@@ -17,6 +17,7 @@ use pluglet_handler_runtime::ColumnRun;
 use crate::answer::PluginAnswer;
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, IdHasher, NameHasher, Positions};
+use crate::keep_list::KeepList;
 
 /// Who holds devices: one container of one pod, for one resource.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -403,55 +404,45 @@ impl PodDevices {
     /// UID, so they are walked side by side: a comparison per entry and per kept pod passed,
     /// not a lookup in `keep` per entry; where the kept pods run far ahead of the entries (a
     /// node holding little), the walk jumps instead of stepping.
-    pub fn release_not_kept(
-        &mut self,
-        keep: &std::collections::BTreeSet<PodUid>,
-    ) -> Vec<(HolderKey, Holding)> {
+    pub fn release_not_kept(&mut self, keep: &KeepList) -> Vec<(HolderKey, Holding)> {
         let keys = self.not_kept(keep);
         self.remove_keys(keys)
     }
 
     /// The keys of the entries of pods not in `keep`, sorted (see
     /// [`PodDevices::release_not_kept`]).
-    pub fn not_kept(&self, keep: &std::collections::BTreeSet<PodUid>) -> Vec<HolderKey> {
-        use std::cmp::Ordering;
-        use std::ops::Bound;
-        /// Steps over kept pods before jumping with a lookup.
+    pub fn not_kept(&self, keep: &KeepList) -> Vec<HolderKey> {
+        /// Steps over kept pods before jumping with a binary search.
         const STEPS: usize = 8;
-        let mut kept = keep.range::<PodUid, _>(..);
+        let kept = keep.as_slice();
         // The first kept pod not passed yet, and the one matched last (the entries after it
         // of the same pod are kept too).
-        let mut next = kept.next();
-        let mut matched: Option<&PodUid> = None;
+        let mut next = 0;
+        let mut matched: Option<&str> = None;
         let mut keys = Vec::new();
         for key in self.entries.keys() {
-            let pod = &key.0.pod_uid;
+            let pod = key.0.pod_uid.as_str();
             let mut steps = 0;
             // One comparison per entry while the two lists go in step (every held pod kept).
             let is_kept = loop {
-                match next.map(|candidate| {
-                    // Equality first: in step it is the usual answer, and cheaper to get.
-                    if candidate.as_str() == pod.as_str() {
-                        Ordering::Equal
-                    } else {
-                        candidate.as_str().cmp(pod.as_str())
-                    }
-                }) {
-                    Some(Ordering::Less) => {
-                        steps += 1;
-                        if steps == STEPS {
-                            kept =
-                                keep.range::<PodUid, _>((Bound::Included(pod), Bound::Unbounded));
-                            steps = 0;
-                        }
-                        next = kept.next();
-                    }
-                    Some(Ordering::Equal) => {
-                        matched = next;
-                        next = kept.next();
-                        break true;
-                    }
-                    Some(Ordering::Greater) | None => break matched == Some(pod),
+                let Some(candidate) = kept.get(next).map(PodUid::as_str) else {
+                    break matched == Some(pod);
+                };
+                // Equality first: in step it is the usual answer, and cheaper to get.
+                if candidate == pod {
+                    matched = Some(candidate);
+                    next += 1;
+                    break true;
+                }
+                if candidate > pod {
+                    break matched == Some(pod);
+                }
+                steps += 1;
+                if steps == STEPS {
+                    next += kept[next..].partition_point(|k| k.as_str() < pod);
+                    steps = 0;
+                } else {
+                    next += 1;
                 }
             };
             if !is_kept {
@@ -685,7 +676,6 @@ pub fn group_by_numa<'a>(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
 
     use super::*;
     use crate::devices::ListedDevice;
@@ -902,11 +892,11 @@ mod tests {
             ..key("gone", "a")
         };
         pods.insert(nic.clone(), allocated(&["n0"]));
-        let keep = BTreeSet::from([PodUid::from("keep"), PodUid::from("not-holding-anything")]);
+        let keep = KeepList::from_iter(["keep", "not-holding-anything"]);
 
         let mut walked = pods.clone();
         let before = pods.version();
-        let removed = pods.release_where(|k| !keep.contains(&k.pod_uid));
+        let removed = pods.release_where(|k| !keep.contains(k.pod_uid.as_str()));
         assert_eq!(
             walked.release_not_kept(&keep),
             removed,
@@ -937,7 +927,7 @@ mod tests {
 
         let version = pods.version();
         assert!(
-            pods.release_where(|k| !keep.contains(&k.pod_uid))
+            pods.release_where(|k| !keep.contains(k.pod_uid.as_str()))
                 .is_empty()
         );
         assert_eq!(pods.version(), version, "nothing to free changes nothing");
@@ -947,7 +937,7 @@ mod tests {
 
     #[test]
     fn release_not_kept_jumps_over_long_runs_of_kept_pods() {
-        let keep: BTreeSet<PodUid> = (0..100).map(|i| PodUid::from(format!("k{i:03}"))).collect();
+        let keep: KeepList = (0..100).map(|i| format!("k{i:03}")).collect();
         let mut pods = PodDevices::default();
         for (i, pod) in ["a", "k005", "k050", "k050x", "k099", "z"]
             .iter()
@@ -980,12 +970,11 @@ mod tests {
                     allocated(&[&format!("d{i}")]),
                 );
             }
-            let keep: BTreeSet<PodUid> =
-                keep.iter().map(|p| PodUid::from(format!("p{p:02}"))).collect();
+            let keep: KeepList = keep.iter().map(|p| format!("p{p:02}")).collect();
             let expected: Vec<HolderKey> = pods
                 .iter()
                 .map(|(k, _)| k.clone())
-                .filter(|k| !keep.contains(&k.pod_uid))
+                .filter(|k| !keep.contains(k.pod_uid.as_str()))
                 .collect();
             proptest::prop_assert_eq!(pods.not_kept(&keep), expected);
         }

@@ -1,16 +1,15 @@
 //! The device manager over real unix sockets, with in-process stub plugins and the real
 //! built-in WASM handler (`handlers/device-plugin`).
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use pluglet_core::{Generation, PluginKey, PluginType, PodUid, SocketPath};
+use pluglet_core::{Generation, PluginKey, PluginType, SocketPath};
 use pluglet_device_manager::{
-    AllocateError, AllocationInfo, Config, DeviceManager, Durability, Health, RegistryEvent,
-    ResourceInfo, StartError,
+    AllocateError, AllocationInfo, Config, DeviceManager, Durability, Health, KeepList,
+    RegistryEvent, ResourceInfo, StartError,
 };
 use pluglet_handler_runtime::{PluginInfo, Runtime, RuntimeConfig};
 use pluglet_handlers::{Builtins, Handlers, Trust};
@@ -798,8 +797,8 @@ async fn a_live_kubelet_socket_refuses_the_start_and_touches_nothing() {
     );
 }
 
-fn keep(uids: &[&str]) -> BTreeSet<PodUid> {
-    uids.iter().map(|s| PodUid::from(*s)).collect()
+fn keep(uids: &[&str]) -> KeepList {
+    uids.iter().copied().collect()
 }
 
 fn entries(freed: &[AllocationInfo]) -> Vec<(&str, &str, usize)> {

@@ -3,11 +3,11 @@
 //! through [`crate::admin::view`].
 
 use crate::admin::check_name;
-use std::collections::BTreeSet;
 
-use pluglet_core::{PodUid, error_chain};
+use pluglet_core::error_chain;
 use pluglet_device_manager::{
-    AllocateError, AllocationInfo, DeviceId, DeviceManager, PodName, ReleaseError, ResourceInfo,
+    AllocateError, AllocationInfo, DeviceId, DeviceManager, KeepList, PodName, ReleaseError,
+    ResourceInfo,
 };
 use pluglet_proto::EncodedAnswer;
 use pluglet_proto::admin::v1 as pb;
@@ -198,9 +198,9 @@ pub fn list_allocations(devices: &DeviceManager) -> pb::ListAllocationsResponse 
 /// refused unless `all` is set.
 pub async fn sync_pods(
     devices: &DeviceManager,
-    request: pb::SyncPodsRequest,
+    mut request: pb::SyncPodsRequest,
 ) -> Result<pb::SyncPodsResponse, Status> {
-    let keep = sync_pods_keep(&request)?;
+    let keep = sync_pods_keep(&mut request)?;
     let freed = devices
         .sync_pods(&keep, request.dry_run)
         .await
@@ -211,8 +211,9 @@ pub async fn sync_pods(
     })
 }
 
-/// The pods a `SyncPods` request keeps, or why the request is refused.
-fn sync_pods_keep(request: &pb::SyncPodsRequest) -> Result<BTreeSet<PodUid>, Status> {
+/// The pods a `SyncPods` request keeps (its UIDs taken, not copied: a kubelet's list names
+/// every active pod), or why the request is refused.
+fn sync_pods_keep(request: &mut pb::SyncPodsRequest) -> Result<KeepList, Status> {
     if request
         .keep_pod_uids
         .iter()
@@ -230,7 +231,9 @@ fn sync_pods_keep(request: &pb::SyncPodsRequest) -> Result<BTreeSet<PodUid>, Sta
             "keep_pod_uids is empty, which frees the devices of every pod: set all to mean that",
         ));
     }
-    Ok(request.keep_pod_uids.iter().map(PodUid::from).collect())
+    Ok(std::mem::take(&mut request.keep_pod_uids)
+        .into_iter()
+        .collect())
 }
 
 /// The status of a refused `Release` or `SyncPods` (it could not be made durable: retry once
@@ -258,19 +261,19 @@ mod tests {
     #[test]
     fn sync_pods_needs_all_for_an_empty_keep_list() {
         let mut request = pb::SyncPodsRequest::default();
-        let status = sync_pods_keep(&request).unwrap_err();
+        let status = sync_pods_keep(&mut request).unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains("set all"), "{status:?}");
         request.all = true;
-        assert!(sync_pods_keep(&request).unwrap().is_empty());
+        assert!(sync_pods_keep(&mut request).unwrap().is_empty());
         request.keep_pod_uids = vec!["a".into(), "".into()];
-        let status = sync_pods_keep(&request).unwrap_err();
+        let status = sync_pods_keep(&mut request).unwrap_err();
         assert!(status.message().contains("empty pod UID"), "{status:?}");
         request.keep_pod_uids = vec!["b".into(), "a".into()];
         request.all = false;
         assert_eq!(
-            sync_pods_keep(&request).unwrap(),
-            BTreeSet::from([PodUid::from("a"), PodUid::from("b")])
+            sync_pods_keep(&mut request).unwrap(),
+            KeepList::from_iter(["a", "b"])
         );
     }
 }
