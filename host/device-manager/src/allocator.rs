@@ -975,7 +975,7 @@ const ID_BYTES_GUESS: usize = 16;
 enum Select<'a> {
     /// Among the entries of this pod only.
     Pod(&'a str),
-    /// Every entry of a pod not in this set.
+    /// Every entry of a pod not in this list.
     NotKept(&'a KeepList),
 }
 

@@ -676,7 +676,6 @@ pub fn group_by_numa<'a>(
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
     use crate::devices::ListedDevice;
 
