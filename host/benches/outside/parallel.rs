@@ -10,9 +10,9 @@
 //! allocations and releases made), the allocations per Allocate call the plugins saw
 //! (`pluglet_device_plugin_allocate_calls_total`), and the CPU time per allocation of the
 //! daemon, the peer and this process (the clients), from `/proc/<pid>/stat`: what is left of
-//! the limit shows where the time goes. Then the mean time per allocation of each step inside the daemon (from
-//! `pluglet_device_stage_duration_seconds`), one client against all of them: the steps that
-//! grow are where the clients wait.
+//! the limit shows where the time goes. Then the mean time per allocation of each step inside
+//! the daemon (from `pluglet_device_stage_duration_seconds`), one client against all of them:
+//! the steps that grow are where the clients wait.
 //!
 //! Then the floor the machine sets, measured in the same run: a client's cycle (allocate,
 //! release, and its own work between) cannot be shorter on average than Little's law allows

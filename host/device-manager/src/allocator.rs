@@ -574,11 +574,15 @@ impl Allocator {
         dry_run: bool,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         if dry_run {
-            return Ok(self
-                .lock()
+            // The same walk the release makes, without the change.
+            let pods = self.lock();
+            return Ok(pods
+                .not_kept(keep)
                 .iter()
-                .filter(|(key, _)| !keep.contains(key.pod_uid.as_str()))
-                .map(|(key, entry)| AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
+                .filter_map(|key| {
+                    let entry = pods.get(key)?;
+                    Some(AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
+                })
                 .collect());
         }
         self.release_where(
