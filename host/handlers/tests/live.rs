@@ -532,6 +532,51 @@ fn calls_during_a_hundred_swaps_never_fail_and_each_is_answered_by_one_whole_ver
     assert!(handlers.status().generation >= 100);
 }
 
+#[test]
+fn a_status_read_during_swaps_shows_each_set_with_its_own_change() {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), None).unwrap();
+    install(dir.path(), "spread-policy", "policy.wasm");
+    assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (handlers, stop, reads) = (handlers.clone(), stop.clone(), reads.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let state = slot_state(&handlers);
+                    let change = state.last_change.expect("a change is recorded");
+                    assert_eq!(change.state, ChangeState::Applied);
+                    assert_eq!(
+                        change.sha256.as_deref(),
+                        Some(state.current.sha256()),
+                        "the change shown is the one that put the module in force"
+                    );
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for i in 0..100 {
+        let guest_name = if i % 2 == 0 {
+            "misbehave"
+        } else {
+            "spread-policy"
+        };
+        install(dir.path(), guest_name, "policy.wasm");
+        assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().unwrap();
+    }
+    assert!(reads.load(Ordering::Relaxed) > 0);
+}
+
 /// Waits for the next change to be applied (a refusal of a file caught half-written may come
 /// first: the watch tries again when the file is finished).
 async fn next_applied(events: &mut tokio::sync::broadcast::Receiver<HandlersEvent>) {

@@ -425,8 +425,9 @@ impl Handlers {
 
     /// The set in force and the last changes.
     pub fn status(&self) -> Status {
-        let set = self.current();
+        // The change log's lock first: a change swaps the set and records itself under it.
         let changes = self.shared.lock_changes();
+        let set = self.current();
         Status {
             generation: set.generation,
             slots: set

@@ -144,6 +144,8 @@ impl Shared {
             });
         }
         self.persist(&mut writer, true, &next);
+        // Published with its change record under one lock, as a transaction is.
+        let mut changes = self.lock_changes();
         self.set.store(Arc::new(next));
         drop(writer);
         tracing::warn!(
@@ -155,7 +157,7 @@ impl Shared {
             reason,
             "handler rolled back"
         );
-        self.lock_changes().slots.insert(
+        changes.slots.insert(
             slot.clone(),
             ChangeRecord {
                 state: ChangeState::RolledBack,
@@ -171,6 +173,7 @@ impl Shared {
                 sha256: Some(restored.sha256().to_owned()),
             },
         );
+        drop(changes);
         self.record(
             EventKind::HandlerRolledBack,
             || slot.id(),

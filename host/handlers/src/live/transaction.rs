@@ -13,7 +13,7 @@ use pluglet_handler_runtime::{Handler, ModuleSource};
 use sha2::{Digest, Sha256};
 
 use super::rollback::next_names;
-use super::shared::Shared;
+use super::shared::{ChangeLog, Shared};
 use super::status::{ChangeRecord, ChangeState, EntryRefusal, HandlersEvent, change_message};
 use crate::file::{HANDLERS_FILE, HandlersFile, SlotEntry};
 use crate::integrity::{SignatureInfo, Trust, signature_path, verify};
@@ -107,20 +107,28 @@ impl Shared {
             });
             let decisions_changed = writer.decisions.len() != decided;
             self.persist(&mut writer, decisions_changed, &next);
+            let generation = next.generation;
+            // The set and its change records are published under the change log's lock, so
+            // a status never shows the new set with the old records.
+            let mut changes = self.lock_changes();
             self.set.store(Arc::new(next));
-            let generation = self.set.load().generation;
             drop(writer);
-            self.applied(&changed, generation, at_start);
-            if !pending.is_empty() {
-                let mut changes = self.lock_changes();
-                for (slot, record) in pending {
-                    let same = changes.slots.get(&slot).is_some_and(|r| {
-                        r.state == ChangeState::Pending && r.sha256 == record.sha256
-                    });
-                    if !same {
-                        changes.slots.insert(slot, record);
-                    }
+            self.applied(&mut changes, &changed, at_start);
+            for (slot, record) in pending {
+                let same = changes
+                    .slots
+                    .get(&slot)
+                    .is_some_and(|r| r.state == ChangeState::Pending && r.sha256 == record.sha256);
+                if !same {
+                    changes.slots.insert(slot, record);
                 }
+            }
+            drop(changes);
+            if !changed.is_empty() {
+                let _ = self.events.send(HandlersEvent::Applied {
+                    generation,
+                    slots: changed.iter().map(|(s, _)| s.clone()).collect(),
+                });
             }
             return Ok(changed.into_iter().map(|(slot, _)| slot).collect());
         }
@@ -526,8 +534,13 @@ impl Shared {
         });
     }
 
-    fn applied(&self, changed: &[(SlotKey, ChangeRecord)], generation: u64, at_start: bool) {
-        let mut changes = self.lock_changes();
+    /// Records the slots `changed` in `changes` (held since the set was swapped).
+    fn applied(
+        &self,
+        changes: &mut ChangeLog,
+        changed: &[(SlotKey, ChangeRecord)],
+        at_start: bool,
+    ) {
         // A successful change ends every refusal and wait before it.
         changes.file = None;
         changes.slots.retain(|_, record| {
@@ -558,13 +571,6 @@ impl Shared {
             };
             self.record(kind, || slot.id(), || change_message(record));
             changes.slots.insert(slot.clone(), record.clone());
-        }
-        drop(changes);
-        if !changed.is_empty() {
-            let _ = self.events.send(HandlersEvent::Applied {
-                generation,
-                slots: changed.iter().map(|(s, _)| s.clone()).collect(),
-            });
         }
     }
 }
