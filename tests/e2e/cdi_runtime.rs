@@ -18,16 +18,25 @@ use crate::support::{Daemon, TestRoot};
 /// The directory podman reads specs made at run time from.
 const RUNTIME_CDI_DIR: &str = "/var/run/cdi";
 
-/// Held by each test that allocates into [`RUNTIME_CDI_DIR`] for as long as it runs: a spec one
-/// test's release removes while another test's podman scans the directory can make that scan
-/// see no device at all (docs/cdi.md, "The runtimes").
-static RUNTIME_CDI_DIR_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// A lock held by each test that allocates into [`RUNTIME_CDI_DIR`] for as long as it runs: a
+/// spec one test's release removes while another test's podman scans the directory can make
+/// that scan see no device at all (docs/cdi.md, "The runtimes"), and a daemon starting on the
+/// directory removes the specs of allocations it does not hold. A file lock, so that test runs
+/// of two checkouts on one machine take turns too.
+const RUNTIME_CDI_DIR_LOCK: &str = "/var/run/pluglet-e2e-cdi.lock";
 
-fn runtime_cdi_dir_alone() -> std::sync::MutexGuard<'static, ()> {
-    RUNTIME_CDI_DIR_USERS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+fn runtime_cdi_dir_alone() -> std::fs::File {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(RUNTIME_CDI_DIR_LOCK)
+        .unwrap_or_else(|e| panic!("open {RUNTIME_CDI_DIR_LOCK}: {e}"));
+    file.lock()
+        .unwrap_or_else(|e| panic!("lock {RUNTIME_CDI_DIR_LOCK}: {e}"));
+    file
 }
+
 const WIDGET: &str = "example.com/widget";
 
 /// `podman ARGS` with its own image store under `root` (vfs: no overlay mounts, nothing left in
