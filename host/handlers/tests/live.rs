@@ -88,6 +88,16 @@ fn policy_entry(settings: &str, extra: &str) -> String {
     )
 }
 
+/// A handlers directory whose resource entry names the first-fit test policy (no settings),
+/// and the set loaded from it.
+fn first_fit_policy() -> (tempfile::TempDir, Handlers) {
+    let dir = tempfile::tempdir().unwrap();
+    install(dir.path(), "misbehave", "policy.wasm");
+    write_toml(dir.path(), &policy_entry("", ""));
+    let handlers = load(dir.path(), None).unwrap();
+    (dir, handlers)
+}
+
 fn slot_state(handlers: &Handlers) -> pluglet_handlers::SlotStatus {
     handlers
         .status()
@@ -215,10 +225,7 @@ fn at_start_a_bad_entry_fails_naming_the_file_the_entry_and_the_reason() {
 
 #[test]
 fn a_refused_change_keeps_the_set_in_force_and_says_why() {
-    let dir = tempfile::tempdir().unwrap();
-    install(dir.path(), "misbehave", "policy.wasm");
-    write_toml(dir.path(), &policy_entry("", ""));
-    let handlers = load(dir.path(), None).unwrap();
+    let (dir, handlers) = first_fit_policy();
     let before = handlers.for_resource(GPU);
 
     // Not a component, a TOML error, an unknown key, a missing module: nothing changes.
@@ -270,10 +277,7 @@ fn a_refused_change_keeps_the_set_in_force_and_says_why() {
 
 #[test]
 fn a_new_version_keeps_the_old_one_warm_and_removing_the_entry_returns_the_builtin() {
-    let dir = tempfile::tempdir().unwrap();
-    install(dir.path(), "misbehave", "policy.wasm");
-    write_toml(dir.path(), &policy_entry("", ""));
-    let handlers = load(dir.path(), None).unwrap();
+    let (dir, handlers) = first_fit_policy();
     let mut events = handlers.subscribe();
     let first = handlers.for_resource(GPU);
     assert_eq!(allocate(&handlers).unwrap(), ["dev-0", "dev-1"]);
@@ -486,77 +490,24 @@ fn rollback_by_hand_puts_the_previous_version_back() {
     );
 }
 
-#[test]
-fn calls_during_a_hundred_swaps_never_fail_and_each_is_answered_by_one_whole_version() {
-    let dir = tempfile::tempdir().unwrap();
-    install(dir.path(), "misbehave", "policy.wasm");
-    write_toml(dir.path(), &policy_entry("", ""));
-    let handlers = load(dir.path(), None).unwrap();
-    let first_fit: Vec<String> = vec!["dev-0".into(), "dev-1".into()];
-    install(dir.path(), "spread-policy", "policy.wasm");
-    handlers.reload();
-    let spread = allocate(&handlers).unwrap();
-
+/// Swaps the resource's module 100 times (first fit and spread in turn) while `threads`
+/// threads run `each` over and over; returns how many times it ran.
+fn during_a_hundred_swaps(
+    dir: &Path,
+    handlers: &Handlers,
+    threads: usize,
+    each: impl Fn(&Handlers) + Clone + Send + 'static,
+) -> u64 {
     let stop = Arc::new(AtomicBool::new(false));
-    let calls = Arc::new(AtomicU64::new(0));
-    let callers: Vec<_> = (0..2)
+    let runs = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..threads)
         .map(|_| {
-            let (handlers, stop, calls) = (handlers.clone(), stop.clone(), calls.clone());
-            let (first_fit, spread) = (first_fit.clone(), spread.clone());
+            let (handlers, stop, runs, each) =
+                (handlers.clone(), stop.clone(), runs.clone(), each.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let answer = allocate(&handlers).expect("no call fails during a swap");
-                    assert!(answer == first_fit || answer == spread, "{answer:?}");
-                    calls.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    for i in 0..100 {
-        install(
-            dir.path(),
-            if i % 2 == 0 {
-                "misbehave"
-            } else {
-                "spread-policy"
-            },
-            "policy.wasm",
-        );
-        assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
-    }
-    stop.store(true, Ordering::Relaxed);
-    for caller in callers {
-        caller.join().unwrap();
-    }
-    assert!(calls.load(Ordering::Relaxed) > 0);
-    assert!(handlers.status().generation >= 100);
-}
-
-#[test]
-fn a_status_read_during_swaps_shows_each_set_with_its_own_change() {
-    let dir = tempfile::tempdir().unwrap();
-    install(dir.path(), "misbehave", "policy.wasm");
-    write_toml(dir.path(), &policy_entry("", ""));
-    let handlers = load(dir.path(), None).unwrap();
-    install(dir.path(), "spread-policy", "policy.wasm");
-    assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let reads = Arc::new(AtomicU64::new(0));
-    let readers: Vec<_> = (0..2)
-        .map(|_| {
-            let (handlers, stop, reads) = (handlers.clone(), stop.clone(), reads.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let state = slot_state(&handlers);
-                    let change = state.last_change.expect("a change is recorded");
-                    assert_eq!(change.state, ChangeState::Applied);
-                    assert_eq!(
-                        change.sha256.as_deref(),
-                        Some(state.current.sha256()),
-                        "the change shown is the one that put the module in force"
-                    );
-                    reads.fetch_add(1, Ordering::Relaxed);
+                    each(&handlers);
+                    runs.fetch_add(1, Ordering::Relaxed);
                 }
             })
         })
@@ -567,14 +518,49 @@ fn a_status_read_during_swaps_shows_each_set_with_its_own_change() {
         } else {
             "spread-policy"
         };
-        install(dir.path(), guest_name, "policy.wasm");
+        install(dir, guest_name, "policy.wasm");
         assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
     }
     stop.store(true, Ordering::Relaxed);
-    for reader in readers {
-        reader.join().unwrap();
+    for worker in workers {
+        worker.join().unwrap();
     }
-    assert!(reads.load(Ordering::Relaxed) > 0);
+    runs.load(Ordering::Relaxed)
+}
+
+#[test]
+fn calls_during_a_hundred_swaps_never_fail_and_each_is_answered_by_one_whole_version() {
+    let (dir, handlers) = first_fit_policy();
+    let first_fit: Vec<String> = vec!["dev-0".into(), "dev-1".into()];
+    install(dir.path(), "spread-policy", "policy.wasm");
+    handlers.reload();
+    let spread = allocate(&handlers).unwrap();
+
+    let calls = during_a_hundred_swaps(dir.path(), &handlers, 2, move |handlers| {
+        let answer = allocate(handlers).expect("no call fails during a swap");
+        assert!(answer == first_fit || answer == spread, "{answer:?}");
+    });
+    assert!(calls > 0);
+    assert!(handlers.status().generation >= 100);
+}
+
+#[test]
+fn a_status_read_during_swaps_shows_each_set_with_its_own_change() {
+    let (dir, handlers) = first_fit_policy();
+    install(dir.path(), "spread-policy", "policy.wasm");
+    assert!(matches!(handlers.reload(), ReloadOutcome::Applied(_)));
+
+    let reads = during_a_hundred_swaps(dir.path(), &handlers, 2, |handlers| {
+        let state = slot_state(handlers);
+        let change = state.last_change.expect("a change is recorded");
+        assert_eq!(change.state, ChangeState::Applied);
+        assert_eq!(
+            change.sha256.as_deref(),
+            Some(state.current.sha256()),
+            "the change shown is the one that put the module in force"
+        );
+    });
+    assert!(reads > 0);
 }
 
 /// Waits for the next change to be applied (a refusal of a file caught half-written may come
@@ -595,10 +581,7 @@ async fn next_applied(events: &mut tokio::sync::broadcast::Receiver<HandlersEven
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watch_applies_a_module_renamed_into_place() {
-    let dir = tempfile::tempdir().unwrap();
-    install(dir.path(), "misbehave", "policy.wasm");
-    write_toml(dir.path(), &policy_entry("", ""));
-    let handlers = load(dir.path(), None).unwrap();
+    let (dir, handlers) = first_fit_policy();
     let mut events = handlers.subscribe();
     let cancel = tokio_util::sync::CancellationToken::new();
     let watch = tokio::spawn(handlers.watch(cancel.clone()).unwrap());
@@ -622,10 +605,7 @@ async fn the_watch_applies_a_module_renamed_into_place() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_editor_saving_handlers_toml_by_rename_never_leaves_the_slot_to_the_builtin() {
-    let dir = tempfile::tempdir().unwrap();
-    install(dir.path(), "misbehave", "policy.wasm");
-    write_toml(dir.path(), &policy_entry("", ""));
-    let handlers = load(dir.path(), None).unwrap();
+    let (dir, handlers) = first_fit_policy();
     let mut events = handlers.subscribe();
     let cancel = tokio_util::sync::CancellationToken::new();
     let watch = tokio::spawn(handlers.watch(cancel.clone()).unwrap());
