@@ -557,13 +557,9 @@ impl Allocator {
         container: Option<&str>,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         let span = tracing::info_span!("release", pod = pod_uid, container);
-        self.release_where(
-            Select::Pod(pod_uid),
-            |key| key.pod_uid == pod_uid && container.is_none_or(|c| key.container == c),
-            "",
-        )
-        .instrument(span)
-        .await
+        self.release_where(Select::Pod { pod_uid, container }, "")
+            .instrument(span)
+            .await
     }
 
     /// Releases, in one durable step, every allocation of a pod not in `keep` (the kubelet's
@@ -573,34 +569,33 @@ impl Allocator {
         keep: &KeepList,
         dry_run: bool,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
+        let select = Select::NotKept(keep);
         if dry_run {
-            // The same walk the release makes, without the change.
-            let pods = self.lock();
-            return Ok(pods
-                .not_kept(keep)
-                .iter()
-                .filter_map(|key| {
-                    let entry = pods.get(key)?;
-                    Some(AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
-                })
-                .collect());
+            return Ok(self.held(select));
         }
-        self.release_where(
-            Select::NotKept(keep),
-            |key| !keep.contains(key.pod_uid.as_str()),
-            " (sync of pods: the pod is no longer active)",
-        )
-        .await
+        self.release_where(select, " (sync of pods: the pod is no longer active)")
+            .await
     }
 
-    /// Removes the entries `select` selects (those of one pod that `gone` selects, or those of
-    /// every pod not kept, which `gone` also says) in one change once that is durable (nothing
-    /// is removed when it cannot be made durable); each entry released is recorded in the
-    /// event log, its message ending with `why`.
+    /// What `select` selects among the entries held now, found as a release finds them.
+    fn held(&self, select: Select<'_>) -> Vec<AllocationInfo> {
+        let pods = self.lock();
+        select
+            .keys(&pods)
+            .iter()
+            .filter_map(|key| {
+                let entry = pods.get(key)?;
+                Some(AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
+            })
+            .collect()
+    }
+
+    /// Removes the entries `select` selects in one change once that is durable (nothing is
+    /// removed when it cannot be made durable); each entry released is recorded in the event
+    /// log, its message ending with `why`.
     async fn release_where(
         &self,
         select: Select<'_>,
-        mut gone: impl FnMut(&HolderKey) -> bool,
         why: &str,
     ) -> Result<Vec<AllocationInfo>, ReleaseError> {
         let mut clock = StageClock::start(&self.inner.metrics, Operation::Release);
@@ -608,11 +603,8 @@ impl Allocator {
             .inner
             .persistence
             .change(&self.inner.pods, |pods| {
-                let removed = match select {
-                    Select::Pod(pod) => pods.release_pod_where(pod, &mut gone),
-                    Select::NotKept(keep) => pods.release_not_kept(keep),
-                };
-                removed
+                let keys = select.keys(pods);
+                pods.release_keys(keys)
                     .iter()
                     .map(|(key, entry)| AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
                     .collect::<Vec<_>>()
@@ -621,13 +613,10 @@ impl Allocator {
         let released = match released {
             Ok(released) => released,
             Err(source) => {
-                let held: Vec<AllocationInfo> = self
-                    .lock()
-                    .iter()
-                    .filter(|(key, _)| gone(key))
-                    .map(|(key, entry)| AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
-                    .collect();
-                let err = ReleaseError { held, source };
+                let err = ReleaseError {
+                    held: self.held(select),
+                    source,
+                };
                 for a in &err.held {
                     self.inner.registry.events().record(
                         EventKind::ReleaseFailed,
@@ -977,10 +966,25 @@ const ID_BYTES_GUESS: usize = 16;
 /// Which entries a release removes.
 #[derive(Clone, Copy)]
 enum Select<'a> {
-    /// Among the entries of this pod only.
-    Pod(&'a str),
+    /// The entries of this pod (only this container's, when given).
+    Pod {
+        pod_uid: &'a str,
+        container: Option<&'a str>,
+    },
     /// Every entry of a pod not in this list.
     NotKept(&'a KeepList),
+}
+
+impl Select<'_> {
+    /// The keys of the entries this selects in `pods`, sorted.
+    fn keys(self, pods: &PodDevices) -> Vec<HolderKey> {
+        match self {
+            Select::Pod { pod_uid, container } => {
+                pods.pod_keys_where(pod_uid, |key| container.is_none_or(|c| key.container == c))
+            }
+            Select::NotKept(keep) => pods.not_kept(keep),
+        }
+    }
 }
 
 /// What the records say before the policy runs.

@@ -458,23 +458,21 @@ impl PodDevices {
         self.remove_keys(keys)
     }
 
-    /// [`PodDevices::release_where`] among the entries of `pod_uid` only: found by a range of
+    /// The keys of the entries of `pod_uid` that `gone` selects, sorted: found by a range of
     /// the map (sorted by pod first), not a walk over every holder on the node.
-    pub fn release_pod_where(
-        &mut self,
+    pub fn pod_keys_where(
+        &self,
         pod_uid: &str,
         mut gone: impl FnMut(&HolderKey) -> bool,
-    ) -> Vec<(HolderKey, Holding)> {
+    ) -> Vec<HolderKey> {
         let from = HolderKey::new(pod_uid, "", "");
-        let keys: Vec<HolderKey> = self
-            .entries
+        self.entries
             .range(from..)
             .map(|(key, _)| &*key.0)
             .take_while(|key| key.pod_uid == pod_uid)
             .filter(|key| gone(key))
             .cloned()
-            .collect();
-        self.remove_keys(keys)
+            .collect()
     }
 
     /// Removes `keys` as one change; returns the entries removed.
