@@ -56,7 +56,7 @@ pub use device_id::DeviceId;
 pub use devices::{Health, ListedDevice};
 pub use endpoint::Flow;
 pub use error::{AllocateError, AnswerError, ConnectError, ReleaseError, StartError, WriterError};
-pub use keep_list::KeepList;
+pub use keep_list::{KeepList, KeptCursor};
 pub use manager::{
     Config, DEFAULT_ALLOCATE_BATCH, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DeviceManager,
 };

@@ -410,42 +410,13 @@ impl PodDevices {
     }
 
     /// The keys of the entries of pods not in `keep`, sorted (see
-    /// [`PodDevices::release_not_kept`]).
+    /// [`PodDevices::release_not_kept`]). A plain loop: as a `filter` closure, the cursor's
+    /// question was not made in line, and the walk cost about a third more.
     pub fn not_kept(&self, keep: &KeepList) -> Vec<HolderKey> {
-        /// Steps over kept pods before jumping with a binary search.
-        const STEPS: usize = 8;
-        let kept = keep.as_slice();
-        // The first kept pod not passed yet, and the one matched last (the entries after it
-        // of the same pod are kept too).
-        let mut next = 0;
-        let mut matched: Option<&str> = None;
+        let mut kept = keep.ascending();
         let mut keys = Vec::new();
         for key in self.entries.keys() {
-            let pod = key.0.pod_uid.as_str();
-            let mut steps = 0;
-            // One comparison per entry while the two lists go in step (every held pod kept).
-            let is_kept = loop {
-                let Some(candidate) = kept.get(next).map(PodUid::as_str) else {
-                    break matched == Some(pod);
-                };
-                // Equality first: in step it is the usual answer, and cheaper to get.
-                if candidate == pod {
-                    matched = Some(candidate);
-                    next += 1;
-                    break true;
-                }
-                if candidate > pod {
-                    break matched == Some(pod);
-                }
-                steps += 1;
-                if steps == STEPS {
-                    next += kept[next..].partition_point(|k| k.as_str() < pod);
-                    steps = 0;
-                } else {
-                    next += 1;
-                }
-            };
-            if !is_kept {
+            if !kept.contains(key.0.pod_uid.as_str()) {
                 keys.push(HolderKey::clone(&key.0));
             }
         }
