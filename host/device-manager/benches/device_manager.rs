@@ -13,7 +13,10 @@
 //!   containers holding one device each the whole time (every journal record carries them);
 //!   "1 of 64, 10,000 held": 64 devices free among 10,064, the other 10,000 held by
 //!   containers restored from a kubelet checkpoint written before the start (a node that
-//!   filled up), against "1 of 64, none held";
+//!   filled up), against "1 of 64, none held"; on these two nodes the release that frees each
+//!   timed allocation is timed too ("then released"), and in the rows "freed by sync-pods" a
+//!   sync of pods frees it instead, keeping the same 10,001 pods on either node (the full
+//!   node's 10,000 and one more), timed from the keep list's sort to the change on disk;
 //!   "during a rewrite": the same two nodes, each timed allocation arriving 0 to 10 ms after
 //!   the checkpoint writer has started the rewrite that the release before it asked for (it
 //!   starts once allocations have been quiet for `ALLOCATION_WRITE_DELAY`), as allocations
@@ -31,11 +34,13 @@
 //!   (median and p99), on a tmpfs and in the temporary directory, against its floor: the same
 //!   bytes written to a temporary file and renamed with plain `std::fs` calls.
 
+use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use pluglet_core::PodUid;
 use pluglet_device_manager::persistence::ALLOCATION_WRITE_DELAY;
-use pluglet_device_manager::{AnswerView, Config, DeviceManager, Durability};
+use pluglet_device_manager::{AnswerView, Config, DeviceManager, Durability, KeepList};
 use pluglet_handler_runtime::{Runtime, RuntimeConfig};
 use pluglet_handlers::Handlers;
 use pluglet_proto::v1beta1;
@@ -181,6 +186,43 @@ enum Arrival {
     DuringRewrite,
 }
 
+/// How each timed allocation is freed again before the next.
+#[derive(Clone, Copy, PartialEq)]
+enum Free {
+    /// A release of its pod.
+    Release,
+    /// A sync of pods keeping every restored pod and one more (10,001 pods), not its pod.
+    SyncPods,
+}
+
+/// The pods a sync of [`Free::SyncPods`] keeps: the full node's 10,000 restored pods and one
+/// that holds nothing, on either node, so that two rows differ only by what the node holds.
+fn kept_pods() -> Vec<PodUid> {
+    (0..10_000)
+        .map(|i| PodUid::new(format!("restored-{i}")))
+        .chain([PodUid::new("kept")])
+        .collect()
+}
+
+/// Runs `work` on a runtime worker, as the admin API's handler runs it, and times it there.
+async fn on_worker<T: Send + 'static>(
+    work: impl Future<Output = T> + Send + 'static,
+) -> (Duration, T) {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let out = work.await;
+        (started.elapsed(), out)
+    })
+    .await
+    .expect("timed task")
+}
+
+/// The medians of one allocation row: the allocations, and what freed each again.
+struct Medians {
+    allocate: Duration,
+    free: Duration,
+}
+
 /// One allocation row: `count` of `devices` devices, `n` times.
 #[derive(Clone, Copy)]
 struct Allocations {
@@ -194,6 +236,9 @@ struct Allocations {
     /// Containers holding one device each, restored from a checkpoint written before the start.
     restored: usize,
     arrival: Arrival,
+    free: Free,
+    /// Print the median of what freed each allocation, below the row.
+    show_free: bool,
 }
 
 impl Allocations {
@@ -207,6 +252,23 @@ impl Allocations {
             held: 0,
             restored: 0,
             arrival: Arrival::Settled,
+            free: Free::Release,
+            show_free: false,
+        }
+    }
+
+    const fn showing_release(self) -> Allocations {
+        Allocations {
+            show_free: true,
+            ..self
+        }
+    }
+
+    const fn freed_by_sync_pods(self) -> Allocations {
+        Allocations {
+            free: Free::SyncPods,
+            show_free: true,
+            ..self
         }
     }
 
@@ -237,7 +299,7 @@ enum Row {
     Allocate(Allocations),
 }
 
-async fn bench_allocate(handlers: Handlers, durability: Durability, row: Allocations) -> Duration {
+async fn bench_allocate(handlers: Handlers, durability: Durability, row: Allocations) -> Medians {
     let Allocations {
         devices: devices_n,
         count,
@@ -246,6 +308,8 @@ async fn bench_allocate(handlers: Handlers, durability: Durability, row: Allocat
         held,
         restored,
         arrival,
+        free,
+        show_free: _,
     } = row;
     let root = tempfile::tempdir().unwrap();
     prefill(root.path(), "bench.example.com/gpu", restored);
@@ -271,26 +335,34 @@ async fn bench_allocate(handlers: Handlers, durability: Durability, row: Allocat
     }
     manager.wait_checkpoint().await.expect("checkpoint");
     let mut samples = Vec::new();
+    let mut freed = Vec::new();
     for i in 0..n {
         let pod = format!("pod-{i}");
-        // On a runtime worker, as the admin API's handler runs it.
         let (elapsed, got) = {
-            let manager = manager.clone();
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let got = manager
-                    .allocate(&pod, "ctr", resource, count)
-                    .await
-                    .expect("allocate");
-                (started.elapsed(), got)
-            })
-            .await
-            .expect("allocation task")
+            let (manager, pod) = (manager.clone(), pod.clone());
+            on_worker(async move { manager.allocate(&pod, "ctr", resource, count).await }).await
         };
-        let pod = format!("pod-{i}");
         samples.push(elapsed);
-        assert_eq!(got.device_ids.len(), count as usize);
-        manager.release(&pod, None).await.expect("release");
+        assert_eq!(got.expect("allocate").device_ids.len(), count as usize);
+        let manager_ = manager.clone();
+        let (elapsed, released) = match free {
+            Free::Release => on_worker(async move { manager_.release(&pod, None).await }).await,
+            Free::SyncPods => {
+                let kept = kept_pods();
+                on_worker(async move {
+                    let keep = KeepList::from(kept);
+                    let freed = manager_.sync_pods(&keep, false).await;
+                    freed.map(|freed| freed.len())
+                })
+                .await
+            }
+        };
+        freed.push(elapsed);
+        assert_eq!(
+            released.expect("free the allocation"),
+            1,
+            "one container freed"
+        );
         if arrival == Arrival::DuringRewrite {
             // 0 to 10 ms into the rewrite (the full node's checksum and file write take
             // milliseconds), in a fixed order spread over the run.
@@ -321,7 +393,10 @@ async fn bench_allocate(handlers: Handlers, durability: Durability, row: Allocat
             ms(sorted[sorted.len() - 1])
         );
     }
-    median(samples)
+    Medians {
+        allocate: median(samples),
+        free: median(freed),
+    }
 }
 
 async fn bench_update(handlers: Handlers, durability: Durability, n: usize) -> Duration {
@@ -598,12 +673,30 @@ fn main() {
             (
                 "allocate 1 of 64, none held",
                 "-",
-                Row::Allocate(Allocations::of(64, 1, 100)),
+                Row::Allocate(Allocations::of(64, 1, 100).showing_release()),
             ),
             (
                 "allocate 1 of 64, 10,000 held",
                 "-",
-                Row::Allocate(Allocations::of(10_064, 1, 100).restored(10_000)),
+                Row::Allocate(
+                    Allocations::of(10_064, 1, 100)
+                        .restored(10_000)
+                        .showing_release(),
+                ),
+            ),
+            (
+                "allocate 1 of 64, none held, freed by sync-pods",
+                "-",
+                Row::Allocate(Allocations::of(64, 1, 100).freed_by_sync_pods()),
+            ),
+            (
+                "allocate 1 of 64, 10,000 held, freed by sync-pods",
+                "-",
+                Row::Allocate(
+                    Allocations::of(10_064, 1, 100)
+                        .restored(10_000)
+                        .freed_by_sync_pods(),
+                ),
             ),
             (
                 "allocate 1 of 64, none held, during a rewrite",
@@ -630,12 +723,17 @@ fn main() {
                 continue;
             }
             let mut figures = Vec::new();
+            let mut freed = Vec::new();
             for durability in [Durability::Fsync, Durability::NoFsync] {
                 let h = handlers.clone();
                 let d = match row {
                     Row::Register => bench_register(h, durability, 100).await,
                     Row::Update => bench_update(h, durability, 50).await,
-                    Row::Allocate(allocations) => bench_allocate(h, durability, allocations).await,
+                    Row::Allocate(allocations) => {
+                        let medians = bench_allocate(h, durability, allocations).await;
+                        freed.push(ms(medians.free));
+                        medians.allocate
+                    }
                 };
                 figures.push(ms(d));
             }
@@ -643,6 +741,18 @@ fn main() {
                 "{name:<34} {:>12} {:>12} {kubelet:>10}",
                 figures[0], figures[1]
             );
+            if let Row::Allocate(Allocations {
+                show_free: true,
+                free,
+                ..
+            }) = row
+            {
+                let how = match free {
+                    Free::Release => "  then released",
+                    Free::SyncPods => "  then freed by sync-pods",
+                };
+                println!("{how:<34} {:>12} {:>12}", freed[0], freed[1]);
+            }
         }
     });
 }

@@ -47,12 +47,90 @@ impl HolderKey {
 
 /// A key as the map keeps it: shared, so that copying a node of the map (each change copies the
 /// nodes on its path, up to 64 keys each) costs a reference count per key, not three strings.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct SharedKey(Arc<HolderKey>);
+/// Its pod's UID is copied beside it when it fits (a kubelet's are 36 bytes), so that a walk
+/// over the keys by pod (a sync of pods) reads the map's own nodes, one after the other, rather
+/// than each key's allocation wherever it lies: on a full node those reads missed the cache.
+#[derive(Clone, Debug)]
+struct SharedKey {
+    key: Arc<HolderKey>,
+    pod: InlineUid,
+}
+
+impl SharedKey {
+    fn new(key: HolderKey) -> SharedKey {
+        SharedKey {
+            pod: InlineUid::new(key.pod_uid.as_str()),
+            key: Arc::new(key),
+        }
+    }
+
+    /// The pod UID's bytes, from the copy beside the key when there is one.
+    fn pod_uid(&self) -> &[u8] {
+        self.pod
+            .bytes()
+            .unwrap_or_else(|| self.key.pod_uid.as_str().as_bytes())
+    }
+}
+
+impl PartialEq for SharedKey {
+    fn eq(&self, other: &SharedKey) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for SharedKey {}
+
+impl PartialOrd for SharedKey {
+    fn partial_cmp(&self, other: &SharedKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The key's order (the copy of the UID beside it takes no part).
+impl Ord for SharedKey {
+    fn cmp(&self, other: &SharedKey) -> std::cmp::Ordering {
+        self.key.cmp(&other.key)
+    }
+}
 
 impl std::borrow::Borrow<HolderKey> for SharedKey {
     fn borrow(&self) -> &HolderKey {
-        &self.0
+        &self.key
+    }
+}
+
+/// A pod UID of up to [`InlineUid::CAPACITY`] bytes, kept in place; longer ones are not copied.
+#[derive(Clone, Copy, Debug)]
+struct InlineUid {
+    /// The length, or `u8::MAX` when the UID did not fit.
+    len: u8,
+    bytes: [u8; InlineUid::CAPACITY],
+}
+
+impl InlineUid {
+    /// A kubelet's pod UIDs (36-byte UUIDs) and a little more.
+    const CAPACITY: usize = 39;
+
+    fn new(uid: &str) -> InlineUid {
+        let mut bytes = [0; InlineUid::CAPACITY];
+        match bytes.get_mut(..uid.len()) {
+            Some(to) => {
+                to.copy_from_slice(uid.as_bytes());
+                InlineUid {
+                    len: uid.len() as u8,
+                    bytes,
+                }
+            }
+            None => InlineUid {
+                len: u8::MAX,
+                bytes,
+            },
+        }
+    }
+
+    /// The UID's bytes, when it fitted.
+    fn bytes(&self) -> Option<&[u8]> {
+        self.bytes.get(..usize::from(self.len))
     }
 }
 
@@ -288,7 +366,7 @@ impl PodDevices {
         self.hold(&key.resource, &entry.devices, found);
         if let Some(old) = self
             .entries
-            .insert(SharedKey(Arc::new(key.clone())), Kept::new(entry))
+            .insert(SharedKey::new(key.clone()), Kept::new(entry))
         {
             self.unhold(key.resource.as_str(), &old.entry.devices);
         }
@@ -392,7 +470,7 @@ impl PodDevices {
         let keys: Vec<HolderKey> = self
             .entries
             .keys()
-            .map(|k| &*k.0)
+            .map(|k| &*k.key)
             .filter(|k| gone(k))
             .cloned()
             .collect();
@@ -416,8 +494,8 @@ impl PodDevices {
         let mut kept = keep.ascending();
         let mut keys = Vec::new();
         for key in self.entries.keys() {
-            if !kept.contains(key.0.pod_uid.as_str()) {
-                keys.push(HolderKey::clone(&key.0));
+            if !kept.contains(key.pod_uid()) {
+                keys.push(HolderKey::clone(&key.key));
             }
         }
         keys
@@ -439,7 +517,7 @@ impl PodDevices {
         let from = HolderKey::new(pod_uid, "", "");
         self.entries
             .range(from..)
-            .map(|(key, _)| &*key.0)
+            .map(|(key, _)| &*key.key)
             .take_while(|key| key.pod_uid == pod_uid)
             .filter(|key| gone(key))
             .cloned()
@@ -470,7 +548,7 @@ impl PodDevices {
         let from = HolderKey::new(pod_uid, "", "");
         self.entries
             .range(from..)
-            .take_while(|(key, _)| key.0.pod_uid == pod_uid)
+            .take_while(|(key, _)| key.key.pod_uid == pod_uid)
             .find_map(|(_, kept)| kept.entry.pod.as_ref())
     }
 
@@ -478,7 +556,7 @@ impl PodDevices {
     pub fn iter(&self) -> impl Iterator<Item = (&HolderKey, &Holding)> {
         self.entries
             .iter()
-            .map(|(key, kept)| (&*key.0, &kept.entry))
+            .map(|(key, kept)| (&*key.key, &kept.entry))
     }
 
     /// The allocated entries (reserved ones are left out), each as `encode` turns it into
@@ -508,7 +586,7 @@ impl PodDevices {
         self.entries
             .iter()
             .filter_map(|(key, kept)| match kept.entry.state {
-                HoldingState::Allocated { .. } => Some((&*key.0, &**kept)),
+                HoldingState::Allocated { .. } => Some((&*key.key, &**kept)),
                 HoldingState::Reserved { .. } => None,
             })
     }
@@ -931,14 +1009,19 @@ mod tests {
             held in proptest::collection::vec((0u8..60, 0u8..3), 0..80),
             keep in proptest::collection::btree_set(0u8..70, 0..70),
         ) {
+            // Every third pod's UID too long to be kept beside its key in the map.
+            let uid = |pod: u8| match pod % 3 {
+                0 => format!("p{pod:02}-{}", "long".repeat(10)),
+                _ => format!("p{pod:02}"),
+            };
             let mut pods = PodDevices::default();
             for (i, (pod, container)) in held.iter().enumerate() {
                 pods.insert(
-                    key(&format!("p{pod:02}"), &format!("c{container}")),
+                    key(&uid(*pod), &format!("c{container}")),
                     allocated(&[&format!("d{i}")]),
                 );
             }
-            let keep: KeepList = keep.iter().map(|p| format!("p{p:02}")).collect();
+            let keep: KeepList = keep.iter().map(|p| uid(*p)).collect();
             let expected: Vec<HolderKey> = pods
                 .iter()
                 .map(|(k, _)| k.clone())
@@ -946,6 +1029,17 @@ mod tests {
                 .collect();
             proptest::prop_assert_eq!(pods.not_kept(&keep), expected);
         }
+    }
+
+    #[test]
+    fn a_key_keeps_its_pod_uid_beside_it_up_to_its_capacity() {
+        let fits = "u".repeat(InlineUid::CAPACITY);
+        let long = "u".repeat(InlineUid::CAPACITY + 1);
+        assert_eq!(InlineUid::new(&fits).bytes(), Some(fits.as_bytes()));
+        assert_eq!(InlineUid::new("").bytes(), Some(&b""[..]));
+        assert_eq!(InlineUid::new(&long).bytes(), None);
+        let key = SharedKey::new(key(&long, "c"));
+        assert_eq!(key.pod_uid(), long.as_bytes());
     }
 
     #[test]
