@@ -280,8 +280,13 @@ impl Allocations {
         Allocations { held, ..self }
     }
 
-    const fn restored(self, restored: usize) -> Allocations {
-        Allocations { restored, ..self }
+    /// The same among 10,000 more devices, held by containers restored at the start.
+    const fn on_full_node(self) -> Allocations {
+        Allocations {
+            devices: self.devices + 10_000,
+            restored: 10_000,
+            ..self
+        }
     }
 
     const fn during_rewrite(self) -> Allocations {
@@ -671,55 +676,38 @@ fn main() {
                 Row::Allocate(Allocations::of(1024, 1, 200).held(100)),
             ),
             (
-                "allocate 1 of 64, none held",
-                "-",
-                Row::Allocate(Allocations::of(64, 1, 100).showing_release()),
-            ),
-            (
-                "allocate 1 of 64, 10,000 held",
-                "-",
-                Row::Allocate(
-                    Allocations::of(10_064, 1, 100)
-                        .restored(10_000)
-                        .showing_release(),
-                ),
-            ),
-            (
-                "allocate 1 of 64, none held, freed by sync-pods",
-                "-",
-                Row::Allocate(Allocations::of(64, 1, 100).freed_by_sync_pods()),
-            ),
-            (
-                "allocate 1 of 64, 10,000 held, freed by sync-pods",
-                "-",
-                Row::Allocate(
-                    Allocations::of(10_064, 1, 100)
-                        .restored(10_000)
-                        .freed_by_sync_pods(),
-                ),
-            ),
-            (
-                "allocate 1 of 64, none held, during a rewrite",
-                "-",
-                Row::Allocate(Allocations::of(64, 1, 200).during_rewrite()),
-            ),
-            (
-                "allocate 1 of 64, 10,000 held, during a rewrite",
-                "-",
-                Row::Allocate(
-                    Allocations::of(10_064, 1, 200)
-                        .restored(10_000)
-                        .during_rewrite(),
-                ),
-            ),
-            (
                 "allocate 1 of 100,000",
                 "-",
                 Row::Allocate(Allocations::of(100_000, 1, 50)),
             ),
         ];
+        let mut rows: Vec<(String, &str, Row)> = rows
+            .into_iter()
+            .map(|(name, kubelet, row)| (name.to_owned(), kubelet, row))
+            .collect();
+        // The flat-cost rows: each on a node holding nothing and on the full node.
+        let flat = [
+            ("", Allocations::of(64, 1, 100).showing_release()),
+            (
+                ", freed by sync-pods",
+                Allocations::of(64, 1, 100).freed_by_sync_pods(),
+            ),
+            (
+                ", during a rewrite",
+                Allocations::of(64, 1, 200).during_rewrite(),
+            ),
+        ];
+        for (how, row) in flat {
+            let full = Row::Allocate(row.on_full_node());
+            rows.push((
+                format!("allocate 1 of 64, none held{how}"),
+                "-",
+                Row::Allocate(row),
+            ));
+            rows.push((format!("allocate 1 of 64, 10,000 held{how}"), "-", full));
+        }
         for (name, kubelet, row) in rows {
-            if !wanted(name) {
+            if !wanted(&name) {
                 continue;
             }
             let mut figures = Vec::new();
