@@ -349,14 +349,14 @@ async fn bench_allocate(handlers: Handlers, durability: Durability, row: Allocat
         };
         samples.push(elapsed);
         assert_eq!(got.expect("allocate").device_ids.len(), count as usize);
-        let manager_ = manager.clone();
+        let freeing = manager.clone();
         let (elapsed, released) = match free {
-            Free::Release => on_worker(async move { manager_.release(&pod, None).await }).await,
+            Free::Release => on_worker(async move { freeing.release(&pod, None).await }).await,
             Free::SyncPods => {
                 let kept = kept_pods();
                 on_worker(async move {
                     let keep = KeepList::from(kept);
-                    let freed = manager_.sync_pods(&keep, false).await;
+                    let freed = freeing.sync_pods(&keep, false).await;
                     freed.map(|freed| freed.len())
                 })
                 .await
