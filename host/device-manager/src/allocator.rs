@@ -877,7 +877,7 @@ impl Allocator {
             .inner
             .persistence
             .change(&self.inner.pods, |pods| {
-                pods.release_where(|k| k == key);
+                pods.release_keys(vec![key.clone()]);
             })
             .await;
         self.unhand([key.clone()]);

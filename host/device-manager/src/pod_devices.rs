@@ -454,42 +454,19 @@ impl PodDevices {
     /// Removes every entry of `pod_uid` (only `container`'s when given), reserved ones included;
     /// returns the keys removed.
     pub fn release(&mut self, pod_uid: &str, container: Option<&str>) -> Vec<HolderKey> {
-        self.release_where(|k| k.pod_uid == pod_uid && container.is_none_or(|c| k.container == c))
+        let keys = self.pod_keys_where(pod_uid, |k| container.is_none_or(|c| k.container == c));
+        self.release_keys(keys)
             .into_iter()
             .map(|(key, _)| key)
             .collect()
     }
 
-    /// Removes, as one change, every entry `gone` selects, reserved ones included (their
-    /// allocation then cannot commit); returns the removed entries sorted by pod, container
-    /// and resource.
-    pub fn release_where(
-        &mut self,
-        mut gone: impl FnMut(&HolderKey) -> bool,
-    ) -> Vec<(HolderKey, Holding)> {
-        let keys: Vec<HolderKey> = self
-            .entries
-            .keys()
-            .map(|k| &*k.key)
-            .filter(|k| gone(k))
-            .cloned()
-            .collect();
-        self.remove_keys(keys)
-    }
-
-    /// Removes, as one change, every entry of a pod not in `keep`; returns the removed entries
-    /// sorted by pod, container and resource. The entries and `keep` are both sorted by pod
-    /// UID, so they are walked side by side: a comparison per entry and per kept pod passed,
-    /// not a lookup in `keep` per entry; where the kept pods run far ahead of the entries (a
-    /// node holding little), the walk jumps instead of stepping.
-    pub fn release_not_kept(&mut self, keep: &KeepList) -> Vec<(HolderKey, Holding)> {
-        let keys = self.not_kept(keep);
-        self.remove_keys(keys)
-    }
-
-    /// The keys of the entries of pods not in `keep`, sorted (see
-    /// [`PodDevices::release_not_kept`]). A plain loop: as a `filter` closure, the cursor's
-    /// question was not made in line, and the walk cost about a third more.
+    /// The keys of the entries of pods not in `keep`, sorted by pod, container and resource.
+    /// The entries and `keep` are both sorted by pod UID, so they are walked side by side: a
+    /// comparison per entry and per kept pod passed, not a lookup in `keep` per entry; where
+    /// the kept pods run far ahead of the entries (a node holding little), the walk jumps
+    /// instead of stepping. A plain loop: as a `filter` closure, the cursor's question was not
+    /// made in line, and the walk cost about a third more.
     pub fn not_kept(&self, keep: &KeepList) -> Vec<HolderKey> {
         let mut kept = keep.ascending();
         let mut keys = Vec::new();
@@ -499,12 +476,6 @@ impl PodDevices {
             }
         }
         keys
-    }
-
-    /// Removes the entries of `keys` as one change (keys without an entry are skipped);
-    /// returns the entries removed.
-    pub fn release_keys(&mut self, keys: Vec<HolderKey>) -> Vec<(HolderKey, Holding)> {
-        self.remove_keys(keys)
     }
 
     /// The keys of the entries of `pod_uid` that `gone` selects, sorted: found by a range of
@@ -524,8 +495,9 @@ impl PodDevices {
             .collect()
     }
 
-    /// Removes `keys` as one change; returns the entries removed.
-    fn remove_keys(&mut self, keys: Vec<HolderKey>) -> Vec<(HolderKey, Holding)> {
+    /// Removes the entries of `keys` as one change, reserved ones included (their allocation
+    /// then cannot commit; keys without an entry are skipped); returns the entries removed.
+    pub fn release_keys(&mut self, keys: Vec<HolderKey>) -> Vec<(HolderKey, Holding)> {
         if keys.is_empty() {
             return Vec::new();
         }
@@ -926,6 +898,25 @@ mod tests {
         }
     }
 
+    /// Releases, as one change, every entry `gone` selects: the reference a walk is held to.
+    fn release_where(
+        pods: &mut PodDevices,
+        gone: impl Fn(&HolderKey) -> bool,
+    ) -> Vec<(HolderKey, Holding)> {
+        let keys = pods
+            .iter()
+            .map(|(k, _)| k.clone())
+            .filter(|k| gone(k))
+            .collect();
+        pods.release_keys(keys)
+    }
+
+    /// Releases, as one change, every entry of a pod not in `keep`, as a sync of pods does.
+    fn release_not_kept(pods: &mut PodDevices, keep: &KeepList) -> Vec<(HolderKey, Holding)> {
+        let keys = pods.not_kept(keep);
+        pods.release_keys(keys)
+    }
+
     #[test]
     fn release_where_frees_every_pod_not_kept_in_one_change() {
         let mut pods = PodDevices::default();
@@ -942,9 +933,9 @@ mod tests {
 
         let mut walked = pods.clone();
         let before = pods.version();
-        let removed = pods.release_where(|k| !keep.contains(k.pod_uid.as_str()));
+        let removed = release_where(&mut pods, |k| !keep.contains(k.pod_uid.as_str()));
         assert_eq!(
-            walked.release_not_kept(&keep),
+            release_not_kept(&mut walked, &keep),
             removed,
             "walking side by side frees the same"
         );
@@ -972,12 +963,9 @@ mod tests {
         assert_eq!(pods.len(), 1);
 
         let version = pods.version();
-        assert!(
-            pods.release_where(|k| !keep.contains(k.pod_uid.as_str()))
-                .is_empty()
-        );
+        assert!(release_where(&mut pods, |k| !keep.contains(k.pod_uid.as_str())).is_empty());
         assert_eq!(pods.version(), version, "nothing to free changes nothing");
-        assert_eq!(pods.release_where(|_| true).len(), 1);
+        assert_eq!(release_where(&mut pods, |_| true).len(), 1);
         assert!(pods.is_empty());
     }
 
@@ -991,8 +979,7 @@ mod tests {
         {
             pods.insert(key(pod, "c"), allocated(&[&format!("d{i}")]));
         }
-        let freed: Vec<String> = pods
-            .release_not_kept(&keep)
+        let freed: Vec<String> = release_not_kept(&mut pods, &keep)
             .into_iter()
             .map(|(k, _)| k.pod_uid.to_string())
             .collect();
