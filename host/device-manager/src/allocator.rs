@@ -602,8 +602,8 @@ impl Allocator {
         let released = self
             .inner
             .persistence
-            .change(&self.inner.pods, |pods| {
-                let keys = select.keys(pods);
+            .change_beside(&self.inner.pods, |state, waiting, pods| {
+                let keys = select.keys_beside(state, waiting, pods);
                 pods.release_keys(keys)
                     .iter()
                     .map(|(key, entry)| AllocationInfo::of(key, entry, self.inner.cdi.as_ref()))
@@ -978,11 +978,22 @@ enum Select<'a> {
 impl Select<'_> {
     /// The keys of the entries this selects in `pods`, sorted.
     fn keys(self, pods: &PodDevices) -> Vec<HolderKey> {
+        self.keys_beside(pods, &[], pods)
+    }
+
+    /// The keys of the entries this selects in `next`, a copy made from `state` with the
+    /// changes that touched `waiting` made on it (see [`Persistence::change_beside`]), sorted.
+    fn keys_beside(
+        self,
+        state: &PodDevices,
+        waiting: &[HolderKey],
+        next: &PodDevices,
+    ) -> Vec<HolderKey> {
         match self {
             Select::Pod { pod_uid, container } => {
-                pods.pod_keys_where(pod_uid, |key| container.is_none_or(|c| key.container == c))
+                next.pod_keys_where(pod_uid, |key| container.is_none_or(|c| key.container == c))
             }
-            Select::NotKept(keep) => pods.not_kept(keep),
+            Select::NotKept(keep) => next.not_kept_beside(state, waiting, keep),
         }
     }
 }

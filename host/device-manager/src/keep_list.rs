@@ -1,6 +1,6 @@
 //! The pods a sync of pods keeps: their UIDs sorted, each once.
 //!
-//! A sync walks the held entries (sorted by pod) beside this list in one pass
+//! A sync walks the held pods (sorted) beside this list in one pass
 //! ([`PodDevices::not_kept`](crate::pod_devices::PodDevices::not_kept)). A sorted vector is
 //! made from the request's own strings with one sort, and makes each step of that walk an index
 //! increment and each jump a binary search, where a tree set is built node by node and its

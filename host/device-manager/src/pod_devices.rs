@@ -45,60 +45,6 @@ impl HolderKey {
     }
 }
 
-/// A key as the map keeps it: shared, so that copying a node of the map (each change copies the
-/// nodes on its path, up to 64 keys each) costs a reference count per key, not three strings.
-/// Its pod's UID is copied beside it when it fits (a kubelet's are 36 bytes), so that a walk
-/// over the keys by pod (a sync of pods) reads the map's own nodes, one after the other, rather
-/// than each key's allocation wherever it lies: on a full node those reads missed the cache.
-#[derive(Clone, Debug)]
-struct SharedKey {
-    key: Arc<HolderKey>,
-    pod: InlineUid,
-}
-
-impl SharedKey {
-    fn new(key: HolderKey) -> SharedKey {
-        SharedKey {
-            pod: InlineUid::new(key.pod_uid.as_str()),
-            key: Arc::new(key),
-        }
-    }
-
-    /// The pod UID's bytes, from the copy beside the key when there is one.
-    fn pod_uid(&self) -> &[u8] {
-        self.pod
-            .bytes()
-            .unwrap_or_else(|| self.key.pod_uid.as_str().as_bytes())
-    }
-}
-
-impl PartialEq for SharedKey {
-    fn eq(&self, other: &SharedKey) -> bool {
-        self.key == other.key
-    }
-}
-
-impl Eq for SharedKey {}
-
-impl PartialOrd for SharedKey {
-    fn partial_cmp(&self, other: &SharedKey) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-/// The key's order (the copy of the UID beside it takes no part).
-impl Ord for SharedKey {
-    fn cmp(&self, other: &SharedKey) -> std::cmp::Ordering {
-        self.key.cmp(&other.key)
-    }
-}
-
-impl std::borrow::Borrow<HolderKey> for SharedKey {
-    fn borrow(&self) -> &HolderKey {
-        &self.key
-    }
-}
-
 /// A pod UID of up to [`InlineUid::CAPACITY`] bytes, kept in place; longer ones are not copied.
 #[derive(Clone, Copy, Debug)]
 struct InlineUid {
@@ -131,6 +77,63 @@ impl InlineUid {
     /// The UID's bytes, when it fitted.
     fn bytes(&self) -> Option<&[u8]> {
         self.bytes.get(..usize::from(self.len))
+    }
+}
+
+/// A pod UID as the index of held pods keeps it ([`PodDevices`]'s `pods`): in place when it
+/// fits, so that a walk over the index reads the index's own nodes and nothing else.
+#[derive(Clone, Debug)]
+enum PodKey {
+    Inline(InlineUid),
+    Long(PodUid),
+}
+
+impl PodKey {
+    fn new(uid: &str) -> PodKey {
+        let inline = InlineUid::new(uid);
+        match inline.bytes() {
+            Some(_) => PodKey::Inline(inline),
+            None => PodKey::Long(PodUid::from(uid)),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            PodKey::Inline(uid) => uid.bytes().unwrap_or_default(),
+            PodKey::Long(uid) => uid.as_str().as_bytes(),
+        }
+    }
+
+    /// The UID (copied from a `str`, so its bytes are UTF-8).
+    fn uid(&self) -> PodUid {
+        PodUid::from(String::from_utf8_lossy(self.bytes()).into_owned())
+    }
+}
+
+/// By the UID's bytes, as `str` orders them (and so as [`HolderKey`] orders its pods).
+impl Ord for PodKey {
+    fn cmp(&self, other: &PodKey) -> std::cmp::Ordering {
+        self.bytes().cmp(other.bytes())
+    }
+}
+
+impl PartialOrd for PodKey {
+    fn partial_cmp(&self, other: &PodKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for PodKey {
+    fn eq(&self, other: &PodKey) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for PodKey {}
+
+impl std::borrow::Borrow<[u8]> for PodKey {
+    fn borrow(&self) -> &[u8] {
+        self.bytes()
     }
 }
 
@@ -233,13 +236,16 @@ pub struct PodDevices {
     /// A persistent map: a copy shares its tree and copies only the nodes a change touches, so
     /// the copy every durable change is made from costs the same on an empty node and on one
     /// holding 10,000 allocations.
-    entries: OrdMap<SharedKey, Arc<Kept>>,
+    entries: OrdMap<Arc<HolderKey>, Arc<Kept>>,
     /// resource → device id → number of entries holding it (more than 1 only after restoring a
     /// checkpoint that says so).
     held: HashMap<ResourceName, HashMap<DeviceId, u32, IdHasher>, NameHasher>,
     /// resource → its healthy devices no one holds, as of the device set it was built from
     /// (see [`PodDevices::for_each_free`]); kept up to date by every change of what is held.
     free: HashMap<ResourceName, FreeDevices, NameHasher>,
+    /// pod → its number of entries: the pods a sync walks (see [`PodDevices::pods_not_kept`]).
+    /// A walk of the map's own keys costs about three times as much per entry on a full node.
+    pods: BTreeMap<PodKey, u32>,
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
     /// No index kept: a copy made to be encoded ([`PodDevices::without_index`]).
@@ -270,6 +276,7 @@ impl PodDevices {
             entries: self.entries.clone(),
             held: HashMap::default(),
             free: HashMap::default(),
+            pods: BTreeMap::new(),
             version: self.version,
             unindexed: true,
             touched: Vec::new(),
@@ -364,11 +371,9 @@ impl PodDevices {
         self.version += 1;
         self.touch(&key);
         self.hold(&key.resource, &entry.devices, found);
-        if let Some(old) = self
-            .entries
-            .insert(SharedKey::new(key.clone()), Kept::new(entry))
-        {
-            self.unhold(key.resource.as_str(), &old.entry.devices);
+        match self.entries.insert(Arc::new(key.clone()), Kept::new(entry)) {
+            Some(old) => self.unhold(key.resource.as_str(), &old.entry.devices),
+            None => self.count_pod(&key.pod_uid),
         }
     }
 
@@ -391,11 +396,20 @@ impl PodDevices {
                         Some(old) if old.entry.devices == kept.entry.devices => continue,
                         old => {
                             self.hold(&key.resource, &kept.entry.devices, &Positions::default());
+                            if old.is_none() {
+                                self.count_pod(&key.pod_uid);
+                            }
                             old
                         }
                     }
                 }
-                None => self.entries.remove(key),
+                None => {
+                    let old = self.entries.remove(key);
+                    if old.is_some() {
+                        self.uncount_pod(&key.pod_uid);
+                    }
+                    old
+                }
             };
             if let Some(old) = old {
                 self.unhold(key.resource.as_str(), &old.entry.devices);
@@ -462,18 +476,67 @@ impl PodDevices {
     }
 
     /// The keys of the entries of pods not in `keep`, sorted by pod, container and resource.
-    /// The entries and `keep` are both sorted by pod UID, so they are walked side by side: a
-    /// comparison per entry and per kept pod passed, not a lookup in `keep` per entry; where
-    /// the kept pods run far ahead of the entries (a node holding little), the walk jumps
-    /// instead of stepping. A plain loop: as a `filter` closure, the cursor's question was not
-    /// made in line, and the walk cost about a third more.
     pub fn not_kept(&self, keep: &KeepList) -> Vec<HolderKey> {
+        let pods = self.pods_not_kept(keep);
+        self.keys_of_pods(pods.iter().map(PodUid::as_str))
+    }
+
+    /// [`PodDevices::not_kept`] of this copy, made from `state` with the changes that touched
+    /// `waiting` made on it: its pods are the state's (found by the state's index of held
+    /// pods, not by a walk of the copy's entries) and those of `waiting`.
+    pub fn not_kept_beside(
+        &self,
+        state: &PodDevices,
+        waiting: &[HolderKey],
+        keep: &KeepList,
+    ) -> Vec<HolderKey> {
+        let mut pods = state.pods_not_kept(keep);
+        pods.extend(
+            waiting
+                .iter()
+                .map(|key| &key.pod_uid)
+                .filter(|pod| !keep.contains(pod.as_str()))
+                .cloned(),
+        );
+        pods.sort_unstable();
+        pods.dedup();
+        self.keys_of_pods(pods.iter().map(PodUid::as_str))
+    }
+
+    /// The pods holding entries that are not in `keep`, sorted. The pods and `keep` are both
+    /// sorted by UID, so they are walked side by side: a comparison per pod and per kept pod
+    /// passed, not a lookup in `keep` per pod; where the kept pods run far ahead (a node
+    /// holding little), the walk jumps instead of stepping. The state walks its index of held
+    /// pods; a copy, which has none, walks its entries. Plain loops: as a `filter` closure,
+    /// the cursor's question was not made in line, and the walk cost about a third more.
+    pub fn pods_not_kept(&self, keep: &KeepList) -> Vec<PodUid> {
         let mut kept = keep.ascending();
-        let mut keys = Vec::new();
-        for key in self.entries.keys() {
-            if !kept.contains(key.pod_uid()) {
-                keys.push(HolderKey::clone(&key.key));
+        let mut gone = Vec::new();
+        if !self.unindexed {
+            for pod in self.pods.keys() {
+                if !kept.contains(pod.bytes()) {
+                    gone.push(pod.uid());
+                }
             }
+            return gone;
+        }
+        let mut last: Option<&PodUid> = None;
+        for key in self.entries.keys() {
+            let pod = &key.pod_uid;
+            if last != Some(pod) && !kept.contains(pod.as_str().as_bytes()) {
+                gone.push(pod.clone());
+            }
+            last = Some(pod);
+        }
+        gone
+    }
+
+    /// The keys of the entries of `pods` (sorted, each once), sorted: a range of the map per
+    /// pod.
+    pub fn keys_of_pods<'a>(&self, pods: impl IntoIterator<Item = &'a str>) -> Vec<HolderKey> {
+        let mut keys = Vec::new();
+        for pod in pods {
+            keys.extend(self.pod_keys_where(pod, |_| true));
         }
         keys
     }
@@ -488,7 +551,7 @@ impl PodDevices {
         let from = HolderKey::new(pod_uid, "", "");
         self.entries
             .range(from..)
-            .map(|(key, _)| &*key.key)
+            .map(|(key, _)| &**key)
             .take_while(|key| key.pod_uid == pod_uid)
             .filter(|key| gone(key))
             .cloned()
@@ -507,6 +570,7 @@ impl PodDevices {
             if let Some(kept) = self.entries.remove(&key) {
                 self.touch(&key);
                 self.unhold(key.resource.as_str(), &kept.entry.devices);
+                self.uncount_pod(&key.pod_uid);
                 let entry =
                     Arc::try_unwrap(kept).map_or_else(|kept| kept.entry.clone(), |k| k.entry);
                 removed.push((key, entry));
@@ -520,15 +584,13 @@ impl PodDevices {
         let from = HolderKey::new(pod_uid, "", "");
         self.entries
             .range(from..)
-            .take_while(|(key, _)| key.key.pod_uid == pod_uid)
+            .take_while(|(key, _)| key.pod_uid == pod_uid)
             .find_map(|(_, kept)| kept.entry.pod.as_ref())
     }
 
     /// Every entry, sorted by pod, container and resource.
     pub fn iter(&self) -> impl Iterator<Item = (&HolderKey, &Holding)> {
-        self.entries
-            .iter()
-            .map(|(key, kept)| (&*key.key, &kept.entry))
+        self.entries.iter().map(|(key, kept)| (&**key, &kept.entry))
     }
 
     /// The allocated entries (reserved ones are left out), each as `encode` turns it into
@@ -558,7 +620,7 @@ impl PodDevices {
         self.entries
             .iter()
             .filter_map(|(key, kept)| match kept.entry.state {
-                HoldingState::Allocated { .. } => Some((&*key.key, &**kept)),
+                HoldingState::Allocated { .. } => Some((&**key, &**kept)),
                 HoldingState::Reserved { .. } => None,
             })
     }
@@ -579,6 +641,30 @@ impl PodDevices {
             self.version += 1;
             self.touch(key);
             self.unhold(key.resource.as_str(), &kept.entry.devices);
+            self.uncount_pod(&key.pod_uid);
+        }
+    }
+
+    /// One more entry of `pod` (in the index of held pods, which a copy does not keep).
+    fn count_pod(&mut self, pod: &PodUid) {
+        if self.unindexed {
+            return;
+        }
+        match self.pods.get_mut(pod.as_str().as_bytes()) {
+            Some(count) => *count += 1,
+            None => {
+                self.pods.insert(PodKey::new(pod.as_str()), 1);
+            }
+        }
+    }
+
+    /// One entry of `pod` fewer.
+    fn uncount_pod(&mut self, pod: &PodUid) {
+        if let Some(count) = self.pods.get_mut(pod.as_str().as_bytes()) {
+            *count -= 1;
+            if *count == 0 {
+                self.pods.remove(pod.as_str().as_bytes());
+            }
         }
     }
 
@@ -996,7 +1082,7 @@ mod tests {
             held in proptest::collection::vec((0u8..60, 0u8..3), 0..80),
             keep in proptest::collection::btree_set(0u8..70, 0..70),
         ) {
-            // Every third pod's UID too long to be kept beside its key in the map.
+            // Every third pod's UID too long to be kept in place in the index of held pods.
             let uid = |pod: u8| match pod % 3 {
                 0 => format!("p{pod:02}-{}", "long".repeat(10)),
                 _ => format!("p{pod:02}"),
@@ -1014,19 +1100,80 @@ mod tests {
                 .map(|(k, _)| k.clone())
                 .filter(|k| !keep.contains(k.pod_uid.as_str()))
                 .collect();
-            proptest::prop_assert_eq!(pods.not_kept(&keep), expected);
+            proptest::prop_assert_eq!(pods.not_kept(&keep), expected.clone());
+            // A copy has no index of held pods: it walks its entries, and finds the same.
+            proptest::prop_assert_eq!(pods.without_index().not_kept(&keep), expected);
+        }
+
+        /// Whatever changes a copy makes (the changes waiting for the disk), the pods it holds
+        /// that are not kept are found by the state's index and the keys the changes touched
+        /// as a walk of the copy's own entries finds them; and the state's index counts its
+        /// entries per pod through every change, made on it or adopted from a copy.
+        #[test]
+        fn the_index_of_held_pods_follows_every_change(
+            changes in proptest::collection::vec((0u8..4, 0u8..40, 0u8..3), 0..60),
+            waiting in proptest::collection::vec((0u8..4, 0u8..40, 0u8..3), 0..20),
+            keep in proptest::collection::btree_set(0u8..45, 0..45),
+        ) {
+            let uid = |pod: u8| match pod % 3 {
+                0 => format!("p{pod:02}-{}", "long".repeat(10)),
+                _ => format!("p{pod:02}"),
+            };
+            // 0: insert, 1: release the pod, 2: release one container, 3: insert on a copy
+            // adopted by the state (as the journal writer applies a change).
+            let change = |pods: &mut PodDevices, (op, pod, container): (u8, u8, u8), i: usize| {
+                let k = key(&uid(pod), &format!("c{container}"));
+                match op {
+                    0 => pods.insert(k, allocated(&[&format!("d{i}")])),
+                    1 => {
+                        pods.release(&uid(pod), None);
+                    }
+                    2 => pods.release_key(&k),
+                    _ => {
+                        let mut copy = pods.without_index();
+                        copy.insert(k, allocated(&[&format!("e{i}")]));
+                        let touched = copy.take_touched();
+                        pods.adopt(&copy, &touched);
+                    }
+                }
+            };
+            let mut pods = PodDevices::default();
+            for (i, c) in changes.iter().enumerate() {
+                change(&mut pods, *c, i);
+                let mut counted: BTreeMap<String, u32> = BTreeMap::new();
+                for (k, _) in pods.iter() {
+                    *counted.entry(k.pod_uid.to_string()).or_default() += 1;
+                }
+                let index: BTreeMap<String, u32> = pods
+                    .pods
+                    .iter()
+                    .map(|(pod, n)| (pod.uid().to_string(), *n))
+                    .collect();
+                proptest::prop_assert_eq!(index, counted);
+            }
+            let mut copy = pods.without_index();
+            for (i, c) in waiting.iter().enumerate() {
+                change(&mut copy, *c, 1000 + i);
+            }
+            let touched = copy.take_touched();
+            let keep: KeepList = keep.iter().map(|p| uid(*p)).collect();
+            proptest::prop_assert_eq!(
+                copy.not_kept_beside(&pods, &touched, &keep),
+                copy.not_kept(&keep)
+            );
         }
     }
 
     #[test]
-    fn a_key_keeps_its_pod_uid_beside_it_up_to_its_capacity() {
+    fn an_index_key_keeps_a_pod_uid_in_place_up_to_its_capacity() {
         let fits = "u".repeat(InlineUid::CAPACITY);
         let long = "u".repeat(InlineUid::CAPACITY + 1);
         assert_eq!(InlineUid::new(&fits).bytes(), Some(fits.as_bytes()));
         assert_eq!(InlineUid::new("").bytes(), Some(&b""[..]));
         assert_eq!(InlineUid::new(&long).bytes(), None);
-        let key = SharedKey::new(key(&long, "c"));
-        assert_eq!(key.pod_uid(), long.as_bytes());
+        assert_eq!(PodKey::new(&fits).bytes(), fits.as_bytes());
+        assert_eq!(PodKey::new(&long).bytes(), long.as_bytes());
+        assert_eq!(PodKey::new(&long).uid(), PodUid::from(long.as_str()));
     }
 
     #[test]

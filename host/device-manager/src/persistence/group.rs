@@ -61,12 +61,18 @@ impl Queue {
     /// is made on. The caller holds the queue's lock, so the writer cannot apply a change to
     /// `pods` and drop it from the queue in between.
     pub(super) fn pending(&self, pods: &Mutex<PodDevices>) -> PodDevices {
-        let mut next = lock(pods).without_index();
+        self.pending_from(&lock(pods)).0
+    }
+
+    /// [`Queue::pending`], made from `state` (locked by the caller), with the keys the queued
+    /// changes touched, sorted, each once.
+    pub(super) fn pending_from(&self, state: &PodDevices) -> (PodDevices, Vec<HolderKey>) {
+        let mut next = state.without_index();
         for (queued, _) in &self.changes {
             next.adopt(&queued.state, &queued.touched);
         }
-        next.take_touched();
-        next
+        let touched = next.take_touched();
+        (next, touched)
     }
 
     /// Queues a change made on [`Queue::pending`]; returns where its answer will come.
