@@ -80,8 +80,56 @@ impl InlineUid {
     }
 }
 
-/// A pod UID as the index of held pods keeps it ([`PodDevices`]'s `pods`): in place when it
-/// fits, so that a walk over the index reads the index's own nodes and nothing else.
+/// The pods holding entries, each with its number of entries: the index a sync of pods walks
+/// beside its keep list, kept by the state (a copy has none) through every change.
+///
+/// The index is a two-level B-tree of large sorted runs (`indexset`), not the standard
+/// library's: a walk reads one run after the other, where the standard tree's small nodes are
+/// each a dependent read. Walking 10,000 pods beside a keep list took 130 µs with the index out
+/// of the cache against 430 µs (docs/performance.md); an insert and a removal cost 0.5 µs
+/// against 0.3 µs.
+#[derive(Clone, Debug)]
+struct HeldPods {
+    by_uid: indexset::BTreeMap<PodKey, u32>,
+}
+
+impl HeldPods {
+    /// Pods per sorted run: an insert moves at most this many keys (12 KiB) along.
+    const RUN: usize = 256;
+
+    /// One more entry of `pod`.
+    fn count(&mut self, pod: &str) {
+        let pod = PodKey::new(pod);
+        match self.by_uid.get_mut(&pod) {
+            Some(count) => *count += 1,
+            None => {
+                self.by_uid.insert(pod, 1);
+            }
+        }
+    }
+
+    /// One entry of `pod` fewer.
+    fn uncount(&mut self, pod: &str) {
+        let pod = PodKey::new(pod);
+        if let Some(count) = self.by_uid.get_mut(&pod) {
+            *count -= 1;
+            if *count == 0 {
+                self.by_uid.remove(&pod);
+            }
+        }
+    }
+}
+
+impl Default for HeldPods {
+    fn default() -> HeldPods {
+        HeldPods {
+            by_uid: indexset::BTreeMap::with_maximum_node_size(HeldPods::RUN),
+        }
+    }
+}
+
+/// A pod UID as the index of held pods keeps it: in place when it fits, so that a walk over
+/// the index reads the index's own runs and nothing else.
 #[derive(Clone, Debug)]
 enum PodKey {
     Inline(InlineUid),
@@ -130,12 +178,6 @@ impl PartialEq for PodKey {
 }
 
 impl Eq for PodKey {}
-
-impl std::borrow::Borrow<[u8]> for PodKey {
-    fn borrow(&self) -> &[u8] {
-        self.bytes()
-    }
-}
 
 /// Where an entry stands.
 #[derive(Clone, Debug, PartialEq)]
@@ -243,9 +285,8 @@ pub struct PodDevices {
     /// resource → its healthy devices no one holds, as of the device set it was built from
     /// (see [`PodDevices::for_each_free`]); kept up to date by every change of what is held.
     free: HashMap<ResourceName, FreeDevices, NameHasher>,
-    /// pod → its number of entries: the pods a sync walks (see [`PodDevices::pods_not_kept`]).
-    /// A walk of the map's own keys costs about three times as much per entry on a full node.
-    pods: BTreeMap<PodKey, u32>,
+    /// The pods holding entries: what a sync walks (see [`PodDevices::pods_not_kept`]).
+    pods: HeldPods,
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
     /// No index kept: a copy made to be encoded ([`PodDevices::without_index`]).
@@ -276,7 +317,7 @@ impl PodDevices {
             entries: self.entries.clone(),
             held: HashMap::default(),
             free: HashMap::default(),
-            pods: BTreeMap::new(),
+            pods: HeldPods::default(),
             version: self.version,
             unindexed: true,
             touched: Vec::new(),
@@ -513,7 +554,7 @@ impl PodDevices {
         let mut kept = keep.ascending();
         let mut gone = Vec::new();
         if !self.unindexed {
-            for pod in self.pods.keys() {
+            for pod in self.pods.by_uid.keys() {
                 if !kept.contains(pod.bytes()) {
                     gone.push(pod.uid());
                 }
@@ -647,24 +688,15 @@ impl PodDevices {
 
     /// One more entry of `pod` (in the index of held pods, which a copy does not keep).
     fn count_pod(&mut self, pod: &PodUid) {
-        if self.unindexed {
-            return;
-        }
-        match self.pods.get_mut(pod.as_str().as_bytes()) {
-            Some(count) => *count += 1,
-            None => {
-                self.pods.insert(PodKey::new(pod.as_str()), 1);
-            }
+        if !self.unindexed {
+            self.pods.count(pod.as_str());
         }
     }
 
     /// One entry of `pod` fewer.
     fn uncount_pod(&mut self, pod: &PodUid) {
-        if let Some(count) = self.pods.get_mut(pod.as_str().as_bytes()) {
-            *count -= 1;
-            if *count == 0 {
-                self.pods.remove(pod.as_str().as_bytes());
-            }
+        if !self.unindexed {
+            self.pods.uncount(pod.as_str());
         }
     }
 
@@ -1146,6 +1178,7 @@ mod tests {
                 }
                 let index: BTreeMap<String, u32> = pods
                     .pods
+                    .by_uid
                     .iter()
                     .map(|(pod, n)| (pod.uid().to_string(), *n))
                     .collect();
