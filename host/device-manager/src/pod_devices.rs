@@ -550,7 +550,7 @@ impl PodDevices {
     /// holding little), the walk jumps instead of stepping. The state walks its index of held
     /// pods; a copy, which has none, walks its entries. Plain loops: as a `filter` closure,
     /// the cursor's question was not made in line, and the walk cost about a third more.
-    pub fn pods_not_kept(&self, keep: &KeepList) -> Vec<PodUid> {
+    fn pods_not_kept(&self, keep: &KeepList) -> Vec<PodUid> {
         let mut kept = keep.ascending();
         let mut gone = Vec::new();
         if !self.unindexed {
@@ -574,7 +574,7 @@ impl PodDevices {
 
     /// The keys of the entries of `pods` (sorted, each once), sorted: a range of the map per
     /// pod.
-    pub fn keys_of_pods<'a>(&self, pods: impl IntoIterator<Item = &'a str>) -> Vec<HolderKey> {
+    fn keys_of_pods<'a>(&self, pods: impl IntoIterator<Item = &'a str>) -> Vec<HolderKey> {
         let mut keys = Vec::new();
         for pod in pods {
             keys.extend(self.pod_keys_where(pod, |_| true));
