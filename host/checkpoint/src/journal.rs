@@ -49,6 +49,11 @@ const HEADER: usize = 32;
 /// Slot size of a new journal (two slots: 128 KiB on disk).
 pub const INITIAL_SLOT_SIZE: usize = 64 << 10;
 
+/// The writes a new journal file is made with: the page cache's folios for its slots stay this
+/// small, so a change's write into them costs the same in a journal of 64 KiB slots and in one
+/// of 8 MiB.
+const WRITE_PIECE: usize = 16 << 10;
+
 /// The newest complete record of a journal.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JournalRecord {
@@ -314,7 +319,9 @@ impl Journal {
         if let Some((_, records)) = first {
             bytes[..records.len()].copy_from_slice(records);
         }
-        crate::store::write_atomic(path, &bytes, durability)?;
+        // In pieces: the changes then written into the slots are small (see
+        // `write_atomic_in_pieces`).
+        crate::store::write_atomic_in_pieces(path, &bytes, durability, WRITE_PIECE)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)

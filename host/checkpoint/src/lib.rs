@@ -57,5 +57,6 @@ pub use side::{
 };
 pub use store::{
     CHECKPOINT_FILE_NAME, Durability, LoadOutcome, SET_ASIDE_MARKER, checkpoint_path, keep_copy,
-    load, load_or_set_aside, replace_file, set_aside, sync_parent, write, write_atomic, write_with,
+    load, load_or_set_aside, replace_file, set_aside, sync_parent, write, write_atomic,
+    write_atomic_in_pieces, write_with,
 };

@@ -98,7 +98,21 @@ pub fn write_atomic(
     bytes: &[u8],
     durability: Durability,
 ) -> Result<(), CheckpointError> {
-    replace_file(path, bytes, durability)?;
+    write_atomic_in_pieces(path, bytes, durability, usize::MAX)
+}
+
+/// [`write_atomic`] for a file that then takes small writes in place (the journal): its bytes
+/// are written `piece` bytes at a time. The kernel sizes the page cache's folios by the writes
+/// that fill them (ext4 on Linux 6.x), and a small write into a large folio marks each of its
+/// blocks dirty in turn: after one 16 MiB write, a 150-byte write into the file took 4.2 µs,
+/// after 16 KiB writes 0.9 µs (docs/performance.md).
+pub fn write_atomic_in_pieces(
+    path: &Path,
+    bytes: &[u8],
+    durability: Durability,
+    piece: usize,
+) -> Result<(), CheckpointError> {
+    replace_file_in_pieces(path, bytes, durability, piece)?;
     if durability == Durability::Fsync {
         sync_parent(path)?;
     }
@@ -113,6 +127,16 @@ pub fn replace_file(
     path: &Path,
     bytes: &[u8],
     durability: Durability,
+) -> Result<(), CheckpointError> {
+    replace_file_in_pieces(path, bytes, durability, usize::MAX)
+}
+
+/// [`replace_file`], writing `bytes` `piece` bytes at a time (see [`write_atomic_in_pieces`]).
+fn replace_file_in_pieces(
+    path: &Path,
+    bytes: &[u8],
+    durability: Durability,
+    piece: usize,
 ) -> Result<(), CheckpointError> {
     let fail = |step: &'static str| {
         move |source: io::Error| CheckpointError::Write {
@@ -130,8 +154,10 @@ pub fn replace_file(
         .rand_bytes(10)
         .tempfile_in(dir)
         .map_err(fail("create a temporary file"))?;
-    tmp.write_all(bytes)
-        .map_err(fail("write the temporary file"))?;
+    for piece in bytes.chunks(piece.max(1)) {
+        tmp.write_all(piece)
+            .map_err(fail("write the temporary file"))?;
+    }
     if durability == Durability::Fsync {
         tmp.as_file()
             .sync_all()
@@ -375,6 +401,17 @@ mod tests {
             .mode()
             & 0o777;
         assert_eq!(dir_mode & 0o077, 0, "directory mode {dir_mode:o}");
+    }
+
+    #[test]
+    fn written_in_pieces_is_the_same_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..=255u8).cycle().take(40_000).collect();
+        for piece in [0, 1, 3, 16 << 10, 40_000, usize::MAX] {
+            let path = dir.path().join(format!("in-pieces-{piece}"));
+            write_atomic_in_pieces(&path, &bytes, Durability::NoFsync, piece).unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "pieces of {piece}");
+        }
     }
 
     #[test]
