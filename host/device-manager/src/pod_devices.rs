@@ -45,10 +45,9 @@ impl HolderKey {
     }
 }
 
-/// A pod UID of up to [`InlineUid::CAPACITY`] bytes, kept in place; longer ones are not copied.
+/// A pod UID of up to [`InlineUid::CAPACITY`] bytes, kept in place.
 #[derive(Clone, Copy, Debug)]
 struct InlineUid {
-    /// The length, or `u8::MAX` when the UID did not fit.
     len: u8,
     bytes: [u8; InlineUid::CAPACITY],
 }
@@ -57,26 +56,18 @@ impl InlineUid {
     /// A kubelet's pod UIDs (36-byte UUIDs) and a little more.
     const CAPACITY: usize = 39;
 
-    fn new(uid: &str) -> InlineUid {
+    /// `uid` in place; `None` when it is longer than [`InlineUid::CAPACITY`].
+    fn new(uid: &str) -> Option<InlineUid> {
         let mut bytes = [0; InlineUid::CAPACITY];
-        match bytes.get_mut(..uid.len()) {
-            Some(to) => {
-                to.copy_from_slice(uid.as_bytes());
-                InlineUid {
-                    len: uid.len() as u8,
-                    bytes,
-                }
-            }
-            None => InlineUid {
-                len: u8::MAX,
-                bytes,
-            },
-        }
+        bytes.get_mut(..uid.len())?.copy_from_slice(uid.as_bytes());
+        Some(InlineUid {
+            len: uid.len() as u8,
+            bytes,
+        })
     }
 
-    /// The UID's bytes, when it fitted.
-    fn bytes(&self) -> Option<&[u8]> {
-        self.bytes.get(..usize::from(self.len))
+    fn bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
     }
 }
 
@@ -138,16 +129,12 @@ enum PodKey {
 
 impl PodKey {
     fn new(uid: &str) -> PodKey {
-        let inline = InlineUid::new(uid);
-        match inline.bytes() {
-            Some(_) => PodKey::Inline(inline),
-            None => PodKey::Long(PodUid::from(uid)),
-        }
+        InlineUid::new(uid).map_or_else(|| PodKey::Long(PodUid::from(uid)), PodKey::Inline)
     }
 
     fn bytes(&self) -> &[u8] {
         match self {
-            PodKey::Inline(uid) => uid.bytes().unwrap_or_default(),
+            PodKey::Inline(uid) => uid.bytes(),
             PodKey::Long(uid) => uid.as_str().as_bytes(),
         }
     }
@@ -1201,9 +1188,15 @@ mod tests {
     fn an_index_key_keeps_a_pod_uid_in_place_up_to_its_capacity() {
         let fits = "u".repeat(InlineUid::CAPACITY);
         let long = "u".repeat(InlineUid::CAPACITY + 1);
-        assert_eq!(InlineUid::new(&fits).bytes(), Some(fits.as_bytes()));
-        assert_eq!(InlineUid::new("").bytes(), Some(&b""[..]));
-        assert_eq!(InlineUid::new(&long).bytes(), None);
+        assert_eq!(
+            InlineUid::new(&fits).as_ref().map(InlineUid::bytes),
+            Some(fits.as_bytes())
+        );
+        assert_eq!(
+            InlineUid::new("").as_ref().map(InlineUid::bytes),
+            Some(&b""[..])
+        );
+        assert!(InlineUid::new(&long).is_none());
         assert_eq!(PodKey::new(&fits).bytes(), fits.as_bytes());
         assert_eq!(PodKey::new(&long).bytes(), long.as_bytes());
         assert_eq!(PodKey::new(&long).uid(), PodUid::from(long.as_str()));
