@@ -428,7 +428,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     )?;
     set_socket_group(&paths.admin_socket, config.admin_socket_group.as_ref())?;
     stages.spawn("admin-server", async move {
-        admin.await.map_err(|e| pluglet_core::error_chain(&e))
+        admin.await;
+        Ok(())
     });
     // Bound and listening: a connection from now on is served.
     health.met(Condition::AdminSocketServing);
@@ -496,11 +497,9 @@ fn serve_pod_resources(
     );
     let path = path.to_owned();
     Ok(async move {
-        let result = pod_resources::serve(service, listener, cancel)
-            .await
-            .map_err(|e| pluglet_core::error_chain(&e));
+        pod_resources::serve(service, listener, cancel).await;
         let _ = std::fs::remove_file(&path);
-        result
+        Ok(())
     })
 }
 

@@ -260,7 +260,7 @@ impl Kept {
 /// Entries are shared between copies ([`PodDevices::without_index`] shares the map's tree, not
 /// only devices and answers), and each keeps its encoded form for the journal: a change encodes
 /// only what it changes, however many containers hold devices on the node.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct PodDevices {
     /// A persistent map: a copy shares its tree and copies only the nodes a change touches, so
     /// the copy every durable change is made from costs the same on an empty node and on one
@@ -273,14 +273,27 @@ pub struct PodDevices {
     /// (see [`PodDevices::for_each_free`]); kept up to date by every change of what is held.
     free: HashMap<ResourceName, FreeDevices, NameHasher>,
     /// The pods holding entries: what a sync walks (see [`PodDevices::pods_not_kept`]).
-    pods: HeldPods,
+    /// `None` in a copy made to be encoded ([`PodDevices::without_index`]), which keeps no
+    /// index at all (not even an empty one: making one allocates a run).
+    pods: Option<HeldPods>,
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
-    /// No index kept: a copy made to be encoded ([`PodDevices::without_index`]).
-    unindexed: bool,
     /// In a copy without index: the keys its changes touched, in order (see
     /// [`PodDevices::take_touched`]).
     touched: Vec<HolderKey>,
+}
+
+impl Default for PodDevices {
+    fn default() -> PodDevices {
+        PodDevices {
+            entries: OrdMap::default(),
+            held: HashMap::default(),
+            free: HashMap::default(),
+            pods: Some(HeldPods::default()),
+            version: 0,
+            touched: Vec::new(),
+        }
+    }
 }
 
 impl PodDevices {
@@ -304,9 +317,8 @@ impl PodDevices {
             entries: self.entries.clone(),
             held: HashMap::default(),
             free: HashMap::default(),
-            pods: HeldPods::default(),
+            pods: None,
             version: self.version,
-            unindexed: true,
             touched: Vec::new(),
         }
     }
@@ -321,8 +333,13 @@ impl PodDevices {
         touched
     }
 
+    /// A copy without index ([`PodDevices::without_index`]).
+    fn unindexed(&self) -> bool {
+        self.pods.is_none()
+    }
+
     fn touch(&mut self, key: &HolderKey) {
-        if self.unindexed {
+        if self.unindexed() {
             self.touched.push(key.clone());
         }
     }
@@ -446,7 +463,7 @@ impl PodDevices {
     }
 
     fn hold(&mut self, resource: &ResourceName, devices: &[DeviceId], found: &Positions) {
-        if self.unindexed {
+        if self.unindexed() {
             return;
         }
         let held = self.held.entry(resource.clone()).or_default();
@@ -540,8 +557,8 @@ impl PodDevices {
     fn pods_not_kept(&self, keep: &KeepList) -> Vec<PodUid> {
         let mut kept = keep.ascending();
         let mut gone = Vec::new();
-        if !self.unindexed {
-            for pod in self.pods.by_uid.keys() {
+        if let Some(index) = &self.pods {
+            for pod in index.by_uid.keys() {
                 if !kept.contains(pod.bytes()) {
                     gone.push(pod.uid());
                 }
@@ -675,15 +692,15 @@ impl PodDevices {
 
     /// One more entry of `pod` (in the index of held pods, which a copy does not keep).
     fn count_pod(&mut self, pod: &PodUid) {
-        if !self.unindexed {
-            self.pods.count(pod.as_str());
+        if let Some(index) = &mut self.pods {
+            index.count(pod.as_str());
         }
     }
 
     /// One entry of `pod` fewer.
     fn uncount_pod(&mut self, pod: &PodUid) {
-        if !self.unindexed {
-            self.pods.uncount(pod.as_str());
+        if let Some(index) = &mut self.pods {
+            index.uncount(pod.as_str());
         }
     }
 
@@ -1165,6 +1182,8 @@ mod tests {
                 }
                 let index: BTreeMap<String, u32> = pods
                     .pods
+                    .as_ref()
+                    .expect("the state keeps the index")
                     .by_uid
                     .iter()
                     .map(|(pod, n)| (pod.uid().to_string(), *n))

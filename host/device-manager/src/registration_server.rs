@@ -141,16 +141,12 @@ pub(crate) async fn serve(
     cancel: CancellationToken,
 ) {
     let service = RegistrationServer::new(RegistrationService { pipeline, metrics });
-    let result = tonic::transport::Server::builder()
-        .add_service(service)
-        .serve_with_incoming_shutdown(
-            pluglet_uds::incoming_any_authority(listener),
-            cancel.cancelled_owned(),
-        )
-        .await;
-    if let Err(err) = result {
-        tracing::error!(error = %error_chain(&err), socket = %socket.display(), "kubelet.sock server failed");
-    }
+    pluglet_uds::serve(
+        pluglet_uds::incoming_any_authority(listener),
+        service,
+        cancel.cancelled_owned(),
+    )
+    .await;
     if let Err(err) = std::fs::remove_file(&socket)
         && err.kind() != io::ErrorKind::NotFound
     {

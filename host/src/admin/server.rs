@@ -49,15 +49,6 @@ pub enum AdminError {
         #[source]
         source: nix::Error,
     },
-    /// The gRPC server failed.
-    #[error("admin server on {path} failed")]
-    Serve {
-        /// The socket.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: tonic::transport::Error,
-    },
 }
 
 /// The admin service.
@@ -150,7 +141,7 @@ pub fn bind_and_serve(
     mode: u32,
     mut service: AdminService,
     cancel: CancellationToken,
-) -> Result<impl Future<Output = Result<(), AdminError>> + use<>, AdminError> {
+) -> Result<impl Future<Output = ()> + use<>, AdminError> {
     service.stopping = cancel.clone();
     let listener = pluglet_uds::bind(path, Some(mode)).map_err(|source| AdminError::Bind {
         path: path.to_owned(),
@@ -159,18 +150,16 @@ pub fn bind_and_serve(
     info!(path = %path.display(), mode = format!("{mode:04o}"), "admin API listening");
     let path = path.to_owned();
     Ok(async move {
-        let result = tonic::transport::Server::builder()
-            .add_service(AdminServer::new(service))
-            .serve_with_incoming_shutdown(
-                // grpc-go and grpc-python clients dial a unix socket with its path as
-                // `:authority`; serve them too (docs/kubelet-compatibility.md, "HTTP/2
-                // authority from Go plugins").
-                pluglet_uds::incoming_any_authority(listener),
-                cancel.cancelled_owned(),
-            )
-            .await;
+        pluglet_uds::serve(
+            // grpc-go and grpc-python clients dial a unix socket with its path as
+            // `:authority`; serve them too (docs/kubelet-compatibility.md, "HTTP/2
+            // authority from Go plugins").
+            pluglet_uds::incoming_any_authority(listener),
+            AdminServer::new(service),
+            cancel.cancelled_owned(),
+        )
+        .await;
         let _ = std::fs::remove_file(&path);
-        result.map_err(|source| AdminError::Serve { path, source })
     })
 }
 

@@ -2,9 +2,10 @@
 //! authority from Go plugins" and "HPACK details").
 //!
 //! grpc-go clients that dial a unix socket by path send the path (`/var/lib/kubelet/...`) as
-//! `:authority`; grpc-python sends it percent-encoded. The `h2` crate under tonic refuses both
+//! `:authority`; grpc-python sends it percent-encoded. The `h2` crate under hyper refuses both
 //! with `RST_STREAM(PROTOCOL_ERROR)` and has no switch to relax that. [`AuthorityRewrite`] sits
-//! between the accepted socket and tonic and rewrites such values to `localhost` on the way in.
+//! between the accepted socket and the server and rewrites such values to `localhost` on the
+//! way in.
 //!
 //! What it does to the client→server byte stream (server→client bytes are never touched):
 //! 1. checks the 24-byte HTTP/2 client preface; anything else is passed through untouched and
@@ -75,8 +76,8 @@ const PRIORITY_LEN: usize = 5;
 /// Wraps a server-side stream (a [`tokio::net::UnixStream`] from
 /// [`incoming_any_authority`](crate::incoming_any_authority)); reads go through the rewriting
 /// state machine described in the [module docs](self), writes go straight to the inner stream.
-/// Implements tonic's [`Connected`] with the inner stream's connection info, so handlers still
-/// see the peer credentials.
+/// Implements tonic's [`Connected`] with the inner stream's connection info, so handlers served
+/// by tonic's own server still see the peer credentials ([`crate::serve`] passes none on).
 pub struct AuthorityRewrite<S> {
     inner: S,
     rewriter: Rewriter,

@@ -7,8 +7,8 @@
 //!   It retries the short window in which a socket file exists but its owner does not accept
 //!   yet.
 //! - [`bind`] creates a listening socket (parent directory, stale socket removal, file mode).
-//! - [`incoming`] turns the listener into the stream that
-//!   [`tonic::transport::Server::serve_with_incoming`] wants.
+//! - [`incoming`] turns the listener into a stream of connections, and [`serve`] serves a
+//!   tonic-generated server on them.
 //! - [`incoming_any_authority`] does the same, but wraps every connection in an
 //!   [`AuthorityRewrite`] layer so that clients sending a socket path as `:authority` (every Go
 //!   device plugin built with grpc-go; see docs/kubelet-compatibility.md, "HTTP/2 authority
@@ -22,6 +22,7 @@ mod channel;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod hpack;
+mod serve;
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -33,6 +34,7 @@ use tokio_stream::{Stream, StreamExt, wrappers::UnixListenerStream};
 
 pub use authority::{AuthorityRewrite, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
 pub use channel::{Channel, ResponseBody};
+pub use serve::serve;
 
 /// Longest socket path the kernel accepts (`sizeof(sun_path)` is 108 on Linux, including the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -298,12 +300,11 @@ fn remove_stale_socket(path: &Path) -> Result<(), UdsError> {
     }
 }
 
-/// The accepted connections of `listener`, for
-/// [`tonic::transport::Server::serve_with_incoming`].
+/// The accepted connections of `listener`, for [`serve`] (or tonic's own server).
 ///
-/// Connections are passed to tonic as they are, so the `h2` crate's checks apply: a client that
+/// Connections are passed on as they are, so the `h2` crate's checks apply: a client that
 /// sends a socket path as `:authority` is refused; use [`incoming_any_authority`] for sockets that
-/// Go gRPC clients dial. Accept errors (e.g. too many open files) are yielded as items; tonic
+/// Go gRPC clients dial. Accept errors (e.g. too many open files) are yielded as items; [`serve`]
 /// logs them and keeps accepting.
 pub fn incoming(listener: UnixListener) -> impl Stream<Item = io::Result<UnixStream>> {
     UnixListenerStream::new(listener)

@@ -1,6 +1,7 @@
-//! Integration tests of pluglet-uds on real unix sockets: dialing, binding, and a real tonic
-//! server behind the `:authority` rewriting layer, driven by tonic clients and by a hand-written
-//! HTTP/2 client that sends what grpc-go and grpc-python send (a socket path as `:authority`).
+//! Integration tests of pluglet-uds on real unix sockets: dialing, binding, Pluglet's server
+//! loop (`serve`), and a real tonic server behind the `:authority` rewriting layer, driven by tonic
+//! clients and by a hand-written HTTP/2 client that sends what grpc-go and grpc-python send (a
+//! socket path as `:authority`).
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -839,4 +840,116 @@ async fn bind_rejects_a_path_too_long_for_sockaddr_un() {
     let path = dir.path().join("x".repeat(120));
     let error = bind(&path, None).unwrap_err();
     assert!(matches!(error, UdsError::PathTooLong { .. }), "{error:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// `serve`: Pluglet's own server loop.
+
+/// A Registration service whose `register` says it was called, then answers once `open`
+/// fires.
+#[derive(Clone)]
+struct Gated {
+    called: Arc<tokio::sync::Notify>,
+    open: Arc<tokio::sync::Notify>,
+}
+
+#[tonic::async_trait]
+impl Registration for Gated {
+    async fn register(
+        &self,
+        _request: tonic::Request<RegisterRequest>,
+    ) -> Result<tonic::Response<Empty>, tonic::Status> {
+        self.called.notify_one();
+        self.open.notified().await;
+        Ok(tonic::Response::new(Empty {}))
+    }
+}
+
+#[tokio::test]
+async fn serve_answers_path_authorities_through_the_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubelet.sock");
+    let listener = bind(&path, Some(0o600)).unwrap();
+    let recorder = Recorder::default();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(pluglet_uds::serve(
+        incoming_any_authority(listener),
+        RegistrationServer::new(recorder.clone()),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut client = RawClient::open(&path).await;
+    let block = register_headers(KUBELET_SOCK, literal);
+    raw_register(&mut client, 1, &block, "vendor.com/gpu").await;
+    let outcome = client.outcome(1).await;
+    assert_ok(&outcome);
+    assert_eq!(outcome.data, [0, 0, 0, 0, 0]);
+    assert_eq!(
+        recorder.seen()[0].request,
+        register_request("vendor.com/gpu")
+    );
+    drop(client);
+    stop.send(()).unwrap();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn serve_answers_an_unknown_method_unimplemented() {
+    use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("registration.sock");
+    let listener = bind(&path, None).unwrap();
+    let _server = tokio::spawn(pluglet_uds::serve(
+        incoming(listener),
+        RegistrationServer::new(Recorder::default()),
+        std::future::pending(),
+    ));
+    let mut client = DevicePluginClient::new(connect(&path, DEADLINE).await.unwrap());
+    let status = client
+        .get_device_plugin_options(Empty {})
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+}
+
+#[tokio::test]
+async fn serve_stops_accepting_at_shutdown_and_returns_once_calls_in_flight_are_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gated.sock");
+    let listener = bind(&path, None).unwrap();
+    let gated = Gated {
+        called: Arc::default(),
+        open: Arc::default(),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(pluglet_uds::serve(
+        incoming(listener),
+        RegistrationServer::new(gated.clone()),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut client = RegistrationClient::new(connect(&path, DEADLINE).await.unwrap());
+    let call = tokio::spawn(async move { client.register(register_request("a.com/b")).await });
+    gated.called.notified().await;
+
+    stop.send(()).unwrap();
+    // The listener is closed once the shutdown is taken in: new connections are refused (one
+    // made just before may be reset as the listener goes).
+    loop {
+        match UnixStream::connect(&path).await {
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            Ok(_) => tokio::task::yield_now().await,
+            Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset),
+        }
+    }
+    assert!(
+        !server.is_finished(),
+        "serve returned with a call still in flight"
+    );
+
+    gated.open.notify_one();
+    call.await.unwrap().expect("the call in flight is answered");
+    server.await.unwrap();
 }

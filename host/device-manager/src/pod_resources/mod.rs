@@ -246,12 +246,11 @@ pub async fn serve(
     service: PodResourcesService,
     listener: UnixListener,
     cancel: CancellationToken,
-) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
-        .add_service(PodResourcesListerServer::new(service))
-        .serve_with_incoming_shutdown(
-            pluglet_uds::incoming_any_authority(listener),
-            cancel.cancelled_owned(),
-        )
-        .await
+) {
+    pluglet_uds::serve(
+        pluglet_uds::incoming_any_authority(listener),
+        PodResourcesListerServer::new(service),
+        cancel.cancelled_owned(),
+    )
+    .await;
 }

@@ -1,0 +1,85 @@
+//! [`serve`]: the gRPC server side of Pluglet's sockets, on hyper's HTTP/2 connection directly.
+//!
+//! Why not `tonic::transport::Server`: it wraps every request in layers Pluglet's servers do not
+//! use (a router, a `grpc-timeout` timer, error recovery, connection info, a concurrency and
+//! load-shed slot), each one more boxed future and more polls per call. A tonic-generated server
+//! (`FooServer::new(service)`) already routes its own methods and answers unknown ones with
+//! `UNIMPLEMENTED`, so it is handed to hyper as it is. On the admin socket this took about a
+//! eighth of an admin round trip's instructions (docs/performance.md, "Connections").
+//!
+//! What stays as tonic's server did it: HTTP/2 only, hyper's default settings, a connection's
+//! errors logged at debug level, accept errors skipped, and on shutdown no new connections
+//! while open ones finish their calls (each gets a graceful `GOAWAY`) before `serve` returns.
+
+use std::convert::Infallible;
+use std::future::Future;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tokio_stream::{Stream, StreamExt};
+
+/// Serves `service` (a tonic-generated server) on every connection `incoming` yields, until
+/// `shutdown` resolves; then stops accepting, asks every open connection to close once its
+/// calls are answered, and returns when all have closed.
+///
+/// Accept errors (too many open files, say) are logged and skipped, as tonic's server does.
+pub async fn serve<I, IO, E, S, F>(incoming: I, service: S, shutdown: F)
+where
+    I: Stream<Item = Result<IO, E>>,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    E: std::fmt::Display,
+    S: tower::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    F: Future<Output = ()>,
+{
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder.timer(TokioTimer::new());
+    let service = TowerToHyperService::new(service);
+    // Every connection holds a receiver; the sender says "shut down" and then waits for the
+    // receivers to be dropped, which each connection does once it has closed.
+    let (stop, stopped) = watch::channel(());
+    {
+        let mut incoming = std::pin::pin!(incoming);
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let io = tokio::select! {
+                () = &mut shutdown => break,
+                io = incoming.next() => match io {
+                    Some(Ok(io)) => io,
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "cannot accept a connection");
+                        continue;
+                    }
+                    None => break,
+                },
+            };
+            let connection = builder.serve_connection(TokioIo::new(io), service.clone());
+            let mut stopped = stopped.clone();
+            tokio::spawn(async move {
+                let mut connection = std::pin::pin!(connection);
+                let result = tokio::select! {
+                    result = &mut connection => result,
+                    _ = stopped.changed() => {
+                        connection.as_mut().graceful_shutdown();
+                        connection.await
+                    }
+                };
+                if let Err(error) = result {
+                    tracing::debug!(%error, "gRPC connection ended");
+                }
+                drop(stopped);
+            });
+        }
+    }
+    drop(stopped);
+    let _ = stop.send(());
+    stop.closed().await;
+}
