@@ -34,7 +34,7 @@ use tokio_stream::{Stream, StreamExt, wrappers::UnixListenerStream};
 
 pub use authority::{AuthorityRewrite, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
 pub use channel::{Channel, ResponseBody};
-pub use serve::serve;
+pub use serve::{ACCEPT_PAUSE_FIRST, ACCEPT_PAUSE_MAX, serve};
 
 /// Longest socket path the kernel accepts (`sizeof(sun_path)` is 108 on Linux, including the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;

@@ -4,15 +4,22 @@
 //! use (a router, a `grpc-timeout` timer, error recovery, connection info, a concurrency and
 //! load-shed slot), each one more boxed future and more polls per call. A tonic-generated server
 //! (`FooServer::new(service)`) already routes its own methods and answers unknown ones with
-//! `UNIMPLEMENTED`, so it is handed to hyper as it is. On the admin socket this took about a
+//! `UNIMPLEMENTED`, so it is handed to hyper as it is. On the admin socket this took about an
 //! eighth of an admin round trip's instructions (docs/performance.md, "Connections").
 //!
 //! What stays as tonic's server did it: HTTP/2 only, hyper's default settings, a connection's
-//! errors logged at debug level, accept errors skipped, and on shutdown no new connections
-//! while open ones finish their calls (each gets a graceful `GOAWAY`) before `serve` returns.
+//! errors logged at debug level, and on shutdown no new connections while open ones finish
+//! their calls (each gets a graceful `GOAWAY`) before `serve` returns. A `grpc-timeout` is not
+//! enforced here: a client that gives up resets its stream, and hyper then drops the call.
+//!
+//! What differs: an accept error (too many open files, say) is logged as a warning and the next
+//! accept waits a little, from [`ACCEPT_PAUSE_FIRST`] doubling up to [`ACCEPT_PAUSE_MAX`]
+//! while the errors go on. tonic's server retried at once, so a daemon out of file descriptors
+//! spun a core on a listener that stayed readable.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -20,11 +27,17 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
 
+/// The pause after a first failed accept.
+pub const ACCEPT_PAUSE_FIRST: Duration = Duration::from_millis(5);
+/// The longest pause between failed accepts.
+pub const ACCEPT_PAUSE_MAX: Duration = Duration::from_secs(1);
+
 /// Serves `service` (a tonic-generated server) on every connection `incoming` yields, until
 /// `shutdown` resolves; then stops accepting, asks every open connection to close once its
 /// calls are answered, and returns when all have closed.
 ///
-/// Accept errors (too many open files, say) are logged and skipped, as tonic's server does.
+/// An accept error (too many open files, say) is logged, and accepting goes on after a pause
+/// (see the module doc).
 pub async fn serve<I, IO, E, S, F>(incoming: I, service: S, shutdown: F)
 where
     I: Stream<Item = Result<IO, E>>,
@@ -49,14 +62,23 @@ where
     {
         let mut incoming = std::pin::pin!(incoming);
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut pause: Option<Duration> = None;
         loop {
             let io = tokio::select! {
                 () = &mut shutdown => break,
                 io = incoming.next() => match io {
-                    Some(Ok(io)) => io,
+                    Some(Ok(io)) => {
+                        pause = None;
+                        io
+                    }
                     Some(Err(error)) => {
-                        tracing::debug!(%error, "cannot accept a connection");
-                        continue;
+                        let wait = pause.map_or(ACCEPT_PAUSE_FIRST, |p| (p * 2).min(ACCEPT_PAUSE_MAX));
+                        pause = Some(wait);
+                        tracing::warn!(%error, retry_in = ?wait, "cannot accept a connection");
+                        tokio::select! {
+                            () = &mut shutdown => break,
+                            () = tokio::time::sleep(wait) => continue,
+                        }
                     }
                     None => break,
                 },

@@ -953,3 +953,24 @@ async fn serve_stops_accepting_at_shutdown_and_returns_once_calls_in_flight_are_
     call.await.unwrap().expect("the call in flight is answered");
     server.await.unwrap();
 }
+
+#[tokio::test]
+async fn serve_goes_on_accepting_after_accept_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("busy.sock");
+    let listener = bind(&path, None).unwrap();
+    // Two failed accepts (as when the daemon is out of file descriptors), then the listener's.
+    let failing = tokio_stream::iter(
+        ["too many open files", "too many open files"]
+            .map(|e| Err::<UnixStream, _>(std::io::Error::other(e))),
+    );
+    let recorder = Recorder::default();
+    let _server = tokio::spawn(pluglet_uds::serve(
+        tokio_stream::StreamExt::chain(failing, incoming(listener)),
+        RegistrationServer::new(recorder.clone()),
+        std::future::pending(),
+    ));
+    let mut client = RegistrationClient::new(connect(&path, DEADLINE).await.unwrap());
+    client.register(register_request("c.com/d")).await.unwrap();
+    assert_eq!(recorder.seen()[0].request, register_request("c.com/d"));
+}
