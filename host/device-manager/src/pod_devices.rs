@@ -523,7 +523,7 @@ impl PodDevices {
     /// The keys of the entries of pods not in `keep`, sorted by pod, container and resource.
     pub fn not_kept(&self, keep: &KeepList) -> Vec<HolderKey> {
         let pods = self.pods_not_kept(keep);
-        self.keys_of_pods(pods.iter().map(PodUid::as_str))
+        self.keys_of_pods(&pods)
     }
 
     /// [`PodDevices::not_kept`] of this copy, made from `state` with the changes that touched
@@ -545,7 +545,7 @@ impl PodDevices {
         );
         pods.sort_unstable();
         pods.dedup();
-        self.keys_of_pods(pods.iter().map(PodUid::as_str))
+        self.keys_of_pods(&pods)
     }
 
     /// The pods holding entries that are not in `keep`, sorted. The pods and `keep` are both
@@ -578,12 +578,13 @@ impl PodDevices {
 
     /// The keys of the entries of `pods` (sorted, each once), sorted: a range of the map per
     /// pod.
-    fn keys_of_pods<'a>(&self, pods: impl IntoIterator<Item = &'a str>) -> Vec<HolderKey> {
-        let mut keys = Vec::new();
-        for pod in pods {
-            keys.extend(self.pod_keys_where(pod, |_| true));
-        }
-        keys
+    fn keys_of_pods(&self, pods: &[PodUid]) -> Vec<HolderKey> {
+        pods.iter()
+            .flat_map(|pod| {
+                self.entries_of_pod(pod.as_str())
+                    .map(|(key, _)| key.clone())
+            })
+            .collect()
     }
 
     /// The keys of the entries of `pod_uid` that `gone` selects, sorted: found by a range of
@@ -593,14 +594,22 @@ impl PodDevices {
         pod_uid: &str,
         mut gone: impl FnMut(&HolderKey) -> bool,
     ) -> Vec<HolderKey> {
-        let from = HolderKey::new(pod_uid, "", "");
-        self.entries
-            .range(from..)
-            .map(|(key, _)| &**key)
-            .take_while(|key| key.pod_uid == pod_uid)
+        self.entries_of_pod(pod_uid)
+            .map(|(key, _)| key)
             .filter(|key| gone(key))
             .cloned()
             .collect()
+    }
+
+    /// The entries of `pod_uid`, sorted: a range of the map, which is sorted by pod first.
+    fn entries_of_pod<'a>(
+        &'a self,
+        pod_uid: &str,
+    ) -> impl Iterator<Item = (&'a HolderKey, &'a Kept)> {
+        self.entries
+            .range(HolderKey::new(pod_uid, "", "")..)
+            .map(|(key, kept)| (&**key, &**kept))
+            .take_while(move |(key, _)| key.pod_uid == pod_uid)
     }
 
     /// Removes the entries of `keys` as one change, reserved ones included (their allocation
@@ -626,10 +635,7 @@ impl PodDevices {
 
     /// The name of `pod_uid` recorded with any of its entries, if one was given.
     pub fn pod_name(&self, pod_uid: &str) -> Option<&PodName> {
-        let from = HolderKey::new(pod_uid, "", "");
-        self.entries
-            .range(from..)
-            .take_while(|(key, _)| key.pod_uid == pod_uid)
+        self.entries_of_pod(pod_uid)
             .find_map(|(_, kept)| kept.entry.pod.as_ref())
     }
 
