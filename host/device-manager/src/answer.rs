@@ -1,5 +1,5 @@
 //! A plugin's Allocate answer for one container: read off the wire as the bytes it came in
-//! ([`AllocateCodec`]), read in place ([`AnswerView`]), and kept in the state as those bytes
+//! ([`ContainerAnswers::read`]), read in place ([`AnswerView`]), and kept in the state as those bytes
 //! ([`PluginAnswer`]).
 //!
 //! The state keeps the answer's protobuf bytes, not a decoded message. The bytes are what the
@@ -19,7 +19,6 @@ use bytes::{BufMut, Bytes};
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 use tonic::Status;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 use crate::device_id::DeviceId;
 use pluglet_proto::v1beta1::ContainerAllocateResponse;
@@ -96,7 +95,7 @@ pub(crate) enum AllocateRequestIds {
 
 impl AllocateRequestIds {
     /// Encodes `AllocateRequest { container_requests: [{ devices_ids }, ...] }`.
-    fn encode(&self, buf: &mut impl BufMut) {
+    pub fn encode(&self, buf: &mut impl BufMut) {
         match self {
             AllocateRequestIds::One(container) => container.encode(buf),
             AllocateRequestIds::Several(containers) => {
@@ -113,6 +112,13 @@ impl AllocateRequestIds {
 pub(crate) struct ContainerAnswers(Vec<Vec<u8>>);
 
 impl ContainerAnswers {
+    /// The container answers of an `AllocateResponse` message, each as its bytes (read by
+    /// [`ReadAnswer::view`]); a status naming what is wrong when it does not decode.
+    pub fn read(message: Bytes) -> Result<ContainerAnswers, Status> {
+        let message = AllocateResponseBytes::decode(message).map_err(undecodable)?;
+        Ok(ContainerAnswers(message.container_responses))
+    }
+
     /// How many containers were answered.
     pub fn len(&self) -> usize {
         self.0.len()
@@ -135,55 +141,9 @@ impl IntoIterator for ContainerAnswers {
     }
 }
 
-/// The Allocate call's codec: the request encoded from the allocations' ids
-/// ([`AllocateRequestIds`]); each container answer read as its bytes, in the plugin's order.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct AllocateCodec;
-
-impl Codec for AllocateCodec {
-    type Encode = AllocateRequestIds;
-    type Decode = ContainerAnswers;
-    type Encoder = AllocateCodec;
-    type Decoder = AllocateCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        AllocateCodec
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        AllocateCodec
-    }
-}
-
-impl Encoder for AllocateCodec {
-    type Item = AllocateRequestIds;
-    type Error = Status;
-
-    fn encode(&mut self, item: AllocateRequestIds, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        item.encode(dst);
-        Ok(())
-    }
-}
-
-impl Decoder for AllocateCodec {
-    type Item = ContainerAnswers;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<ContainerAnswers>, Status> {
-        read(buf).map(Some).map_err(undecodable)
-    }
-}
-
 /// The status of an Allocate answer that does not decode, whichever part of it failed.
 fn undecodable(error: impl std::fmt::Display) -> Status {
     Status::internal(format!("the Allocate answer does not decode: {error}"))
-}
-
-/// The container answers of an `AllocateResponse` message, each as its bytes (read by
-/// [`ReadAnswer::view`]).
-fn read(message: impl bytes::Buf) -> Result<ContainerAnswers, prost::DecodeError> {
-    let message = AllocateResponseBytes::decode(message)?;
-    Ok(ContainerAnswers(message.container_responses))
 }
 
 /// A plugin's Allocate answer for one container: its protobuf bytes and what listings read of
@@ -338,6 +298,7 @@ mod tests {
             container_responses: vec![first.clone(), second.clone()],
         }
         .encode_to_vec();
+        let read = |message: &[u8]| ContainerAnswers::read(Bytes::copy_from_slice(message));
         let answers = read(message.as_slice()).unwrap();
         assert_eq!(answers.len(), 2);
         let answers: Vec<ReadAnswer> = answers.into_iter().collect();

@@ -15,6 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tonic::codegen::http::uri::PathAndQuery;
+
 use pluglet_core::{Generation, ResourceName};
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use pluglet_proto::v1beta1::{DevicePluginOptions, Empty};
@@ -23,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use allocate_calls::AllocateCalls;
 
-use crate::answer::{AllocateCodec, AllocateRequestIds, ContainerAnswers};
+use crate::answer::{AllocateRequestIds, ContainerAnswers};
 use crate::device_list::{DeviceListCodec, DeviceUpdate};
 use crate::error::ConnectError;
 use crate::registry::Registry;
@@ -139,27 +141,22 @@ async fn list_and_watch(
     grpc.ready()
         .await
         .map_err(|e| tonic::Status::unavailable(format!("the plugin's connection failed: {e}")))?;
-    let path =
-        tonic::codegen::http::uri::PathAndQuery::from_static("/v1beta1.DevicePlugin/ListAndWatch");
+    let path = PathAndQuery::from_static("/v1beta1.DevicePlugin/ListAndWatch");
     grpc.server_streaming(tonic::Request::new(Empty {}), path, DeviceListCodec)
         .await
 }
 
-/// Calls the plugin's Allocate for the containers `request` names, with the codec that encodes
-/// them from the allocations' ids and keeps the answers' bytes ([`AllocateCodec`]); the
-/// generated client would copy the one and drop the other.
+/// Calls the plugin's Allocate for the containers `request` names: the request encoded from
+/// the allocations' ids, each container answer kept as its bytes (`crate::answer`); the
+/// generated client would copy the one and drop the other. A unary call without tonic's client
+/// (`Channel::unary`): this is every allocation's call.
 async fn allocate(
     channel: Channel,
     request: AllocateRequestIds,
-) -> Result<tonic::Response<ContainerAnswers>, tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unavailable(format!("the plugin's connection failed: {e}")))?;
-    let path =
-        tonic::codegen::http::uri::PathAndQuery::from_static("/v1beta1.DevicePlugin/Allocate");
-    grpc.unary(tonic::Request::new(request), path, AllocateCodec)
-        .await
+) -> Result<ContainerAnswers, tonic::Status> {
+    let path = PathAndQuery::from_static("/v1beta1.DevicePlugin/Allocate");
+    let answer = channel.unary(path, |buf| request.encode(buf)).await?;
+    ContainerAnswers::read(answer)
 }
 
 /// The endpoint's task: applies every update of the ListAndWatch stream [`Endpoint::connect`]

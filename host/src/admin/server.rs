@@ -155,12 +155,35 @@ pub fn bind_and_serve(
             // `:authority`; serve them too (docs/kubelet-compatibility.md, "HTTP/2
             // authority from Go plugins").
             pluglet_uds::incoming_any_authority(listener),
-            AdminServer::new(service),
+            server(service),
             cancel.cancelled_owned(),
         )
         .await;
         let _ = std::fs::remove_file(&path);
     })
+}
+
+/// The admin server: the generated one, with Allocate and Release (every allocation's calls)
+/// answered by routes of their own that call the same methods ([`pluglet_uds::Routes`]).
+fn server(service: AdminService) -> pluglet_uds::Routes<AdminServer<AdminService>> {
+    let service = std::sync::Arc::new(service);
+    let allocate = std::sync::Arc::clone(&service);
+    let release = std::sync::Arc::clone(&service);
+    pluglet_uds::Routes::new(AdminServer::from_arc(service))
+        .unary("/pluglet.admin.v1.Admin/Allocate", move |request| {
+            let service = std::sync::Arc::clone(&allocate);
+            async move {
+                let answer = service.allocate(Request::new(request)).await?;
+                Ok::<_, Status>(answer.into_inner())
+            }
+        })
+        .unary("/pluglet.admin.v1.Admin/Release", move |request| {
+            let service = std::sync::Arc::clone(&release);
+            async move {
+                let answer = service.release(Request::new(request)).await?;
+                Ok::<_, Status>(answer.into_inner())
+            }
+        })
 }
 
 /// Gives the admin socket at `path`, bound by [`bind_and_serve`], to `group` (nothing to do

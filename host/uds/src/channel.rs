@@ -28,7 +28,7 @@ use http_body_util::BodyExt as _;
 /// two-core node.)
 #[derive(Clone, Debug)]
 pub struct Channel {
-    sender: h2::client::SendRequest<Bytes>,
+    pub(crate) sender: h2::client::SendRequest<Bytes>,
 }
 
 impl Channel {

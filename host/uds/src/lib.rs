@@ -5,10 +5,12 @@
 //!   usable by any tonic-generated client) whose requests carry `:authority: localhost` (what
 //!   the upstream kubelet sends to device plugins and CSI drivers since about Kubernetes 1.26).
 //!   It retries the short window in which a socket file exists but its owner does not accept
-//!   yet.
+//!   yet. [`Channel::unary`] makes a unary call on it without tonic's client, for calls on
+//!   every allocation's path.
 //! - [`bind`] creates a listening socket (parent directory, stale socket removal, file mode).
 //! - [`incoming`] turns the listener into a stream of connections, and [`serve`] serves a
-//!   tonic-generated server on them.
+//!   tonic-generated server on them; [`Routes`] answers some of its unary methods without
+//!   tonic's server, for calls on every allocation's path.
 //! - [`incoming_any_authority`] does the same, but wraps every connection in an
 //!   [`AuthorityRewrite`] layer so that clients sending a socket path as `:authority` (every Go
 //!   device plugin built with grpc-go; see docs/kubelet-compatibility.md, "HTTP/2 authority
@@ -22,7 +24,10 @@ mod channel;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod hpack;
+mod message;
+mod routes;
 mod serve;
+mod unary;
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -34,6 +39,8 @@ use tokio_stream::{Stream, StreamExt, wrappers::UnixListenerStream};
 
 pub use authority::{AuthorityRewrite, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
 pub use channel::{Channel, ResponseBody};
+pub use message::MAX_UNARY_MESSAGE;
+pub use routes::Routes;
 pub use serve::{ACCEPT_PAUSE_FIRST, ACCEPT_PAUSE_MAX, serve};
 
 /// Longest socket path the kernel accepts (`sizeof(sun_path)` is 108 on Linux, including the NUL).

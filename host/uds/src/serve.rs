@@ -7,7 +7,8 @@
 //! `UNIMPLEMENTED`, so it is handed to hyper as it is. On the admin socket this took about an
 //! eighth of an admin round trip's instructions (docs/performance.md, "Connections").
 //!
-//! What stays as tonic's server did it: HTTP/2 only, hyper's default settings, a connection's
+//! What stays as tonic's server did it: HTTP/2 only, hyper's default settings (but no `date`
+//! header on answers), a connection's
 //! errors logged at debug level, and on shutdown no new connections while open ones finish
 //! their calls (each gets a graceful `GOAWAY`) before `serve` returns. A `grpc-timeout` is not
 //! enforced here: a client that gives up resets its stream, and hyper then drops the call.
@@ -54,7 +55,9 @@ where
     F: Future<Output = ()>,
 {
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder.timer(TokioTimer::new());
+    // No `date` header: gRPC does not use it, and it is a header to format and encode on
+    // every answer.
+    builder.timer(TokioTimer::new()).auto_date_header(false);
     let service = TowerToHyperService::new(service);
     // Every connection holds a receiver; the sender says "shut down" and then waits for the
     // receivers to be dropped, which each connection does once it has closed.

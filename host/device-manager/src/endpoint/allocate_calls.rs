@@ -284,7 +284,7 @@ impl AllocateCalls {
     ) -> Result<ContainerAnswers, RpcError> {
         let call = super::allocate(self.channel.clone(), request);
         match tokio::time::timeout_at(deadline, call).await {
-            Ok(Ok(answer)) => Ok(answer.into_inner()),
+            Ok(Ok(answer)) => Ok(answer),
             Ok(Err(status)) => Err(RpcError(status)),
             Err(_) => Err(self.expired()),
         }
