@@ -86,10 +86,12 @@ where
                     None => break,
                 },
             };
-            let connection = builder.serve_connection(TokioIo::new(io), service.clone());
+            // Boxed: the connection's state is kilobytes, and a task's future is copied
+            // whole into the task as it is spawned and again when it finishes.
+            let mut connection =
+                Box::pin(builder.serve_connection(TokioIo::new(io), service.clone()));
             let mut stopped = stopped.clone();
             tokio::spawn(async move {
-                let mut connection = std::pin::pin!(connection);
                 let result = tokio::select! {
                     result = &mut connection => result,
                     _ = stopped.changed() => {
