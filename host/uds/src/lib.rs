@@ -41,7 +41,7 @@ pub use authority::{AuthorityRewrite, MAX_HEADER_BLOCK, MAX_HEADER_LIST};
 pub use channel::{Channel, ResponseBody};
 pub use message::MAX_UNARY_MESSAGE;
 pub use routes::Routes;
-pub use serve::{ACCEPT_PAUSE_FIRST, ACCEPT_PAUSE_MAX, serve};
+pub use serve::{ACCEPT_PAUSE_FIRST, ACCEPT_PAUSE_MAX, GrpcServer, serve};
 
 /// Longest socket path the kernel accepts (`sizeof(sun_path)` is 108 on Linux, including the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;

@@ -29,6 +29,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use tonic::Status;
 
+use crate::GrpcServer;
 use crate::message::{Message, framed};
 
 /// What a route runs on a request's message: the answer's message, encoded, or the status.
@@ -80,17 +81,7 @@ impl<S> Routes<S> {
     }
 }
 
-impl<S> tower::Service<http::Request<Incoming>> for Routes<S>
-where
-    S: tower::Service<
-            http::Request<Incoming>,
-            Response = http::Response<tonic::body::Body>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+impl<S: GrpcServer> tower::Service<http::Request<Incoming>> for Routes<S> {
     type Response = http::Response<tonic::body::Body>;
     type Error = Infallible;
     type Future = Answering;

@@ -33,6 +33,32 @@ pub const ACCEPT_PAUSE_FIRST: Duration = Duration::from_millis(5);
 /// The longest pause between failed accepts.
 pub const ACCEPT_PAUSE_MAX: Duration = Duration::from_secs(1);
 
+/// What [`serve`] serves: a tonic-generated server (`FooServer::new(service)`), or
+/// [`Routes`](crate::Routes) in front of one.
+pub trait GrpcServer:
+    tower::Service<
+        http::Request<hyper::body::Incoming>,
+        Response = http::Response<tonic::body::Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> GrpcServer for S where
+    S: tower::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Serves `service` (a tonic-generated server) on every connection `incoming` yields, until
 /// `shutdown` resolves; then stops accepting, asks every open connection to close once its
 /// calls are answered, and returns when all have closed.
@@ -44,14 +70,7 @@ where
     I: Stream<Item = Result<IO, E>>,
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     E: std::fmt::Display,
-    S: tower::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = http::Response<tonic::body::Body>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: GrpcServer,
     F: Future<Output = ()>,
 {
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());

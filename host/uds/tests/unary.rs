@@ -13,7 +13,7 @@ use http::uri::PathAndQuery;
 use pluglet_proto::v1beta1::registration_client::RegistrationClient;
 use pluglet_proto::v1beta1::registration_server::{Registration, RegistrationServer};
 use pluglet_proto::v1beta1::{Empty, RegisterRequest};
-use pluglet_uds::{Routes, bind, connect, incoming, serve};
+use pluglet_uds::{Channel, Routes, bind, connect, incoming, serve};
 use prost::Message as _;
 use tonic::Code;
 
@@ -34,6 +34,26 @@ impl Registration for Refuser {
         }
         Ok(tonic::Response::new(Empty {}))
     }
+}
+
+/// Register of `resource` through `Channel::unary`.
+async fn register(channel: &Channel, resource: &str) -> Result<Bytes, tonic::Status> {
+    channel
+        .unary(PathAndQuery::from_static(REGISTER), |buf| {
+            request(resource).encode(buf).unwrap()
+        })
+        .await
+}
+
+/// A method the Registration service does not have, through `Channel::unary`: its status.
+async fn unknown_method(channel: &Channel) -> tonic::Status {
+    channel
+        .unary(
+            PathAndQuery::from_static("/v1beta1.Registration/Nothing"),
+            |_| {},
+        )
+        .await
+        .unwrap_err()
 }
 
 fn request(resource: &str) -> RegisterRequest {
@@ -60,40 +80,19 @@ async fn unary_calls_a_tonic_server_and_reads_its_statuses() {
     ));
     let channel = connect(&path, DEADLINE).await.unwrap();
 
-    let answer = channel
-        .unary(PathAndQuery::from_static(REGISTER), |buf| {
-            request("fine.com/x").encode(buf).unwrap()
-        })
-        .await
-        .unwrap();
+    let answer = register(&channel, "fine.com/x").await.unwrap();
     assert_eq!(Empty::decode(answer).unwrap(), Empty {});
 
-    let refused = channel
-        .unary(PathAndQuery::from_static(REGISTER), |buf| {
-            request("refused.com/x").encode(buf).unwrap()
-        })
-        .await
-        .unwrap_err();
+    let refused = register(&channel, "refused.com/x").await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
     assert_eq!(refused.message(), "refused: x is busy");
 
     // tonic answers an unknown method with headers only.
-    let unknown = channel
-        .unary(
-            PathAndQuery::from_static("/v1beta1.Registration/Nothing"),
-            |_| {},
-        )
-        .await
-        .unwrap_err();
+    let unknown = unknown_method(&channel).await;
     assert_eq!(unknown.code(), Code::Unimplemented);
 
     // The connection stays usable after errors.
-    channel
-        .unary(PathAndQuery::from_static(REGISTER), |buf| {
-            request("again.com/x").encode(buf).unwrap()
-        })
-        .await
-        .unwrap();
+    register(&channel, "again.com/x").await.unwrap();
     stop.send(()).unwrap();
     drop(channel);
     server.await.unwrap();
@@ -261,23 +260,12 @@ async fn a_route_answers_tonic_clients_as_the_generated_server_does() {
     );
 
     // And Channel::unary reads the route's answers too.
-    let answer = channel
-        .unary(PathAndQuery::from_static(REGISTER), |buf| {
-            request("fine.com/y").encode(buf).unwrap()
-        })
-        .await
-        .unwrap();
+    let answer = register(&channel, "fine.com/y").await.unwrap();
     assert_eq!(Empty::decode(answer).unwrap(), Empty {});
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 
     // Other methods still reach the generated server.
-    let unknown = channel
-        .unary(
-            PathAndQuery::from_static("/v1beta1.Registration/Nothing"),
-            |_| {},
-        )
-        .await
-        .unwrap_err();
+    let unknown = unknown_method(&channel).await;
     assert_eq!(unknown.code(), Code::Unimplemented);
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
