@@ -1,6 +1,6 @@
 //! A plugin's Allocate answer for one container: read off the wire as the bytes it came in
-//! ([`ContainerAnswers::read`]), read in place ([`AnswerView`]), and kept in the state as those bytes
-//! ([`PluginAnswer`]).
+//! ([`ContainerAnswers::read`]), read in place ([`AnswerView`]), and kept in the state as
+//! those bytes ([`PluginAnswer`]).
 //!
 //! The state keeps the answer's protobuf bytes, not a decoded message. The bytes are what the
 //! journal record and the checkpoint carry (the kubelet's `AllocResp`) and what the admin API

@@ -15,13 +15,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::codegen::http::uri::PathAndQuery;
-
 use pluglet_core::{Generation, ResourceName};
 use pluglet_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use pluglet_proto::v1beta1::{DevicePluginOptions, Empty};
 use pluglet_uds::{Channel, RpcError};
 use tokio_util::sync::CancellationToken;
+use tonic::codegen::http::uri::PathAndQuery;
 
 pub(crate) use allocate_calls::AllocateCalls;
 

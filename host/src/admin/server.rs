@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 
 use chrono::SecondsFormat;
 use pluglet_core::events::{Event, EventLog, Followed};
@@ -166,19 +167,19 @@ pub fn bind_and_serve(
 /// The admin server: the generated one, with Allocate and Release (every allocation's calls)
 /// answered by routes of their own that call the same methods ([`pluglet_uds::Routes`]).
 fn server(service: AdminService) -> pluglet_uds::Routes<AdminServer<AdminService>> {
-    let service = std::sync::Arc::new(service);
-    let allocate = std::sync::Arc::clone(&service);
-    let release = std::sync::Arc::clone(&service);
+    let service = Arc::new(service);
+    let allocate = Arc::clone(&service);
+    let release = Arc::clone(&service);
     pluglet_uds::Routes::new(AdminServer::from_arc(service))
         .unary("/pluglet.admin.v1.Admin/Allocate", move |request| {
-            let service = std::sync::Arc::clone(&allocate);
+            let service = Arc::clone(&allocate);
             async move {
                 let answer = service.allocate(Request::new(request)).await?;
                 Ok::<_, Status>(answer.into_inner())
             }
         })
         .unary("/pluglet.admin.v1.Admin/Release", move |request| {
-            let service = std::sync::Arc::clone(&release);
+            let service = Arc::clone(&release);
             async move {
                 let answer = service.release(Request::new(request)).await?;
                 Ok::<_, Status>(answer.into_inner())

@@ -8,9 +8,9 @@
 //! eighth of an admin round trip's instructions (docs/performance.md, "Connections").
 //!
 //! What stays as tonic's server did it: HTTP/2 only, hyper's default settings (but no `date`
-//! header on answers), a connection's
-//! errors logged at debug level, and on shutdown no new connections while open ones finish
-//! their calls (each gets a graceful `GOAWAY`) before `serve` returns. A `grpc-timeout` is not
+//! header on answers), a connection's errors logged at debug level, and on shutdown no new
+//! connections while open ones finish their calls (each gets a graceful `GOAWAY`) before
+//! `serve` returns. A `grpc-timeout` is not
 //! enforced here: a client that gives up resets its stream, and hyper then drops the call.
 //!
 //! What differs: an accept error (too many open files, say) is logged as a warning and the next
