@@ -137,7 +137,8 @@ async fn answer(
     })
 }
 
-/// An answer's body: its one message, then `grpc-status: 0`.
+/// An answer's body: its one message, then `grpc-status: 0`. Its size is not given as a hint,
+/// as tonic's is not: hyper would turn an exact one into a `content-length` header.
 struct Unary {
     message: Option<Bytes>,
     trailers: bool,
@@ -164,9 +165,5 @@ impl Body for Unary {
 
     fn is_end_stream(&self) -> bool {
         self.message.is_none() && !self.trailers
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.message.as_ref().map_or(0, |m| m.len() as u64))
     }
 }

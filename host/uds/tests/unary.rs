@@ -56,6 +56,32 @@ async fn unknown_method(channel: &Channel) -> tonic::Status {
         .unwrap_err()
 }
 
+/// Register sent through the channel as a raw HTTP/2 request with the framed `body` and the
+/// `extra` headers; the answer.
+async fn by_hand(
+    mut channel: Channel,
+    body: Vec<u8>,
+    extra: &[(&'static str, &'static str)],
+) -> http::Response<pluglet_uds::ResponseBody> {
+    let mut request = http::Request::new(tonic::body::Body::new(http_body_util::Full::new(
+        Bytes::from(body),
+    )));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = http::Uri::from_static(REGISTER);
+    let headers = request.headers_mut();
+    headers.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("te", http::HeaderValue::from_static("trailers"));
+    for (name, value) in extra {
+        headers.insert(*name, http::HeaderValue::from_static(value));
+    }
+    tower::ServiceExt::oneshot(&mut channel, request)
+        .await
+        .unwrap()
+}
+
 fn request(resource: &str) -> RegisterRequest {
     RegisterRequest {
         version: "v1beta1".into(),
@@ -264,10 +290,25 @@ async fn a_route_answers_tonic_clients_as_the_generated_server_does() {
     assert_eq!(Empty::decode(answer).unwrap(), Empty {});
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 
+    // The answer's headers are gRPC's, and no more.
+    let mut framed = vec![0, 0, 0, 0, 0];
+    let message = request("fine.com/z").encode_to_vec();
+    framed[1..5].copy_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend(message);
+    let answer = by_hand(channel.clone(), framed, &[]).await;
+    assert_eq!(answer.status(), http::StatusCode::OK);
+    assert_eq!(answer.headers()["content-type"], "application/grpc");
+    assert!(
+        !answer.headers().contains_key("content-length") && !answer.headers().contains_key("date"),
+        "{:?}",
+        answer.headers()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+
     // Other methods still reach the generated server.
     let unknown = unknown_method(&channel).await;
     assert_eq!(unknown.code(), Code::Unimplemented);
-    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
 
 #[tokio::test]
@@ -286,20 +327,7 @@ async fn a_route_refuses_what_tonic_refuses() {
     assert_eq!(calls.load(Ordering::SeqCst), 0, "the method never ran");
 
     // A request compressed with gzip: this server takes none.
-    let message = vec![1, 0, 0, 0, 0];
-    let mut gzipped = http::Request::new(tonic::body::Body::new(http_body_util::Full::new(
-        Bytes::from(message),
-    )));
-    *gzipped.method_mut() = http::Method::POST;
-    *gzipped.uri_mut() = http::Uri::from_static(REGISTER);
-    let headers = gzipped.headers_mut();
-    headers.insert("content-type", "application/grpc".parse().unwrap());
-    headers.insert("te", "trailers".parse().unwrap());
-    headers.insert("grpc-encoding", "gzip".parse().unwrap());
-    let mut service = channel;
-    let answer = tower::ServiceExt::oneshot(&mut service, gzipped)
-        .await
-        .unwrap();
+    let answer = by_hand(channel, vec![1, 0, 0, 0, 0], &[("grpc-encoding", "gzip")]).await;
     let status = tonic::Status::from_header_map(answer.headers()).expect("a status in the headers");
     assert_eq!(status.code(), Code::Unimplemented, "{status}");
     assert!(status.message().contains("gzip"), "{status}");
