@@ -4,16 +4,16 @@
 //! Why: tonic's generated server runs a unary method as a stream of one. It decodes the request
 //! through its streaming decoder, wraps the answer in an encoding stream, and writes its status
 //! through `MetadataMap`. On the admin API's Allocate and Release, which every allocation calls,
-//! that is several thousand instructions per call (docs/performance.md, "Connections"). A route here reads the request's one message (most
-//! often a slice of one DATA frame), calls the same method of the same service, and answers
-//! with one DATA frame and `grpc-status: 0`, or with headers only for an error, as tonic does.
+//! that is several thousand instructions per call (docs/performance.md, "Connections"). A route
+//! here reads the request's one message (most often a slice of one DATA frame), calls the same
+//! method of the same service, and answers with one DATA frame and `grpc-status: 0`, or with
+//! headers only for an error, as tonic does.
 //!
 //! What a route keeps of tonic's server: requests with a `grpc-encoding` other than `identity`
 //! are `UNIMPLEMENTED`; a compressed message, one over
-//! [`MAX_UNARY_MESSAGE`](crate::MAX_UNARY_MESSAGE), a request without
-//! a message or with one that does not decode are `INTERNAL`; a status is written by
-//! [`Status::into_http`]. Metadata and extensions do not reach the method: register a route
-//! only for methods that read neither.
+//! [`MAX_UNARY_MESSAGE`](crate::MAX_UNARY_MESSAGE), a request without a message or with one
+//! that does not decode are `INTERNAL`; a status is written by [`Status::into_http`]. Metadata
+//! and extensions do not reach the method: register a route only for methods that read neither.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
