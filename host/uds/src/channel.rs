@@ -51,10 +51,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for Channel {
         Box::pin(async move {
             let (mut head, body) = request.into_parts();
             // tonic sends the bare path; HTTP/2 wants :scheme and :authority too.
-            let mut parts = std::mem::take(&mut head.uri).into_parts();
-            parts.scheme = Some(http::uri::Scheme::HTTP);
-            parts.authority = Some(http::uri::Authority::from_static("localhost"));
-            if let Ok(uri) = http::Uri::from_parts(parts) {
+            if let Some(uri) = on_localhost(std::mem::take(&mut head.uri).into_parts()) {
                 head.uri = uri;
             }
             // A clone may not have been polled ready: wait for room for one more stream.
@@ -77,6 +74,14 @@ impl tower::Service<http::Request<tonic::body::Body>> for Channel {
             Ok(response.await?.map(ResponseBody::new))
         })
     }
+}
+
+/// The URI of `parts` with `http` as its scheme and `localhost` as its authority (what every
+/// request on a [`Channel`] carries); `None` when `parts` has no path.
+pub(crate) fn on_localhost(mut parts: http::uri::Parts) -> Option<http::Uri> {
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.authority = Some(http::uri::Authority::from_static("localhost"));
+    http::Uri::from_parts(parts).ok()
 }
 
 /// A body that could not be sent in full shows in the response (the peer resets the stream or
@@ -143,7 +148,7 @@ pub struct ResponseBody {
 }
 
 impl ResponseBody {
-    fn new(stream: h2::RecvStream) -> ResponseBody {
+    pub(crate) fn new(stream: h2::RecvStream) -> ResponseBody {
         ResponseBody {
             stream,
             data_done: false,

@@ -15,7 +15,6 @@
 //! that does not decode are `INTERNAL`; a status is written by [`Status::into_http`]. Metadata
 //! and extensions do not reach the method: register a route only for methods that read neither.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -45,7 +44,8 @@ type Answering =
 #[derive(Clone)]
 pub struct Routes<S> {
     server: S,
-    routes: Arc<HashMap<&'static str, Handler>>,
+    /// Each route's path and handler (a few: found by comparing paths).
+    routes: Arc<Vec<(&'static str, Handler)>>,
 }
 
 impl<S> Routes<S> {
@@ -76,7 +76,9 @@ impl<S> Routes<S> {
                 framed(|buf| answer.encode_raw(buf))
             })
         });
-        Arc::make_mut(&mut self.routes).insert(path, handler);
+        let routes = Arc::make_mut(&mut self.routes);
+        routes.retain(|(taken, _)| *taken != path);
+        routes.push((path, handler));
         self
     }
 }
@@ -91,8 +93,9 @@ impl<S: GrpcServer> tower::Service<http::Request<Incoming>> for Routes<S> {
     }
 
     fn call(&mut self, request: http::Request<Incoming>) -> Answering {
-        match self.routes.get(request.uri().path()) {
-            Some(handler) => Box::pin(answer(Arc::clone(handler), request)),
+        let path = request.uri().path();
+        match self.routes.iter().find(|(route, _)| *route == path) {
+            Some((_, handler)) => Box::pin(answer(Arc::clone(handler), request)),
             None => Box::pin(self.server.call(request)),
         }
     }

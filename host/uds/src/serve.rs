@@ -59,7 +59,7 @@ impl<S> GrpcServer for S where
 {
 }
 
-/// Serves `service` (a tonic-generated server) on every connection `incoming` yields, until
+/// Serves `service` (a [`GrpcServer`]) on every connection `incoming` yields, until
 /// `shutdown` resolves; then stops accepting, asks every open connection to close once its
 /// calls are answered, and returns when all have closed.
 ///

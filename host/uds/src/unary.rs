@@ -25,10 +25,12 @@
 use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_TYPE, HeaderValue, TE};
 use http::uri::PathAndQuery;
+use http_body_util::BodyExt as _;
 use tonic::{Code, Status};
 
-use crate::Channel;
+use crate::channel::on_localhost;
 use crate::message::{Message, framed, missing_message};
+use crate::{Channel, ResponseBody};
 
 /// The header (or trailer) that carries a call's status code.
 const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
@@ -49,13 +51,13 @@ impl Channel {
         let mut sender = self.sender.clone();
         std::future::poll_fn(|cx| sender.poll_ready(cx))
             .await
-            .map_err(|e| Status::unavailable(format!("the plugin's connection failed: {e}")))?;
+            .map_err(|e| Status::unavailable(format!("the connection to the peer failed: {e}")))?;
         let (response, mut stream) = sender
             .send_request(request(path), false)
             .map_err(transport)?;
         // Handed to h2 before its connection task writes the HEADERS: both go in one write.
         stream.send_data(body, true).map_err(transport)?;
-        let (head, mut answer) = response.await.map_err(transport)?.into_parts();
+        let (head, answer) = response.await.map_err(transport)?.into_parts();
 
         if let Some(status) = grpc_status(&head.headers) {
             // Headers only: the call's status came with them.
@@ -66,13 +68,14 @@ impl Channel {
         }
 
         let mut message = Message::default();
-        while let Some(data) = answer.data().await {
-            let data = data.map_err(transport)?;
-            // Read: the peer may send that much more.
-            let _ = answer.flow_control().release_capacity(data.len());
-            message.read(data)?;
+        let mut trailers = None;
+        let mut answer = ResponseBody::new(answer);
+        while let Some(frame) = answer.frame().await {
+            match frame.map_err(transport)?.into_data() {
+                Ok(data) => message.read(data)?,
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
         }
-        let trailers = answer.trailers().await.map_err(transport)?;
         match trailers.as_ref().and_then(grpc_status) {
             Some(Ok(())) => message.done(),
             Some(Err(status)) => Err(status),
@@ -86,8 +89,6 @@ impl Channel {
 /// The request's head: POST `path` with gRPC's headers.
 fn request(path: PathAndQuery) -> http::Request<()> {
     let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(http::uri::Scheme::HTTP);
-    parts.authority = Some(http::uri::Authority::from_static("localhost"));
     parts.path_and_query = Some(path);
     let mut headers = http::HeaderMap::with_capacity(2);
     headers.insert(TE, HeaderValue::from_static("trailers"));
@@ -95,7 +96,7 @@ fn request(path: PathAndQuery) -> http::Request<()> {
     let mut request = http::Request::new(());
     *request.method_mut() = http::Method::POST;
     *request.headers_mut() = headers;
-    if let Ok(uri) = http::Uri::from_parts(parts) {
+    if let Some(uri) = on_localhost(parts) {
         *request.uri_mut() = uri;
     }
     request
@@ -103,7 +104,7 @@ fn request(path: PathAndQuery) -> http::Request<()> {
 
 /// The call's status in `headers` (trailers, or the headers of an answer without a body):
 /// `None` without `grpc-status`. `0`, the usual one, is read without building a status.
-pub(crate) fn grpc_status(headers: &http::HeaderMap) -> Option<Result<(), Status>> {
+fn grpc_status(headers: &http::HeaderMap) -> Option<Result<(), Status>> {
     let code = headers.get(GRPC_STATUS)?;
     if code.as_bytes() == b"0" {
         return Some(Ok(()));
