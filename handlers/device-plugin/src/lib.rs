@@ -116,8 +116,9 @@ pub fn check_extended_resource_name(name: &str) -> Result<(), String> {
 ///
 /// The work is linear in the devices offered and cheap per device, so a plugin listing 100,000
 /// devices is served within the default fuel: ids are hashed only to find the must-include and
-/// preferred ids (one pass, and none when neither is given) and to keep the answer free of
-/// repeats (the ids chosen, not all of them); the packing order is a counting sort by NUMA node.
+/// preferred ids (one pass, and none when neither is given) and to keep an answer of more than
+/// a few devices free of repeats (the ids chosen, not all of them); the packing order is a
+/// counting sort by NUMA node.
 /// An id listed twice is offered once, but counts twice towards its node's free devices.
 pub fn allocate(request: &RequestView<'_>) -> Result<Vec<String>, Refusal> {
     choose(
@@ -258,19 +259,14 @@ fn choose<'a, O: Offered<'a> + ?Sized>(
     let preferred = preferred.unwrap_or_default();
     let found = first_indices(available, must_include.iter().chain(preferred));
 
-    let mut chosen: Vec<usize> = Vec::with_capacity(count.min(available.len()));
-    // Ids in the answer so far: a device whose id is here is skipped (chosen, or a repeat).
-    let mut chosen_ids: FxHashSet<&str> =
-        FxHashSet::with_capacity_and_hasher(chosen.capacity(), Default::default());
+    let mut chosen = Chosen::new(available, count.min(available.len()));
     for id in must_include {
         let Some(&i) = found.get(id.as_str()).filter(|&&i| i != NOT_FOUND) else {
             return Err(unsatisfiable(format!(
                 "device {id} of {resource} must be included but is not available"
             )));
         };
-        if chosen_ids.insert(available.id(i)) {
-            chosen.push(i);
-        }
+        chosen.take(i);
     }
     if chosen.len() > count {
         return Err(unsatisfiable(format!(
@@ -292,17 +288,13 @@ fn choose<'a, O: Offered<'a> + ?Sized>(
         if chosen.len() == count {
             break;
         }
-        if let Some(&i) = found.get(id.as_str()).filter(|&&i| i != NOT_FOUND)
-            && chosen_ids.insert(available.id(i))
-        {
-            chosen.push(i);
+        if let Some(&i) = found.get(id.as_str()).filter(|&&i| i != NOT_FOUND) {
+            chosen.take(i);
         }
     }
     if chosen.len() < count {
-        PackingOrder::new(available, &chosen).offer(|i| {
-            if chosen_ids.insert(available.id(i)) {
-                chosen.push(i);
-            }
+        PackingOrder::new(available, &chosen.indices).offer(|i| {
+            chosen.take(i);
             chosen.len() == count
         });
     }
@@ -314,9 +306,65 @@ fn choose<'a, O: Offered<'a> + ?Sized>(
         )));
     }
     Ok(chosen
+        .indices
         .into_iter()
         .map(|i| available.id(i).to_owned())
         .collect())
+}
+
+/// Answers up to this long are kept free of repeats by comparing ids one by one; longer ones
+/// hash them (a set would cost more than the comparisons for the commonest answers, of a few
+/// devices).
+const FEW: usize = 16;
+
+/// The devices in the answer so far, by index, none with the id of another (a repeat is
+/// skipped).
+struct Chosen<'a, 'o, O: Offered<'a> + ?Sized> {
+    available: &'o O,
+    indices: Vec<usize>,
+    /// The ids of `indices`, once there are more than [`FEW`].
+    ids: Option<FxHashSet<&'a str>>,
+}
+
+impl<'a, 'o, O: Offered<'a> + ?Sized> Chosen<'a, 'o, O> {
+    fn new(available: &'o O, capacity: usize) -> Self {
+        Chosen {
+            available,
+            indices: Vec::with_capacity(capacity),
+            ids: None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// Adds device `i` unless its id is already in the answer. In line where it is called:
+    /// the packing order calls it per device offered.
+    #[inline(always)]
+    fn take(&mut self, i: usize) {
+        let id = self.available.id(i);
+        let repeat = match &mut self.ids {
+            Some(ids) => !ids.insert(id),
+            None => {
+                let repeat = self.indices.iter().any(|&j| self.available.id(j) == id);
+                if !repeat && self.indices.len() == FEW {
+                    // Sized for the whole answer at once, not grown (and rehashed) step by step.
+                    let mut ids: FxHashSet<&'a str> = FxHashSet::with_capacity_and_hasher(
+                        self.indices.capacity(),
+                        Default::default(),
+                    );
+                    ids.extend(self.indices.iter().map(|&j| self.available.id(j)));
+                    ids.insert(id);
+                    self.ids = Some(ids);
+                }
+                repeat
+            }
+        };
+        if !repeat {
+            self.indices.push(i);
+        }
+    }
 }
 
 /// Index of a wanted id that is not available.
@@ -358,12 +406,23 @@ const NO_TOPOLOGY: u32 = u32::MAX;
 /// id), then devices without topology; in list order within a node. A device on several nodes
 /// counts on its lowest.
 struct PackingOrder {
-    /// Each device's node, as an index into the per-node vectors ([`NO_TOPOLOGY`]: none).
+    /// Each device's node, as an index into [`PackingOrder::nodes`] ([`NO_TOPOLOGY`]: none).
     slot_of_device: Vec<u32>,
-    /// Devices listed per node.
-    listed: Vec<usize>,
+    /// The nodes listed, in the order first met.
+    nodes: Vec<Node>,
     /// Nodes (slots) in packing order.
     ranked: Vec<u32>,
+}
+
+/// One NUMA node of a request.
+struct Node {
+    id: i64,
+    /// Devices listed on it.
+    listed: usize,
+    /// Of which not chosen yet.
+    free: usize,
+    /// Whether a chosen device is on it.
+    used: bool,
 }
 
 impl PackingOrder {
@@ -372,8 +431,7 @@ impl PackingOrder {
     fn new<'a, O: Offered<'a> + ?Sized>(available: &O, chosen: &[usize]) -> PackingOrder {
         let mut dense = [NO_TOPOLOGY; DENSE_NODES];
         let mut sparse: FxHashMap<i64, u32> = FxHashMap::default();
-        let mut nodes: Vec<i64> = Vec::new();
-        let mut listed: Vec<usize> = Vec::new();
+        let mut nodes: Vec<Node> = Vec::new();
         let mut slot_of_device: Vec<u32> = Vec::with_capacity(available.len());
         // The node of the device before and its slot: neighbours usually share a node.
         let mut last: Option<(i64, u32)> = None;
@@ -391,38 +449,45 @@ impl PackingOrder {
                     };
                     if *slot == NO_TOPOLOGY {
                         *slot = nodes.len() as u32;
-                        nodes.push(node);
-                        listed.push(0);
+                        nodes.push(Node {
+                            id: node,
+                            listed: 0,
+                            free: 0,
+                            used: false,
+                        });
                     }
                     last = Some((node, *slot));
                     *slot
                 }
             };
-            listed[slot as usize] += 1;
+            nodes[slot as usize].listed += 1;
             slot_of_device.push(slot);
         });
 
-        let mut used = vec![false; nodes.len()];
-        let mut free = listed.clone();
+        for node in &mut nodes {
+            node.free = node.listed;
+        }
         for &i in chosen {
             let slot = slot_of_device[i];
             if slot != NO_TOPOLOGY {
-                used[slot as usize] = true;
-                free[slot as usize] -= 1;
+                let node = &mut nodes[slot as usize];
+                node.used = true;
+                node.free -= 1;
             }
         }
-        let mut ranked: Vec<u32> = (0..nodes.len() as u32).collect();
+        let mut ranked: Vec<u32> = Vec::with_capacity(nodes.len() + 1);
+        ranked.extend(0..nodes.len() as u32);
         ranked.sort_by(|&a, &b| {
-            let (a, b) = (a as usize, b as usize);
-            used[b]
-                .cmp(&used[a])
-                .then(free[b].cmp(&free[a]))
-                .then(nodes[a].cmp(&nodes[b]))
+            let (a, b) = (&nodes[a as usize], &nodes[b as usize]);
+            b.used
+                .cmp(&a.used)
+                .then(b.free.cmp(&a.free))
+                .then(a.id.cmp(&b.id))
         });
         ranked.push(NO_TOPOLOGY);
         PackingOrder {
             slot_of_device,
-            listed,
+            nodes,
             ranked,
         }
     }
@@ -442,13 +507,13 @@ impl PackingOrder {
             return;
         }
         // Where each slot's devices start among the rest; devices without topology last.
-        let mut next = vec![0usize; self.listed.len()];
+        let mut next = vec![0usize; self.nodes.len()];
         let mut start = 0;
         for &slot in rest.iter().filter(|&&s| s != NO_TOPOLOGY) {
             next[slot as usize] = start;
-            start += self.listed[slot as usize];
+            start += self.nodes[slot as usize].listed;
         }
-        let first_len = self.listed.get(first as usize).copied().unwrap_or(0);
+        let first_len = self.nodes.get(first as usize).map_or(0, |node| node.listed);
         let mut next_without_topology = start;
         let mut order = vec![0usize; self.slot_of_device.len() - first_len];
         for (i, &slot) in self.slot_of_device.iter().enumerate() {
@@ -663,6 +728,27 @@ mod tests {
         let refusal = allocate(&RequestView::of(&r)).unwrap_err();
         assert!(
             refusal.message.contains("requested 3") && refusal.message.contains("only 2"),
+            "{}",
+            refusal.message
+        );
+    }
+
+    #[test]
+    fn a_long_answer_repeats_no_id_either() {
+        // Past the answers whose ids are compared one by one: 40 devices, each id listed twice.
+        let devices: Vec<Device> = (0..40)
+            .map(|i| dev(&format!("d{}", i % 20), &[0]))
+            .collect();
+        let r = request(devices.clone(), &["d3", "d3"], 20);
+        let answer = allocate(&RequestView::of(&r)).unwrap();
+        let expected: Vec<String> = std::iter::once(3)
+            .chain((0..20).filter(|&i| i != 3))
+            .map(|i| format!("d{i}"))
+            .collect();
+        assert_eq!(answer, expected);
+        let refusal = allocate(&RequestView::of(&request(devices, &[], 21))).unwrap_err();
+        assert!(
+            refusal.message.contains("requested 21") && refusal.message.contains("only 20"),
             "{}",
             refusal.message
         );
