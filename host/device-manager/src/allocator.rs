@@ -49,7 +49,7 @@ use crate::keep_list::KeepList;
 use crate::metrics::{Metrics, Operation, Outcome, ResourceSeries, Stage, StageClock};
 use crate::persistence::Persistence;
 use crate::pod_devices::{
-    HeldIds, HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa,
+    Change, HeldIds, HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa,
 };
 use crate::registry::Registry;
 
@@ -312,8 +312,10 @@ impl Allocator {
         pod: Option<PodName>,
     ) -> Result<Allocation, AllocateError> {
         let per_resource = self.per_resource(&key.resource);
+        // Shared from here on by the reservation, the change made durable and this span.
+        let key = Arc::new(key);
         let result = self
-            .choose_and_commit(key.clone(), count, pod, &per_resource)
+            .choose_and_commit(Arc::clone(&key), count, pod, &per_resource)
             .await;
         let outcome = match &result {
             Ok(allocation) if allocation.reused => Outcome::Reused,
@@ -365,7 +367,7 @@ impl Allocator {
 
     async fn choose_and_commit(
         &self,
-        key: HolderKey,
+        key: Arc<HolderKey>,
         count: u32,
         pod: Option<PodName>,
         per_resource: &PerResource,
@@ -759,7 +761,7 @@ impl Allocator {
     /// check found them. Returns the plugin's connection and whether PreStartContainer is due.
     fn reserve(
         &self,
-        key: &HolderKey,
+        key: &Arc<HolderKey>,
         chosen: &Arc<[DeviceId]>,
         found: &Positions,
         token: u64,
@@ -784,7 +786,7 @@ impl Allocator {
         })?;
         let numa = group_by_numa(chosen.iter().map(DeviceId::as_str).zip(numa_of));
         pods.insert_found(
-            key.clone(),
+            Arc::clone(key),
             Holding {
                 devices: Arc::clone(chosen),
                 numa: numa.into(),
@@ -809,7 +811,7 @@ impl Allocator {
     /// creation and rename cost about as much as the journal's `fdatasync`.
     async fn commit(
         &self,
-        key: HolderKey,
+        key: Arc<HolderKey>,
         token: u64,
         chosen: Arc<[DeviceId]>,
         answer: PluginAnswer,
@@ -837,24 +839,24 @@ impl Allocator {
                 if let Err(source) = written {
                     self.undo(&key).await;
                     return Err(AllocateError::Cdi {
-                        resource: key.resource,
+                        resource: key.resource.clone(),
                         source,
                     });
                 }
             }
             Ok(false) => {
-                self.unhand([key.clone()]);
+                self.unhand([HolderKey::clone(&key)]);
                 return Err(AllocateError::Released {
-                    pod_uid: key.pod_uid,
-                    container: key.container,
-                    resource: key.resource,
+                    pod_uid: key.pod_uid.clone(),
+                    container: key.container.clone(),
+                    resource: key.resource.clone(),
                 });
             }
             Err(source) => {
                 self.lock().cancel(&key, token);
-                self.unhand([key.clone()]);
+                self.unhand([HolderKey::clone(&key)]);
                 return Err(AllocateError::Checkpoint {
-                    resource: key.resource,
+                    resource: key.resource.clone(),
                     source,
                 });
             }
@@ -982,11 +984,11 @@ impl Select<'_> {
     }
 
     /// The keys of the entries this selects in `next`, a copy made from `state` with the
-    /// changes that touched `waiting` made on it (see [`Persistence::change_beside`]), sorted.
+    /// changes `waiting` made on it (see [`Persistence::change_beside`]), sorted.
     fn keys_beside(
         self,
         state: &PodDevices,
-        waiting: &[HolderKey],
+        waiting: &[Change],
         next: &PodDevices,
     ) -> Vec<HolderKey> {
         match self {

@@ -255,6 +255,31 @@ impl Kept {
     }
 }
 
+/// What a change made on a copy did to one key (see [`PodDevices::take_changes`]).
+#[derive(Clone, Debug)]
+pub struct Change {
+    key: Arc<HolderKey>,
+    /// The key's entry after the change; `None`: removed.
+    kept: Option<Arc<Kept>>,
+}
+
+impl Change {
+    /// The key changed.
+    pub fn key(&self) -> &HolderKey {
+        &self.key
+    }
+
+    /// The bytes `encode` gives the key's entry if it is allocated (kept with the entry like
+    /// those of [`PodDevices::encoded`]); `None` when it was removed or is only reserved.
+    pub fn encoded(&self, encode: impl Fn(&HolderKey, &Holding) -> Vec<u8>) -> Option<&[u8]> {
+        let kept = self.kept.as_ref()?;
+        match kept.entry.state {
+            HoldingState::Allocated { .. } => Some(kept.bytes(&self.key, encode)),
+            HoldingState::Reserved { .. } => None,
+        }
+    }
+}
+
 /// Every holder's devices, with a per-resource index of what is held.
 ///
 /// Entries are shared between copies ([`PodDevices::without_index`] shares the map's tree, not
@@ -279,8 +304,8 @@ pub struct PodDevices {
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
     /// In a copy without index: the keys its changes touched, in order (see
-    /// [`PodDevices::take_touched`]).
-    touched: Vec<HolderKey>,
+    /// [`PodDevices::take_changes`]).
+    touched: Vec<Arc<HolderKey>>,
 }
 
 impl Default for PodDevices {
@@ -323,14 +348,25 @@ impl PodDevices {
         }
     }
 
-    /// The keys changed since the copy was made ([`PodDevices::without_index`]), each once,
-    /// sorted; empty for the state itself, which does not keep them. A journal change record
-    /// is made of these: what the change touched, not the whole state.
-    pub fn take_touched(&mut self) -> Vec<HolderKey> {
+    /// What the changes since the copy was made ([`PodDevices::without_index`]) did: each key
+    /// they touched, once, sorted, with its entry now; empty for the state itself, which does
+    /// not keep them. A journal change record is made of these (what the change touched, not
+    /// the whole state), and [`PodDevices::adopt`] makes them again on the state, neither
+    /// looking the keys up again.
+    pub fn take_changes(&mut self) -> Vec<Change> {
         let mut touched = std::mem::take(&mut self.touched);
         touched.sort_unstable();
         touched.dedup();
         touched
+            .into_iter()
+            .map(|key| match self.entries.get_key_value(&*key) {
+                Some((shared, kept)) => Change {
+                    key: Arc::clone(shared),
+                    kept: Some(Arc::clone(kept)),
+                },
+                None => Change { key, kept: None },
+            })
+            .collect()
     }
 
     /// A copy without index ([`PodDevices::without_index`]).
@@ -338,23 +374,9 @@ impl PodDevices {
         self.pods.is_none()
     }
 
-    fn touch(&mut self, key: &HolderKey) {
+    fn touch(&mut self, key: &Arc<HolderKey>) {
         if self.unindexed() {
-            self.touched.push(key.clone());
-        }
-    }
-
-    /// The bytes `encode` gives `key`'s entry if it is allocated (kept with it like those of
-    /// [`PodDevices::encoded`]); `None` when `key` has no entry or a reserved one.
-    pub fn encoded_entry(
-        &self,
-        key: &HolderKey,
-        encode: impl Fn(&HolderKey, &Holding) -> Vec<u8>,
-    ) -> Option<&[u8]> {
-        let kept = self.entries.get(key)?;
-        match kept.entry.state {
-            HoldingState::Allocated { .. } => Some(kept.bytes(key, encode)),
-            HoldingState::Reserved { .. } => None,
+            self.touched.push(Arc::clone(key));
         }
     }
 
@@ -406,36 +428,35 @@ impl PodDevices {
 
     /// Adds an entry; the caller has checked that `key` has none and its devices are free.
     pub fn insert(&mut self, key: HolderKey, entry: Holding) {
-        self.insert_found(key, entry, &Positions::default());
+        self.insert_found(Arc::new(key), entry, &Positions::default());
     }
 
     /// [`PodDevices::insert`], with where the entry's devices are in the resource's devices
     /// (see [`Positions`]): the view of what is free takes them by position while it is of that
     /// generation, and by id otherwise.
-    pub fn insert_found(&mut self, key: HolderKey, entry: Holding, found: &Positions) {
+    pub fn insert_found(&mut self, key: Arc<HolderKey>, entry: Holding, found: &Positions) {
         self.version += 1;
         self.touch(&key);
         self.hold(&key.resource, &entry.devices, found);
-        match self.entries.insert(Arc::new(key.clone()), Kept::new(entry)) {
+        match self.entries.insert(Arc::clone(&key), Kept::new(entry)) {
             Some(old) => self.unhold(key.resource.as_str(), &old.entry.devices),
             None => self.count_pod(&key.pod_uid),
         }
     }
 
-    /// Makes the entries of `keys` what they are in `from` (shared with it, encoded bytes
-    /// included), removing those `from` has none of: a change made on a copy
-    /// ([`PodDevices::take_touched`] says which keys it touched) made again on this state
-    /// without running it again, as one change.
-    pub fn adopt(&mut self, from: &PodDevices, keys: &[HolderKey]) {
-        if keys.is_empty() {
+    /// Makes `changes`, taken from a copy ([`PodDevices::take_changes`]), on this state as one
+    /// change: each key's entry becomes the copy's (shared with it, encoded bytes included),
+    /// or is removed where the copy has none; the change is not run again.
+    pub fn adopt(&mut self, changes: &[Change]) {
+        if changes.is_empty() {
             return;
         }
         self.version += 1;
-        for key in keys {
+        for Change { key, kept } in changes {
             self.touch(key);
-            let old = match from.entries.get_key_value(key) {
-                Some((shared, kept)) => {
-                    match self.entries.insert(shared.clone(), kept.clone()) {
+            let old = match kept {
+                Some(kept) => {
+                    match self.entries.insert(Arc::clone(key), Arc::clone(kept)) {
                         // The same devices (a reservation that became an allocation, the
                         // commonest change): what is held stays as it is.
                         Some(old) if old.entry.devices == kept.entry.devices => continue,
@@ -449,7 +470,7 @@ impl PodDevices {
                     }
                 }
                 None => {
-                    let old = self.entries.remove(key);
+                    let old = self.entries.remove(&**key);
                     if old.is_some() {
                         self.uncount_pod(&key.pod_uid);
                     }
@@ -466,7 +487,14 @@ impl PodDevices {
         if self.unindexed() {
             return;
         }
-        let held = self.held.entry(resource.clone()).or_default();
+        // Looked up by the name lent: a copy of it is made only at the resource's first holding.
+        if !self.held.contains_key(resource.as_str()) {
+            self.held.insert(resource.clone(), HashMap::default());
+        }
+        let held = self
+            .held
+            .get_mut(resource.as_str())
+            .expect("inserted above if missing");
         // Room for all of them at once, not grown (and rehashed) step by step.
         held.reserve(devices.len());
         let mut free = self.free.get_mut(resource);
@@ -485,14 +513,15 @@ impl PodDevices {
     /// Turns the reservation `token` of `key` into an allocation. False when the reservation is
     /// gone (released meanwhile).
     pub fn commit(&mut self, key: &HolderKey, token: u64, answer: PluginAnswer) -> bool {
-        match self.entries.get_mut(key) {
-            Some(kept) if kept.entry.state == (HoldingState::Reserved { token }) => {
+        match self.entries.get_key_value_mut(key) {
+            Some((shared, kept)) if kept.entry.state == (HoldingState::Reserved { token }) => {
                 // In place unless a copy shares the entry (then the copy gets its own).
                 let kept = Arc::make_mut(kept);
                 kept.entry.state = HoldingState::Allocated { answer };
                 kept.encoded = OnceLock::new();
+                let shared = Arc::clone(shared);
                 self.version += 1;
-                self.touch(key);
+                self.touch(&shared);
                 true
             }
             _ => false,
@@ -532,14 +561,14 @@ impl PodDevices {
     pub fn not_kept_beside(
         &self,
         state: &PodDevices,
-        waiting: &[HolderKey],
+        waiting: &[Change],
         keep: &KeepList,
     ) -> Vec<HolderKey> {
         let mut pods = state.pods_not_kept(keep);
         pods.extend(
             waiting
                 .iter()
-                .map(|key| &key.pod_uid)
+                .map(|change| &change.key.pod_uid)
                 .filter(|pod| !keep.contains(pod.as_str()))
                 .cloned(),
         );
@@ -621,8 +650,8 @@ impl PodDevices {
         self.version += 1;
         let mut removed = Vec::with_capacity(keys.len());
         for key in keys {
-            if let Some(kept) = self.entries.remove(&key) {
-                self.touch(&key);
+            if let Some((shared, kept)) = self.entries.remove_with_key(&key) {
+                self.touch(&shared);
                 self.unhold(key.resource.as_str(), &kept.entry.devices);
                 self.uncount_pod(&key.pod_uid);
                 let entry =
@@ -688,9 +717,9 @@ impl PodDevices {
 
     /// Removes the entry of `key`, whatever its state.
     pub fn release_key(&mut self, key: &HolderKey) {
-        if let Some(kept) = self.entries.remove(key) {
+        if let Some((shared, kept)) = self.entries.remove_with_key(key) {
             self.version += 1;
-            self.touch(key);
+            self.touch(&shared);
             self.unhold(key.resource.as_str(), &kept.entry.devices);
             self.uncount_pod(&key.pod_uid);
         }
@@ -876,8 +905,7 @@ mod tests {
         // A reservation committed on a copy: the same devices, now allocated.
         let mut copy = pods.without_index();
         assert!(copy.commit(&key("p", "c"), 7, PluginAnswer::default()));
-        let touched = copy.take_touched();
-        pods.adopt(&copy, &touched);
+        pods.adopt(&copy.take_changes());
         assert!(matches!(
             pods.get(&key("p", "c")).unwrap().state,
             HoldingState::Allocated { .. }
@@ -888,8 +916,7 @@ mod tests {
         // Other devices for the same key: the old ones are free again, the new ones held.
         let mut copy = pods.without_index();
         copy.insert(key("p", "c"), reserved(&["d1", "d3"], 8));
-        let touched = copy.take_touched();
-        pods.adopt(&copy, &touched);
+        pods.adopt(&copy.take_changes());
         assert!(!pods.is_held("vendor.com/gpu", "d0"));
         assert!(pods.is_held("vendor.com/gpu", "d1"));
         assert!(pods.is_held("vendor.com/gpu", "d3"));
@@ -898,8 +925,7 @@ mod tests {
         // Released on a copy: nothing held.
         let mut copy = pods.without_index();
         copy.release("p", None);
-        let touched = copy.take_touched();
-        pods.adopt(&copy, &touched);
+        pods.adopt(&copy.take_changes());
         assert_eq!(pods.held_count("vendor.com/gpu"), 0);
         assert_eq!(free(&mut pods), ["d0", "d1", "d2", "d3"]);
     }
@@ -926,7 +952,7 @@ mod tests {
         let mut pods = PodDevices::default();
         assert_eq!(free(&mut pods, &set).len(), 4);
         pods.insert_found(
-            key("p", "c"),
+            Arc::new(key("p", "c")),
             reserved(&["d2", "d0"], 1),
             &Positions::new(&set, vec![2, 0]),
         );
@@ -935,7 +961,7 @@ mod tests {
         // Positions of another set (the devices listed again, in another order): by id.
         let other = DeviceSet::new(["d3", "d1"].map(device).into());
         pods.insert_found(
-            key("q", "c"),
+            Arc::new(key("q", "c")),
             reserved(&["d1"], 2),
             &Positions::new(&other, vec![1]),
         );
@@ -1174,8 +1200,7 @@ mod tests {
                     _ => {
                         let mut copy = pods.without_index();
                         copy.insert(k, allocated(&[&format!("e{i}")]));
-                        let touched = copy.take_touched();
-                        pods.adopt(&copy, &touched);
+                        pods.adopt(&copy.take_changes());
                     }
                 }
             };
@@ -1200,10 +1225,10 @@ mod tests {
             for (i, c) in waiting.iter().enumerate() {
                 change(&mut copy, *c, 1000 + i);
             }
-            let touched = copy.take_touched();
+            let waiting = copy.take_changes();
             let keep: KeepList = keep.iter().map(|p| uid(*p)).collect();
             proptest::prop_assert_eq!(
-                copy.not_kept_beside(&pods, &touched, &keep),
+                copy.not_kept_beside(&pods, &waiting, &keep),
                 copy.not_kept(&keep)
             );
         }

@@ -96,11 +96,12 @@ pub async fn allocate(
     check_name("container", &request.container)?;
     check_name("resource", &request.resource)?;
     let pod = pod_name(&request.pod_name, &request.pod_namespace)?;
+    // The request's strings become the allocation's key, moved.
     let allocation = devices
         .allocate_named(
-            &request.pod_uid,
-            &request.container,
-            &request.resource,
+            request.pod_uid,
+            request.container,
+            request.resource,
             request.count,
             pod,
         )

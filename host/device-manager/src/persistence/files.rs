@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::device_id::DeviceId;
 use crate::devices::{DeviceSet, Health, ListedDevice};
-use crate::pod_devices::{HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa};
+use crate::pod_devices::{
+    Change, HolderKey, Holding, HoldingState, PodDevices, PodName, group_by_numa,
+};
 
 /// The side file's content.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -321,17 +323,20 @@ pub fn encode_journal(on_disk: &[u64], pods: &PodDevices) -> Vec<u8> {
 /// allocated entry in `pods` any more (released, or only reserved) as a JSON list of
 /// `[pod UID, container, resource]` preceded by its length (4 bytes, little-endian), then the
 /// allocated entries of the others, as in [`encode_journal`] (a kubelet checkpoint file).
-pub fn encode_change(on_disk: &[u64], pods: &PodDevices, touched: &[HolderKey]) -> Vec<u8> {
+pub fn encode_change(on_disk: &[u64], changes: &[Change]) -> Vec<u8> {
     let mut removed: Vec<(&str, &str, &str)> = Vec::new();
     let mut put: Vec<&[u8]> = Vec::new();
-    for key in touched {
-        match pods.encoded_entry(key, encode_entry) {
+    for change in changes {
+        match change.encoded(encode_entry) {
             Some(bytes) => put.push(bytes),
-            None => removed.push((
-                key.pod_uid.as_str(),
-                key.container.as_str(),
-                key.resource.as_str(),
-            )),
+            None => {
+                let key = change.key();
+                removed.push((
+                    key.pod_uid.as_str(),
+                    key.container.as_str(),
+                    key.resource.as_str(),
+                ));
+            }
         }
     }
     let removed = serde_json::to_vec(&removed).expect("strings encode");

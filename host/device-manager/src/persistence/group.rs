@@ -5,7 +5,8 @@
 //! before it ([`Queue::pending`]), so the queue's order is the order of the journal and of the
 //! state. The writer writes the records of every change queued (without waiting for the disk),
 //! makes them durable with one `fdatasync`, then applies them to the state in order
-//! ([`PodDevices::adopt`]: the entries each change touched, taken from its copy), publishes the
+//! ([`PodDevices::adopt`]: the entries each change touched, taken from its copy once, when it
+//! was queued), publishes the
 //! acknowledged state and answers each change. Under concurrency a sync covers every change
 //! that became ready while the previous one ran; alone, a change is written and synced at once.
 //! The `fdatasync` runs on the writer's tokio worker, so after answering a group the writer
@@ -35,7 +36,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::disk::Disk;
 use super::{Inner, files, lock};
 use crate::metrics::Metrics;
-use crate::pod_devices::{HolderKey, PodDevices};
+use crate::pod_devices::{Change, PodDevices};
 
 /// What a change's caller hears: `Ok` once its record is durable and the change is made.
 pub(super) type Answer = Result<(), Arc<CheckpointError>>;
@@ -46,8 +47,9 @@ struct Queued {
     pods: Arc<Mutex<PodDevices>>,
     /// The pending state after the change (a copy without index).
     state: PodDevices,
-    /// The keys it touched (empty: it changed nothing, and is answered with its group).
-    touched: Vec<HolderKey>,
+    /// What it did to each key it touched (empty: it changed nothing, and is answered with its
+    /// group).
+    changes: Vec<Change>,
 }
 
 /// The changes made and not yet answered, oldest first, each with where its answer goes.
@@ -64,15 +66,15 @@ impl Queue {
         self.pending_from(&lock(pods)).0
     }
 
-    /// [`Queue::pending`], made from `state` (locked by the caller), with the keys the queued
-    /// changes touched, sorted, each once.
-    pub(super) fn pending_from(&self, state: &PodDevices) -> (PodDevices, Vec<HolderKey>) {
+    /// [`Queue::pending`], made from `state` (locked by the caller), with what the queued
+    /// changes did, by key, sorted, each key once.
+    pub(super) fn pending_from(&self, state: &PodDevices) -> (PodDevices, Vec<Change>) {
         let mut next = state.without_index();
         for (queued, _) in &self.changes {
-            next.adopt(&queued.state, &queued.touched);
+            next.adopt(&queued.changes);
         }
-        let touched = next.take_touched();
-        (next, touched)
+        let waiting = next.take_changes();
+        (next, waiting)
     }
 
     /// Queues a change made on [`Queue::pending`]; returns where its answer will come.
@@ -81,12 +83,12 @@ impl Queue {
         pods: &Arc<Mutex<PodDevices>>,
         mut state: PodDevices,
     ) -> oneshot::Receiver<Answer> {
-        let touched = state.take_touched();
+        let changes = state.take_changes();
         let (answer, answered) = oneshot::channel();
         let queued = Queued {
             pods: pods.clone(),
             state,
-            touched,
+            changes,
         };
         self.changes.push_back((Arc::new(queued), answer));
         answered
@@ -139,13 +141,13 @@ async fn commit_group(inner: &Inner) -> bool {
     let started = Instant::now();
     let mut records = 0;
     let mut written = Ok(());
-    for queued in group.iter().filter(|q| !q.touched.is_empty()) {
+    for queued in group.iter().filter(|q| !q.changes.is_empty()) {
         written = write_record(
             &mut disk,
             &inner.paths.journal,
             inner.durability,
             &queued.state,
-            &queued.touched,
+            &queued.changes,
         );
         records += 1;
         if written.is_err() {
@@ -168,10 +170,12 @@ async fn commit_group(inner: &Inner) -> bool {
             Ok(()) => {
                 let done: Vec<_> = queue.changes.drain(..group.len()).collect();
                 for (queued, _) in &done {
-                    lock(&queued.pods).adopt(&queued.state, &queued.touched);
+                    lock(&queued.pods).adopt(&queued.changes);
                 }
-                // The copy the last record was made from is the state now acknowledged.
-                inner.acknowledged.store(Arc::new(last.state.clone()));
+                // The copy the last record was made from is the state now acknowledged (the one
+                // it replaces is dropped after the swap, off the mutex).
+                let acknowledged = Arc::new(last.state.clone());
+                let _replaced = std::mem::replace(&mut *lock(&inner.acknowledged), acknowledged);
                 done.into_iter().map(|(_, to)| (to, Ok(()))).collect()
             }
             Err(err) => {
@@ -205,7 +209,7 @@ async fn commit_group(inner: &Inner) -> bool {
     true
 }
 
-/// Writes the record of a change that touched `touched` and left `state` (as what it changed,
+/// Writes the record of a change that did `changes` and left `state` (as what it changed,
 /// or as the whole state when the newest whole record's slot has no room or the journal's
 /// newest record is not known to hold the state it was made on), naming the checkpoint files
 /// `disk` names. Not durable before [`Disk::sync`].
@@ -214,9 +218,9 @@ fn write_record(
     journal: &Path,
     durability: Durability,
     state: &PodDevices,
-    touched: &[HolderKey],
+    changes: &[Change],
 ) -> Result<(), CheckpointError> {
-    let change = files::encode_change(&disk.on_disk, state, touched);
+    let change = files::encode_change(&disk.on_disk, changes);
     let done = disk.write_change(journal, durability, &change)?;
     if done {
         return Ok(());

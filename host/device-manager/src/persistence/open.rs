@@ -3,9 +3,8 @@
 //! the journal renamed); what the files then say is [`super::restore`]'s to decide.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use arc_swap::ArcSwap;
 use pluglet_checkpoint::{
     CheckpointData, CheckpointError, Durability, Journal, LoadOutcome, PodDevicesEntry,
 };
@@ -82,7 +81,7 @@ impl Persistence {
         let (wake, woken) = tokio::sync::mpsc::channel(1);
         let persistence = Persistence {
             inner: Arc::new(Inner {
-                acknowledged: ArcSwap::from_pointee(restored.pods.without_index()),
+                acknowledged: Mutex::new(Arc::new(restored.pods.without_index())),
                 paths,
                 durability,
                 metrics,

@@ -136,12 +136,14 @@ impl Persistence {
             return Ok(());
         }
         let inner = &self.inner;
+        // Taken apart from the record's write: the mutex is not held across it.
+        let acknowledged = Arc::clone(&super::lock(&inner.acknowledged));
         super::group::record_state(
             &mut disk,
             &inner.paths.journal,
             inner.durability,
             &inner.metrics,
-            &inner.acknowledged.load(),
+            &acknowledged,
         )
     }
 
