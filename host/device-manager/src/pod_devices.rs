@@ -259,6 +259,8 @@ impl Kept {
 #[derive(Clone, Debug)]
 pub struct Change {
     key: Arc<HolderKey>,
+    /// The key's entry before the change, in the state the copy was made from; `None`: none.
+    old: Option<Arc<Kept>>,
     /// The key's entry after the change; `None`: removed.
     kept: Option<Arc<Kept>>,
 }
@@ -303,9 +305,9 @@ pub struct PodDevices {
     pods: Option<HeldPods>,
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
-    /// In a copy without index: the keys its changes touched, in order (see
-    /// [`PodDevices::take_changes`]).
-    touched: Vec<Arc<HolderKey>>,
+    /// In a copy without index: the keys its changes touched, in order, each with its entry
+    /// before that change (see [`PodDevices::take_changes`]).
+    touched: Vec<(Arc<HolderKey>, Option<Arc<Kept>>)>,
 }
 
 impl Default for PodDevices {
@@ -349,24 +351,36 @@ impl PodDevices {
     }
 
     /// What the changes since the copy was made ([`PodDevices::without_index`]) did: each key
-    /// they touched, once, sorted, with its entry now; empty for the state itself, which does
-    /// not keep them. A journal change record is made of these (what the change touched, not
-    /// the whole state), and [`PodDevices::adopt`] makes them again on the state, neither
-    /// looking the keys up again.
+    /// they touched, once, sorted, with its entry before them and now; empty for the state
+    /// itself, which does not keep them. A journal change record is made of these (what the
+    /// change touched, not the whole state), and [`PodDevices::adopt`] makes them again on the
+    /// state, neither looking the keys up again.
     pub fn take_changes(&mut self) -> Vec<Change> {
         let mut touched = std::mem::take(&mut self.touched);
-        touched.sort_unstable();
-        touched.dedup();
+        // Stable, and the first of each key kept: its entry before the first change.
+        touched.sort_by(|a, b| a.0.cmp(&b.0));
+        touched.dedup_by(|later, first| later.0 == first.0);
         touched
             .into_iter()
-            .map(|key| match self.entries.get_key_value(&*key) {
+            .map(|(key, old)| match self.entries.get_key_value(&*key) {
                 Some((shared, kept)) => Change {
                     key: Arc::clone(shared),
+                    old,
                     kept: Some(Arc::clone(kept)),
                 },
-                None => Change { key, kept: None },
+                None => Change {
+                    key,
+                    old,
+                    kept: None,
+                },
             })
             .collect()
+    }
+
+    /// Forgets the changes made since the copy was made ([`PodDevices::take_changes`] then
+    /// says nothing changed).
+    pub fn forget_changes(&mut self) {
+        self.touched.clear();
     }
 
     /// A copy without index ([`PodDevices::without_index`]).
@@ -374,9 +388,10 @@ impl PodDevices {
         self.pods.is_none()
     }
 
-    fn touch(&mut self, key: &Arc<HolderKey>) {
+    /// Notes, in a copy, that `key` changed from `old`.
+    fn touch(&mut self, key: &Arc<HolderKey>, old: Option<&Arc<Kept>>) {
         if self.unindexed() {
-            self.touched.push(Arc::clone(key));
+            self.touched.push((Arc::clone(key), old.cloned()));
         }
     }
 
@@ -436,9 +451,10 @@ impl PodDevices {
     /// generation, and by id otherwise.
     pub fn insert_found(&mut self, key: Arc<HolderKey>, entry: Holding, found: &Positions) {
         self.version += 1;
-        self.touch(&key);
         self.hold(&key.resource, &entry.devices, found);
-        match self.entries.insert(Arc::clone(&key), Kept::new(entry)) {
+        let old = self.entries.insert(Arc::clone(&key), Kept::new(entry));
+        self.touch(&key, old.as_ref());
+        match old {
             Some(old) => self.unhold(key.resource.as_str(), &old.entry.devices),
             None => self.count_pod(&key.pod_uid),
         }
@@ -452,34 +468,55 @@ impl PodDevices {
             return;
         }
         self.version += 1;
-        for Change { key, kept } in changes {
-            self.touch(key);
+        for Change { key, kept, .. } in changes {
             let old = match kept {
-                Some(kept) => {
-                    match self.entries.insert(Arc::clone(key), Arc::clone(kept)) {
-                        // The same devices (a reservation that became an allocation, the
-                        // commonest change): what is held stays as it is.
-                        Some(old) if old.entry.devices == kept.entry.devices => continue,
-                        old => {
-                            self.hold(&key.resource, &kept.entry.devices, &Positions::default());
-                            if old.is_none() {
-                                self.count_pod(&key.pod_uid);
-                            }
-                            old
-                        }
-                    }
-                }
-                None => {
-                    let old = self.entries.remove(&**key);
-                    if old.is_some() {
-                        self.uncount_pod(&key.pod_uid);
-                    }
-                    old
-                }
+                Some(kept) => self.entries.insert(Arc::clone(key), Arc::clone(kept)),
+                None => self.entries.remove(&**key),
             };
-            if let Some(old) = old {
-                self.unhold(key.resource.as_str(), &old.entry.devices);
-            }
+            self.touch(key, old.as_ref());
+            self.follow(key, old.as_ref(), kept.as_ref());
+        }
+    }
+
+    /// [`PodDevices::adopt`] of the changes made on `from`, a copy made from this state when
+    /// it was at version `base`. While this state is still at `base` (nothing changed it since,
+    /// as when changes come one at a time), `from`'s map is taken whole, its tree shared, and
+    /// only the index follows `changes`: no key is looked up, and no path of this state's tree
+    /// is copied to change it. Otherwise as [`PodDevices::adopt`].
+    pub fn adopt_copy(&mut self, from: &PodDevices, base: Option<u64>, changes: &[Change]) {
+        if base != Some(self.version) || self.unindexed() {
+            self.adopt(changes);
+            return;
+        }
+        if changes.is_empty() {
+            return;
+        }
+        self.version += 1;
+        self.entries = from.entries.clone();
+        for Change { key, old, kept } in changes {
+            self.follow(key, old.as_ref(), kept.as_ref());
+        }
+    }
+
+    /// Makes the index follow `key`'s entry going from `old` to `kept`.
+    fn follow(&mut self, key: &HolderKey, old: Option<&Arc<Kept>>, kept: Option<&Arc<Kept>>) {
+        if let (Some(old), Some(kept)) = (old, kept)
+            && old.entry.devices == kept.entry.devices
+        {
+            // The same devices (a reservation that became an allocation, the commonest
+            // change): what is held stays as it is.
+            return;
+        }
+        if let Some(kept) = kept {
+            self.hold(&key.resource, &kept.entry.devices, &Positions::default());
+        }
+        match (old.is_some(), kept.is_some()) {
+            (false, true) => self.count_pod(&key.pod_uid),
+            (true, false) => self.uncount_pod(&key.pod_uid),
+            _ => {}
+        }
+        if let Some(old) = old {
+            self.unhold(key.resource.as_str(), &old.entry.devices);
         }
     }
 
@@ -513,15 +550,18 @@ impl PodDevices {
     /// Turns the reservation `token` of `key` into an allocation. False when the reservation is
     /// gone (released meanwhile).
     pub fn commit(&mut self, key: &HolderKey, token: u64, answer: PluginAnswer) -> bool {
+        let unindexed = self.unindexed();
         match self.entries.get_key_value_mut(key) {
             Some((shared, kept)) if kept.entry.state == (HoldingState::Reserved { token }) => {
-                // In place unless a copy shares the entry (then the copy gets its own).
+                let shared = Arc::clone(shared);
+                // Kept for the copy's change; the state does not keep it (its entry is then
+                // changed in place unless a copy shares it).
+                let old = unindexed.then(|| Arc::clone(kept));
                 let kept = Arc::make_mut(kept);
                 kept.entry.state = HoldingState::Allocated { answer };
                 kept.encoded = OnceLock::new();
-                let shared = Arc::clone(shared);
                 self.version += 1;
-                self.touch(&shared);
+                self.touch(&shared, old.as_ref());
                 true
             }
             _ => false,
@@ -651,7 +691,7 @@ impl PodDevices {
         let mut removed = Vec::with_capacity(keys.len());
         for key in keys {
             if let Some((shared, kept)) = self.entries.remove_with_key(&key) {
-                self.touch(&shared);
+                self.touch(&shared, Some(&kept));
                 self.unhold(key.resource.as_str(), &kept.entry.devices);
                 self.uncount_pod(&key.pod_uid);
                 let entry =
@@ -719,7 +759,7 @@ impl PodDevices {
     pub fn release_key(&mut self, key: &HolderKey) {
         if let Some((shared, kept)) = self.entries.remove_with_key(key) {
             self.version += 1;
-            self.touch(&shared);
+            self.touch(&shared, Some(&kept));
             self.unhold(key.resource.as_str(), &kept.entry.devices);
             self.uncount_pod(&key.pod_uid);
         }
@@ -1231,6 +1271,95 @@ mod tests {
                 copy.not_kept_beside(&pods, &waiting, &keep),
                 copy.not_kept(&keep)
             );
+        }
+    }
+
+    /// What the state shows: every entry, what is held of the resource (and how often), the
+    /// free view and the index of held pods.
+    fn shown(pods: &mut PodDevices, set: &DeviceSet) -> impl std::fmt::Debug + PartialEq {
+        let entries: Vec<(HolderKey, Holding)> =
+            pods.iter().map(|(k, h)| (k.clone(), h.clone())).collect();
+        let held: BTreeMap<String, u32> = pods
+            .held
+            .get("vendor.com/gpu")
+            .map(|h| h.iter().map(|(id, n)| (id.to_string(), *n)).collect())
+            .unwrap_or_default();
+        let index: BTreeMap<String, u32> = pods
+            .pods
+            .as_ref()
+            .expect("the state keeps the index")
+            .by_uid
+            .iter()
+            .map(|(pod, n)| (pod.uid().to_string(), *n))
+            .collect();
+        let gpu = ResourceName::from("vendor.com/gpu");
+        let (count, runs) = pods.free_devices(&gpu, set);
+        let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
+        for run in runs {
+            candidates.extend_from_columns(run);
+        }
+        let free: Vec<String> = candidates.iter().map(|(id, _)| id.to_owned()).collect();
+        (entries, held, index, count, free)
+    }
+
+    proptest::proptest! {
+        /// A change made on a copy of the state, adopted with the copy's map taken whole (the
+        /// state unchanged since the copy), leaves the state as adopting it key by key does:
+        /// the same entries, devices held, free view and index of held pods.
+        #[test]
+        fn adopting_a_copy_whole_is_adopting_it_key_by_key(
+            before in proptest::collection::vec((0u8..6, 0u8..3, 0u8..16), 0..12),
+            change in proptest::collection::vec((0u8..4, 0u8..6, 0u8..3, 0u8..16), 1..6),
+        ) {
+            let device = |i: u8| ListedDevice {
+                id: format!("d{i}").as_str().into(),
+                health: Health::Healthy,
+                numa: Vec::new(),
+            };
+            let set = DeviceSet::new((0..16).map(device).collect::<Vec<_>>());
+            let mut state = PodDevices::default();
+            for (pod, container, d) in &before {
+                let k = key(&format!("p{pod}"), &format!("c{container}"));
+                if state.get(&k).is_none() {
+                    state.insert(k, reserved(&[&format!("d{d}")], u64::from(*d)));
+                }
+            }
+            shown(&mut state, &set);
+            let base = state.version();
+            let mut copy = state.without_index();
+            // 0: insert (or replace), 1: commit a reservation, 2: release a container,
+            // 3: release a pod.
+            for (op, pod, container, d) in &change {
+                let k = key(&format!("p{pod}"), &format!("c{container}"));
+                match op {
+                    0 => copy.insert(k, reserved(&[&format!("d{d}")], 100)),
+                    1 => {
+                        let token = match copy.get(&k).map(|h| &h.state) {
+                            Some(HoldingState::Reserved { token }) => *token,
+                            _ => u64::from(*d),
+                        };
+                        copy.commit(&k, token, PluginAnswer::default());
+                    }
+                    2 => copy.release_key(&k),
+                    _ => {
+                        copy.release(&format!("p{pod}"), None);
+                    }
+                }
+            }
+            let changes = copy.take_changes();
+            let mut by_key = state.clone();
+            by_key.adopt(&changes);
+            let mut whole = state.clone();
+            whole.adopt_copy(&copy, Some(base), &changes);
+            proptest::prop_assert_eq!(shown(&mut whole, &set), shown(&mut by_key, &set));
+            proptest::prop_assert_eq!(whole.version(), by_key.version());
+            // A state changed since the copy was made adopts key by key.
+            let mut moved = state.clone();
+            moved.insert(key("other", "c"), reserved(&["d15"], 7));
+            let mut expected = moved.clone();
+            expected.adopt(&changes);
+            moved.adopt_copy(&copy, Some(base), &changes);
+            proptest::prop_assert_eq!(shown(&mut moved, &set), shown(&mut expected, &set));
         }
     }
 

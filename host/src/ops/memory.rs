@@ -55,6 +55,7 @@ impl Default for Trimming {
     }
 }
 
+#[inline]
 fn note_freed(size: usize) {
     if size >= LARGE {
         FREED.with(|freed| freed.set(freed.get().saturating_add(size)));
@@ -73,6 +74,7 @@ const WORD: usize = std::mem::size_of::<usize>();
 // both. The count beside them neither allocates nor touches the blocks.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Trimming {
+    #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract, passed on.
         unsafe {
@@ -84,6 +86,7 @@ unsafe impl GlobalAlloc for Trimming {
         }
     }
 
+    #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract, passed on.
         unsafe {
@@ -95,12 +98,14 @@ unsafe impl GlobalAlloc for Trimming {
         }
     }
 
+    #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         note_freed(layout.size());
         // SAFETY: the caller's contract, passed on.
         unsafe { ffi::mi_free(ptr.cast()) }
     }
 
+    #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // A large block that grows is usually moved, and the old one freed.
         note_freed(layout.size());

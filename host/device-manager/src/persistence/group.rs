@@ -47,6 +47,9 @@ struct Queued {
     pods: Arc<Mutex<PodDevices>>,
     /// The pending state after the change (a copy without index).
     state: PodDevices,
+    /// The version of `pods` the copy was made from when no change was queued before it (the
+    /// copy is then `pods` with this change alone; see [`PodDevices::adopt_copy`]).
+    base: Option<u64>,
     /// What it did to each key it touched (empty: it changed nothing, and is answered with its
     /// group).
     changes: Vec<Change>,
@@ -63,24 +66,34 @@ impl Queue {
     /// is made on. The caller holds the queue's lock, so the writer cannot apply a change to
     /// `pods` and drop it from the queue in between.
     pub(super) fn pending(&self, pods: &Mutex<PodDevices>) -> PodDevices {
-        self.pending_from(&lock(pods)).0
+        let mut next = self.adopted(&lock(pods));
+        next.forget_changes();
+        next
     }
 
     /// [`Queue::pending`], made from `state` (locked by the caller), with what the queued
     /// changes did, by key, sorted, each key once.
     pub(super) fn pending_from(&self, state: &PodDevices) -> (PodDevices, Vec<Change>) {
-        let mut next = state.without_index();
-        for (queued, _) in &self.changes {
-            next.adopt(&queued.changes);
-        }
+        let mut next = self.adopted(state);
         let waiting = next.take_changes();
         (next, waiting)
     }
 
-    /// Queues a change made on [`Queue::pending`]; returns where its answer will come.
+    /// A copy (without index) of `state` with every queued change made on it.
+    fn adopted(&self, state: &PodDevices) -> PodDevices {
+        let mut next = state.without_index();
+        for (queued, _) in &self.changes {
+            next.adopt(&queued.changes);
+        }
+        next
+    }
+
+    /// Queues a change made on [`Queue::pending`] (made when `pods` was at version `version`);
+    /// returns where its answer will come.
     pub(super) fn push(
         &mut self,
         pods: &Arc<Mutex<PodDevices>>,
+        version: u64,
         mut state: PodDevices,
     ) -> oneshot::Receiver<Answer> {
         let changes = state.take_changes();
@@ -88,6 +101,7 @@ impl Queue {
         let queued = Queued {
             pods: pods.clone(),
             state,
+            base: self.changes.is_empty().then_some(version),
             changes,
         };
         self.changes.push_back((Arc::new(queued), answer));
@@ -170,7 +184,7 @@ async fn commit_group(inner: &Inner) -> bool {
             Ok(()) => {
                 let done: Vec<_> = queue.changes.drain(..group.len()).collect();
                 for (queued, _) in &done {
-                    lock(&queued.pods).adopt(&queued.changes);
+                    lock(&queued.pods).adopt_copy(&queued.state, queued.base, &queued.changes);
                 }
                 // The copy the last record was made from is the state now acknowledged (the one
                 // it replaces is dropped after the swap, off the mutex).

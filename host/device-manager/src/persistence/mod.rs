@@ -219,7 +219,7 @@ impl<T> Made<T> {
         if next.version() == version && queue.is_empty() {
             return Made::Nothing(out);
         }
-        Made::Queued(out, queue.push(pods, next))
+        Made::Queued(out, queue.push(pods, version, next))
     }
 }
 
