@@ -165,14 +165,13 @@ fn check_places<'a>(
 }
 
 /// The name to record with a new entry of `key`'s pod: the one `given`, else the one the pod's
-/// other entries carry. Refused when the pod's UID is recorded under another name (a pod's
+/// other entries carry (`recorded`). Refused when the pod's UID is recorded under another name (a pod's
 /// name never changes; two names for one UID are a client's mistake).
 fn pod_name_to_record(
-    pods: &PodDevices,
+    recorded: Option<&PodName>,
     key: &HolderKey,
     given: Option<&PodName>,
 ) -> Result<Option<PodName>, AllocateError> {
-    let recorded = pods.pod_name(key.pod_uid.as_str());
     match (given, recorded) {
         (Some(given), Some(recorded)) if given != recorded => Err(AllocateError::PodRenamed {
             pod_uid: key.pod_uid.clone(),
@@ -728,8 +727,9 @@ impl Allocator {
         pod: Option<&PodName>,
     ) -> Result<Option<Plan>, AllocateError> {
         let pods = self.lock();
-        pod_name_to_record(&pods, key, pod)?;
-        let Some(entry) = pods.get(key) else {
+        let (recorded, entry) = pods.pod_name_and_entry(key);
+        pod_name_to_record(recorded, key, pod)?;
+        let Some(entry) = entry else {
             return Ok(None);
         };
         match &entry.state {
@@ -769,8 +769,9 @@ impl Allocator {
     ) -> Result<PluginCall, AllocateError> {
         let offer = self.inner.registry.offer(&key.resource)?;
         let mut pods = self.lock();
-        let pod = pod_name_to_record(&pods, key, pod.as_ref())?;
-        if pods.get(key).is_some() {
+        let (recorded, entry) = pods.pod_name_and_entry(key);
+        let pod = pod_name_to_record(recorded, key, pod.as_ref())?;
+        if entry.is_some() {
             return Err(AllocateError::InProgress {
                 pod_uid: key.pod_uid.clone(),
                 container: key.container.clone(),

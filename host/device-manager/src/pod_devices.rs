@@ -702,6 +702,20 @@ impl PodDevices {
         removed
     }
 
+    /// The name of `key`'s pod recorded with any of its entries (if one was given) and `key`'s
+    /// entry, found by one range of the map (the pod's entries) instead of a lookup each.
+    pub fn pod_name_and_entry(&self, key: &HolderKey) -> (Option<&PodName>, Option<&Holding>) {
+        let mut name = None;
+        let mut entry = None;
+        for (k, kept) in self.entries_of_pod(key.pod_uid.as_str()) {
+            name = name.or(kept.entry.pod.as_ref());
+            if k.container == key.container && k.resource == key.resource {
+                entry = Some(&kept.entry);
+            }
+        }
+        (name, entry)
+    }
+
     /// The name of `pod_uid` recorded with any of its entries, if one was given.
     pub fn pod_name(&self, pod_uid: &str) -> Option<&PodName> {
         self.entries_of_pod(pod_uid)
@@ -1361,6 +1375,32 @@ mod tests {
             moved.adopt_copy(&copy, Some(base), &changes);
             proptest::prop_assert_eq!(shown(&mut moved, &set), shown(&mut expected, &set));
         }
+    }
+
+    #[test]
+    fn a_pod_s_name_and_an_entry_are_found_together() {
+        let named = |ids: &[&str]| Holding {
+            pod: Some(PodName {
+                name: "web-0".into(),
+                namespace: "default".into(),
+            }),
+            ..reserved(ids, 1)
+        };
+        let mut pods = PodDevices::default();
+        pods.insert(key("a", "c"), reserved(&["d0"], 1));
+        pods.insert(key("p", "b"), reserved(&["d1"], 2));
+        pods.insert(key("p", "c"), named(&["d2"]));
+        pods.insert(key("q", "c"), named(&["d3"]));
+        let (name, entry) = pods.pod_name_and_entry(&key("p", "b"));
+        assert_eq!(name.map(|n| n.name.as_str()), Some("web-0"));
+        assert_eq!(entry.map(|e| &*e.devices), Some(&["d1".into()][..]));
+        let (name, entry) = pods.pod_name_and_entry(&key("p", "x"));
+        assert_eq!(name.map(|n| n.name.as_str()), Some("web-0"));
+        assert!(entry.is_none());
+        let (name, entry) = pods.pod_name_and_entry(&key("a", "c"));
+        assert!(name.is_none());
+        assert!(entry.is_some());
+        assert_eq!(pods.pod_name_and_entry(&key("new", "c")), (None, None));
     }
 
     #[test]
