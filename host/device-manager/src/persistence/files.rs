@@ -319,8 +319,8 @@ pub fn encode_journal(on_disk: &[u64], pods: &PodDevices) -> Vec<u8> {
 
 /// A journal change record ([`pluglet_checkpoint::Journal::append_change`]): what a change
 /// did to the state of the record before it, so its cost is the change's, not the state's.
-/// The checksums it names as in [`encode_journal`], then the keys of `touched` that have no
-/// allocated entry in `pods` any more (released, or only reserved) as a JSON list of
+/// The checksums it names as in [`encode_journal`], then the keys of `changes` left with no
+/// allocated entry (released, or only reserved) as a JSON list of
 /// `[pod UID, container, resource]` preceded by its length (4 bytes, little-endian), then the
 /// allocated entries of the others, as in [`encode_journal`] (a kubelet checkpoint file).
 pub fn encode_change(on_disk: &[u64], changes: &[Change]) -> Vec<u8> {

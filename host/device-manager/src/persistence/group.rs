@@ -5,15 +5,15 @@
 //! before it ([`Queue::pending`]), so the queue's order is the order of the journal and of the
 //! state. The writer writes the records of every change queued (without waiting for the disk),
 //! makes them durable with one `fdatasync`, then applies them to the state in order
-//! ([`PodDevices::adopt`]: the entries each change touched, taken from its copy once, when it
-//! was queued), publishes the
-//! acknowledged state and answers each change. Under concurrency a sync covers every change
-//! that became ready while the previous one ran; alone, a change is written and synced at once.
-//! The `fdatasync` runs on the writer's tokio worker, so after answering a group the writer
-//! yields once before it looks for the next: the callers it answered were woken on that worker
-//! (the last in the slot no other worker steals from) and would otherwise wait out the next
-//! sync, and the tasks that were ready meanwhile queue their changes in time for it. Under 16
-//! clients this halved the syncs per allocation (docs/performance.md).
+//! ([`PodDevices::adopt_copy`]: the entries each change touched, taken from its copy once when
+//! it was queued; the copy's whole map when the state has not changed since the copy was made),
+//! publishes the acknowledged state and answers each change. Under concurrency a sync covers
+//! every change that became ready while the previous one ran; alone, a change is written and
+//! synced at once. The `fdatasync` runs on the writer's tokio worker, so after answering a group
+//! the writer yields once before it looks for the next: the callers it answered were woken on
+//! that worker (the last in the slot no other worker steals from) and would otherwise wait out
+//! the next sync, and the tasks that were ready meanwhile queue their changes in time for it.
+//! Under 16 clients this halved the syncs per allocation (docs/performance.md).
 //!
 //! A failed write or sync fails its whole group, and every change queued behind it (each was
 //! made on a state that held the failed ones): none was applied to the state, so nothing is
