@@ -165,8 +165,8 @@ fn check_places<'a>(
 }
 
 /// The name to record with a new entry of `key`'s pod: the one `given`, else the one the pod's
-/// other entries carry (`recorded`). Refused when the pod's UID is recorded under another name (a pod's
-/// name never changes; two names for one UID are a client's mistake).
+/// other entries carry (`recorded`). Refused when the pod's UID is recorded under another name
+/// (a pod's name never changes; two names for one UID are a client's mistake).
 fn pod_name_to_record(
     recorded: Option<&PodName>,
     key: &HolderKey,

@@ -1265,14 +1265,7 @@ mod tests {
                 for (k, _) in pods.iter() {
                     *counted.entry(k.pod_uid.to_string()).or_default() += 1;
                 }
-                let index: BTreeMap<String, u32> = pods
-                    .pods
-                    .as_ref()
-                    .expect("the state keeps the index")
-                    .by_uid
-                    .iter()
-                    .map(|(pod, n)| (pod.uid().to_string(), *n))
-                    .collect();
+                let index = held_pods(&pods);
                 proptest::prop_assert_eq!(index, counted);
             }
             let mut copy = pods.without_index();
@@ -1288,6 +1281,17 @@ mod tests {
         }
     }
 
+    /// The state's index of held pods: each pod's UID and its number of entries.
+    fn held_pods(pods: &PodDevices) -> BTreeMap<String, u32> {
+        pods.pods
+            .as_ref()
+            .expect("the state keeps the index")
+            .by_uid
+            .iter()
+            .map(|(pod, n)| (pod.uid().to_string(), *n))
+            .collect()
+    }
+
     /// What the state shows: every entry, what is held of the resource (and how often), the
     /// free view and the index of held pods.
     fn shown(pods: &mut PodDevices, set: &DeviceSet) -> impl std::fmt::Debug + PartialEq {
@@ -1298,14 +1302,7 @@ mod tests {
             .get("vendor.com/gpu")
             .map(|h| h.iter().map(|(id, n)| (id.to_string(), *n)).collect())
             .unwrap_or_default();
-        let index: BTreeMap<String, u32> = pods
-            .pods
-            .as_ref()
-            .expect("the state keeps the index")
-            .by_uid
-            .iter()
-            .map(|(pod, n)| (pod.uid().to_string(), *n))
-            .collect();
+        let index = held_pods(pods);
         let gpu = ResourceName::from("vendor.com/gpu");
         let (count, runs) = pods.free_devices(&gpu, set);
         let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
