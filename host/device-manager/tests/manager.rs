@@ -819,6 +819,10 @@ async fn sync_pods_frees_every_pod_not_kept_in_one_journal_record() {
     node.manager.allocate("pod-b", "two", GPU, 1).await.unwrap();
     node.manager.allocate("pod-c", "ctr", GPU, 2).await.unwrap();
     let held = node.manager.allocations();
+    // The checkpoint write the allocations asked for is done: one still running when the
+    // sync's record lands adds a record naming its checkpoint (`Persistence::name` in
+    // `src/persistence/writer.rs`), which this test does not count.
+    node.manager.wait_checkpoint().await.unwrap();
 
     let seq = node.journal_seq();
     let would = node
