@@ -419,10 +419,8 @@ struct Node {
     id: i64,
     /// Devices listed on it.
     listed: usize,
-    /// Of which not chosen yet.
-    free: usize,
-    /// Whether a chosen device is on it.
-    used: bool,
+    /// Of which already in the answer (the node is used; the rest are free).
+    chosen: usize,
 }
 
 impl PackingOrder {
@@ -452,8 +450,7 @@ impl PackingOrder {
                         nodes.push(Node {
                             id: node,
                             listed: 0,
-                            free: 0,
-                            used: false,
+                            chosen: 0,
                         });
                     }
                     last = Some((node, *slot));
@@ -464,24 +461,19 @@ impl PackingOrder {
             slot_of_device.push(slot);
         });
 
-        for node in &mut nodes {
-            node.free = node.listed;
-        }
         for &i in chosen {
             let slot = slot_of_device[i];
             if slot != NO_TOPOLOGY {
-                let node = &mut nodes[slot as usize];
-                node.used = true;
-                node.free -= 1;
+                nodes[slot as usize].chosen += 1;
             }
         }
         let mut ranked: Vec<u32> = Vec::with_capacity(nodes.len() + 1);
         ranked.extend(0..nodes.len() as u32);
         ranked.sort_by(|&a, &b| {
             let (a, b) = (&nodes[a as usize], &nodes[b as usize]);
-            b.used
-                .cmp(&a.used)
-                .then(b.free.cmp(&a.free))
+            (b.chosen > 0)
+                .cmp(&(a.chosen > 0))
+                .then((b.listed - b.chosen).cmp(&(a.listed - a.chosen)))
                 .then(a.id.cmp(&b.id))
         });
         ranked.push(NO_TOPOLOGY);
