@@ -88,25 +88,31 @@ impl HeldPods {
     /// Pods per sorted run: an insert moves at most this many keys (12 KiB) along.
     const RUN: usize = 256;
 
-    /// One more entry of `pod`.
+    /// One more entry of `pod`. A pod's first entry (the commonest case: a pod allocating one
+    /// resource for one container) is one search of the index; a search costs a comparison of
+    /// UIDs per step, about 550 instructions among 10,000 pods.
     fn count(&mut self, pod: &str) {
-        let pod = PodKey::new(pod);
-        match self.by_uid.get_mut(&pod) {
-            Some(count) => *count += 1,
-            None => {
-                self.by_uid.insert(pod, 1);
-            }
+        if let Some(before) = self.by_uid.insert(PodKey::new(pod), 1)
+            && let Some(count) = self.by_uid.get_mut(&PodKey::new(pod))
+        {
+            *count = before + 1;
         }
     }
 
-    /// One entry of `pod` fewer.
+    /// One entry of `pod` fewer: one search, then the entry found by its place.
     fn uncount(&mut self, pod: &str) {
         let pod = PodKey::new(pod);
-        if let Some(count) = self.by_uid.get_mut(&pod) {
-            *count -= 1;
-            if *count == 0 {
-                self.by_uid.remove(&pod);
+        let at = self.by_uid.rank(&pod);
+        match self.by_uid.get_index(at) {
+            Some((found, 1)) if *found == pod => {
+                self.by_uid.pop_index(at);
             }
+            Some((found, _)) if *found == pod => {
+                if let Some(count) = self.by_uid.get_mut_index(at) {
+                    *count -= 1;
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -306,8 +312,8 @@ pub struct PodDevices {
     /// Bumped by every change (see [`PodDevices::version`]).
     version: u64,
     /// In a copy without index: the keys its changes touched, in order, each with its entry
-    /// before that change (see [`PodDevices::take_changes`]).
-    touched: Vec<(Arc<HolderKey>, Option<Arc<Kept>>)>,
+    /// before that change and after it (see [`PodDevices::take_changes`]).
+    touched: Vec<Change>,
 }
 
 impl Default for PodDevices {
@@ -357,24 +363,17 @@ impl PodDevices {
     /// state, neither looking the keys up again.
     pub fn take_changes(&mut self) -> Vec<Change> {
         let mut touched = std::mem::take(&mut self.touched);
-        // Stable, and the first of each key kept: its entry before the first change.
-        touched.sort_by(|a, b| a.0.cmp(&b.0));
-        touched.dedup_by(|later, first| later.0 == first.0);
+        // Stable: of each key's changes, the first holds its entry before them all and the
+        // last its entry now, so no key is looked up again.
+        touched.sort_by(|a, b| a.key.cmp(&b.key));
+        touched.dedup_by(|later, first| {
+            let same = later.key == first.key;
+            if same {
+                first.kept = later.kept.take();
+            }
+            same
+        });
         touched
-            .into_iter()
-            .map(|(key, old)| match self.entries.get_key_value(&*key) {
-                Some((shared, kept)) => Change {
-                    key: Arc::clone(shared),
-                    old,
-                    kept: Some(Arc::clone(kept)),
-                },
-                None => Change {
-                    key,
-                    old,
-                    kept: None,
-                },
-            })
-            .collect()
     }
 
     /// Forgets the changes made since the copy was made ([`PodDevices::take_changes`] then
@@ -388,10 +387,14 @@ impl PodDevices {
         self.pods.is_none()
     }
 
-    /// Notes, in a copy, that `key` changed from `old`.
-    fn touch(&mut self, key: &Arc<HolderKey>, old: Option<&Arc<Kept>>) {
+    /// Notes, in a copy, that `key`'s entry changed from `old` to `kept` (`None`: none).
+    fn touch(&mut self, key: &Arc<HolderKey>, old: Option<&Arc<Kept>>, kept: Option<&Arc<Kept>>) {
         if self.unindexed() {
-            self.touched.push((Arc::clone(key), old.cloned()));
+            self.touched.push(Change {
+                key: Arc::clone(key),
+                old: old.cloned(),
+                kept: kept.cloned(),
+            });
         }
     }
 
@@ -425,7 +428,7 @@ impl PodDevices {
             self.free.insert(resource.clone(), free);
         }
         let free = &self.free[resource];
-        let mut runs = free_runs(&free.bits).peekable();
+        let mut runs = free_runs(&free.bits, &free.words).peekable();
         let merged = std::iter::from_fn(move || {
             let mut run = runs.next()?;
             while let Some(next) = runs.next_if(|next| next.start == run.end) {
@@ -452,8 +455,10 @@ impl PodDevices {
     pub fn insert_found(&mut self, key: Arc<HolderKey>, entry: Holding, found: &Positions) {
         self.version += 1;
         self.hold(&key.resource, &entry.devices, found);
-        let old = self.entries.insert(Arc::clone(&key), Kept::new(entry));
-        self.touch(&key, old.as_ref());
+        let kept = Kept::new(entry);
+        let now = self.unindexed().then(|| Arc::clone(&kept));
+        let old = self.entries.insert(Arc::clone(&key), kept);
+        self.touch(&key, old.as_ref(), now.as_ref());
         match old {
             Some(old) => self.unhold(key.resource.as_str(), &old.entry.devices),
             None => self.count_pod(&key.pod_uid),
@@ -473,7 +478,7 @@ impl PodDevices {
                 Some(kept) => self.entries.insert(Arc::clone(key), Arc::clone(kept)),
                 None => self.entries.remove(&**key),
             };
-            self.touch(key, old.as_ref());
+            self.touch(key, old.as_ref(), kept.as_ref());
             self.follow(key, old.as_ref(), kept.as_ref());
         }
     }
@@ -557,11 +562,12 @@ impl PodDevices {
                 // Kept for the copy's change; the state does not keep it (its entry is then
                 // changed in place unless a copy shares it).
                 let old = unindexed.then(|| Arc::clone(kept));
-                let kept = Arc::make_mut(kept);
-                kept.entry.state = HoldingState::Allocated { answer };
-                kept.encoded = OnceLock::new();
+                let changed = Arc::make_mut(kept);
+                changed.entry.state = HoldingState::Allocated { answer };
+                changed.encoded = OnceLock::new();
+                let now = unindexed.then(|| Arc::clone(kept));
                 self.version += 1;
-                self.touch(&shared, old.as_ref());
+                self.touch(&shared, old.as_ref(), now.as_ref());
                 true
             }
             _ => false,
@@ -691,7 +697,7 @@ impl PodDevices {
         let mut removed = Vec::with_capacity(keys.len());
         for key in keys {
             if let Some((shared, kept)) = self.entries.remove_with_key(&key) {
-                self.touch(&shared, Some(&kept));
+                self.touch(&shared, Some(&kept), None);
                 self.unhold(key.resource.as_str(), &kept.entry.devices);
                 self.uncount_pod(&key.pod_uid);
                 let entry =
@@ -773,7 +779,7 @@ impl PodDevices {
     pub fn release_key(&mut self, key: &HolderKey) {
         if let Some((shared, kept)) = self.entries.remove_with_key(key) {
             self.version += 1;
-            self.touch(&shared, Some(&kept));
+            self.touch(&shared, Some(&kept), None);
             self.unhold(key.resource.as_str(), &kept.entry.devices);
             self.uncount_pod(&key.pod_uid);
         }
@@ -815,19 +821,42 @@ impl PodDevices {
 }
 
 /// The healthy devices of one resource that no one holds: a bit per device of `devices`, by
-/// position in plugin order.
+/// position in plugin order, and a bit per word of those saying whether it has a free device,
+/// so that listing them reads the words that do and not one per 64 devices of the resource (on
+/// a full node of 10,064 devices with 64 free, 3 summary words instead of 158 words).
 #[derive(Clone, Debug)]
 struct FreeDevices {
     devices: DeviceSet,
     bits: Vec<u64>,
+    /// Bit `w % 64` of word `w / 64`: word `w` of `bits` is not zero.
+    words: Vec<u64>,
     count: usize,
 }
 
-/// The runs of consecutive set bits of `bits` (bit `i % 64` of word `i / 64` is position `i`), as
-/// ranges of positions in order; a run that crosses a word boundary comes as two.
-fn free_runs(bits: &[u64]) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+/// The positions of the set bits of `bits` (bit `i % 64` of word `i / 64` is position `i`), in
+/// order.
+fn set_bits(bits: &[u64]) -> impl Iterator<Item = usize> + '_ {
     bits.iter().enumerate().flat_map(|(w, &word)| {
         let mut word = word;
+        std::iter::from_fn(move || {
+            (word != 0).then(|| {
+                let bit = word.trailing_zeros() as usize;
+                word &= word - 1;
+                w * 64 + bit
+            })
+        })
+    })
+}
+
+/// The runs of consecutive set bits of `bits` (bit `i % 64` of word `i / 64` is position `i`), as
+/// ranges of positions in order; a run that crosses a word boundary comes as two. `words` says
+/// which words of `bits` are not zero (as [`FreeDevices`] keeps it): only those are read.
+fn free_runs<'a>(
+    bits: &'a [u64],
+    words: &'a [u64],
+) -> impl Iterator<Item = std::ops::Range<usize>> + 'a {
+    set_bits(words).flat_map(move |w| {
+        let mut word = bits[w];
         std::iter::from_fn(move || {
             (word != 0).then(|| {
                 let start = word.trailing_zeros() as usize;
@@ -843,8 +872,10 @@ fn free_runs(bits: &[u64]) -> impl Iterator<Item = std::ops::Range<usize>> + '_ 
 impl FreeDevices {
     /// The healthy devices of `devices` that `held` does not say are held.
     fn new(devices: DeviceSet, held: impl Fn(&str) -> bool) -> FreeDevices {
+        let words = devices.capacity().div_ceil(64);
         let mut free = FreeDevices {
-            bits: vec![0; devices.capacity().div_ceil(64)],
+            bits: vec![0; words],
+            words: vec![0; words.div_ceil(64)],
             devices,
             count: 0,
         };
@@ -854,7 +885,32 @@ impl FreeDevices {
                 free.count += 1;
             }
         }
+        for (w, &word) in free.bits.iter().enumerate() {
+            if word != 0 {
+                free.words[w / 64] |= 1 << (w % 64);
+            }
+        }
         free
+    }
+
+    fn is_set(&self, at: usize) -> bool {
+        self.bits[at / 64] & (1 << (at % 64)) != 0
+    }
+
+    fn set(&mut self, at: usize) {
+        let w = at / 64;
+        self.bits[w] |= 1 << (at % 64);
+        self.words[w / 64] |= 1 << (w % 64);
+        self.count += 1;
+    }
+
+    fn clear(&mut self, at: usize) {
+        let w = at / 64;
+        self.bits[w] &= !(1 << (at % 64));
+        if self.bits[w] == 0 {
+            self.words[w / 64] &= !(1 << (w % 64));
+        }
+        self.count -= 1;
     }
 
     /// `id` is held now.
@@ -866,23 +922,21 @@ impl FreeDevices {
 
     /// The device at `at` (a position in `devices`) is held now.
     fn take_at(&mut self, at: usize) {
-        if self.bits[at / 64] & (1 << (at % 64)) != 0 {
-            self.bits[at / 64] &= !(1 << (at % 64));
-            self.count -= 1;
+        if self.is_set(at) {
+            self.clear(at);
         }
     }
 
     /// No one holds `id` any more: free again if it is healthy.
     fn give_back(&mut self, id: &str) {
         if let Some(at) = self.devices.position(id)
-            && self.bits[at / 64] & (1 << (at % 64)) == 0
+            && !self.is_set(at)
             && self
                 .devices
                 .at(at)
                 .is_some_and(|d| d.health == Health::Healthy)
         {
-            self.bits[at / 64] |= 1 << (at % 64);
-            self.count += 1;
+            self.set(at);
         }
     }
 }
@@ -985,6 +1039,48 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_s_changes_name_each_key_once_with_its_entry_before_them_and_after() {
+        let mut pods = PodDevices::default();
+        pods.insert(key("p", "c"), reserved(&["d0"], 1));
+        let mut copy = pods.without_index();
+        assert!(copy.commit(&key("p", "c"), 1, PluginAnswer::default()));
+        copy.insert(key("q", "c"), reserved(&["d1"], 2));
+        assert!(copy.commit(&key("q", "c"), 2, PluginAnswer::default()));
+        copy.insert(key("r", "c"), reserved(&["d2"], 3));
+        copy.release_keys(vec![key("p", "c"), key("r", "c")]);
+
+        let changes = copy.take_changes();
+        let shown: Vec<_> = changes
+            .iter()
+            .map(|c| {
+                let state = |kept: &Option<Arc<Kept>>| {
+                    kept.as_ref().map(|k| match k.entry.state {
+                        HoldingState::Reserved { token } => format!("reserved {token}"),
+                        HoldingState::Allocated { .. } => "allocated".to_owned(),
+                    })
+                };
+                (c.key().pod_uid.to_string(), state(&c.old), state(&c.kept))
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("p".into(), Some("reserved 1".into()), None),
+                ("q".into(), None, Some("allocated".into())),
+                ("r".into(), None, None),
+            ]
+        );
+        // What the copy holds now, as the changes say.
+        for change in &changes {
+            assert_eq!(
+                copy.get(change.key()),
+                change.kept.as_ref().map(|k| &k.entry)
+            );
+        }
+        assert!(copy.take_changes().is_empty(), "taken once");
+    }
+
+    #[test]
     fn the_free_view_takes_devices_by_position_in_its_generation_and_by_id_otherwise() {
         let device = |id: &str| ListedDevice {
             id: id.into(),
@@ -1025,12 +1121,61 @@ mod tests {
 
     #[test]
     fn free_runs_are_the_set_bits_in_order() {
-        let runs: Vec<_> = free_runs(&[0b1011_0110, u64::MAX, 1 << 63, 0, 1]).collect();
+        let bits = [0b1011_0110, u64::MAX, 1 << 63, 0, 1];
+        let runs: Vec<_> = free_runs(&bits, &[0b10111]).collect();
         assert_eq!(
             runs,
             [1..3, 4..6, 7..8, 64..128, 191..192, 256..257],
             "a run that crosses a word boundary comes as two"
         );
+        let runs: Vec<_> = free_runs(&bits, &[0b10001]).collect();
+        assert_eq!(
+            runs,
+            [1..3, 4..6, 7..8, 256..257],
+            "only the words said to be set"
+        );
+    }
+
+    #[test]
+    fn a_full_resource_lists_its_few_free_devices_across_summary_words() {
+        let devices: Vec<ListedDevice> = (0..10_000)
+            .map(|i| ListedDevice {
+                id: DeviceId::from(format!("d{i}").as_str()),
+                health: Health::Healthy,
+                numa: Vec::new(),
+            })
+            .collect();
+        let set = DeviceSet::new(devices);
+        let gpu = ResourceName::from("vendor.com/gpu");
+        let listed = |pods: &mut PodDevices| {
+            let (count, runs) = pods.free_devices(&gpu, &set);
+            let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
+            for run in runs {
+                candidates.extend_from_columns(run);
+            }
+            let ids: Vec<String> = candidates.iter().map(|(id, _)| id.to_owned()).collect();
+            assert_eq!(count, ids.len());
+            ids
+        };
+        let mut pods = PodDevices::default();
+        assert_eq!(listed(&mut pods).len(), 10_000);
+        let free = [0, 4095, 4096, 4160, 9999];
+        let held: Vec<String> = (0..10_000)
+            .filter(|i| !free.contains(i))
+            .map(|i| format!("d{i}"))
+            .collect();
+        let held: Vec<&str> = held.iter().map(String::as_str).collect();
+        pods.insert(key("p", "c"), reserved(&held, 1));
+        assert_eq!(
+            listed(&mut pods),
+            ["d0", "d4095", "d4096", "d4160", "d9999"]
+        );
+        // Given back: listed again, in plugin order.
+        pods.release("p", None);
+        pods.insert(key("q", "c"), reserved(&["d1", "d5000"], 2));
+        let listed = listed(&mut pods);
+        assert_eq!(listed.len(), 9_998);
+        assert!(!listed.iter().any(|id| id == "d1" || id == "d5000"));
     }
 
     #[test]
