@@ -288,9 +288,7 @@ pub(crate) fn passed_through(answer: &AnswerView<'_>) -> Vec<String> {
 
 fn render(spec: &Spec<'_>) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(spec.json_len_hint() + 1);
-    if serde_json::to_writer(&mut bytes, spec).is_err() {
-        bytes.clear();
-    }
+    spec.write_json(&mut bytes);
     bytes.push(b'\n');
     bytes
 }
