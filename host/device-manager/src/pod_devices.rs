@@ -984,28 +984,43 @@ mod tests {
         }
     }
 
+    /// `n` healthy devices without topology, `d0` to `d<n - 1>`.
+    fn healthy(n: usize) -> DeviceSet {
+        DeviceSet::new(
+            (0..n)
+                .map(|i| ListedDevice {
+                    id: DeviceId::from(format!("d{i}").as_str()),
+                    health: Health::Healthy,
+                    numa: Vec::new(),
+                })
+                .collect(),
+        )
+    }
+
+    /// The free devices of `vendor.com/gpu` among `set` as the allocator lists them, and how
+    /// many the view says they are.
+    fn free_listed(pods: &mut PodDevices, set: &DeviceSet) -> (usize, Vec<String>) {
+        let gpu = ResourceName::from("vendor.com/gpu");
+        let (count, runs) = pods.free_devices(&gpu, set);
+        let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
+        for run in runs {
+            candidates.extend_from_columns(run);
+        }
+        let ids = candidates.iter().map(|(id, _)| id.to_owned()).collect();
+        (count, ids)
+    }
+
+    /// The free devices of `vendor.com/gpu` among `set`, checked against their count.
+    fn free_ids(pods: &mut PodDevices, set: &DeviceSet) -> Vec<String> {
+        let (count, ids) = free_listed(pods, set);
+        assert_eq!(count, ids.len());
+        ids
+    }
+
     #[test]
     fn adopting_a_copy_s_changes_keeps_what_is_held_and_free_right() {
-        let devices: Vec<ListedDevice> = (0..4)
-            .map(|i| ListedDevice {
-                id: DeviceId::from(format!("d{i}").as_str()),
-                health: Health::Healthy,
-                numa: Vec::new(),
-            })
-            .collect();
-        let set = DeviceSet::new(devices);
-        let gpu = ResourceName::from("vendor.com/gpu");
-        let free = |pods: &mut PodDevices| {
-            let (_, runs) = pods.free_devices(&gpu, &set);
-            let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
-            for run in runs {
-                candidates.extend_from_columns(run);
-            }
-            candidates
-                .iter()
-                .map(|(id, _)| id.to_owned())
-                .collect::<Vec<_>>()
-        };
+        let set = healthy(4);
+        let free = |pods: &mut PodDevices| free_ids(pods, &set);
         let mut pods = PodDevices::default();
         pods.insert(key("p", "c"), reserved(&["d0", "d1"], 7));
         assert_eq!(free(&mut pods), ["d2", "d3"]);
@@ -1087,26 +1102,15 @@ mod tests {
             health: Health::Healthy,
             numa: Vec::new(),
         };
-        let set = DeviceSet::new(["d0", "d1", "d2", "d3"].map(device).into());
-        let gpu = ResourceName::from("vendor.com/gpu");
-        let free = |pods: &mut PodDevices, set: &DeviceSet| {
-            let (count, runs) = pods.free_devices(&gpu, set);
-            let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
-            for run in runs {
-                candidates.extend_from_columns(run);
-            }
-            let ids: Vec<String> = candidates.iter().map(|(id, _)| id.to_owned()).collect();
-            assert_eq!(count, ids.len());
-            ids
-        };
+        let set = healthy(4);
         let mut pods = PodDevices::default();
-        assert_eq!(free(&mut pods, &set).len(), 4);
+        assert_eq!(free_ids(&mut pods, &set).len(), 4);
         pods.insert_found(
             Arc::new(key("p", "c")),
             reserved(&["d2", "d0"], 1),
             &Positions::new(&set, vec![2, 0]),
         );
-        assert_eq!(free(&mut pods, &set), ["d1", "d3"]);
+        assert_eq!(free_ids(&mut pods, &set), ["d1", "d3"]);
 
         // Positions of another set (the devices listed again, in another order): by id.
         let other = DeviceSet::new(["d3", "d1"].map(device).into());
@@ -1116,7 +1120,7 @@ mod tests {
             &Positions::new(&other, vec![1]),
         );
         assert!(pods.is_held("vendor.com/gpu", "d1"));
-        assert_eq!(free(&mut pods, &set), ["d3"]);
+        assert_eq!(free_ids(&mut pods, &set), ["d3"]);
     }
 
     #[test]
@@ -1138,25 +1142,8 @@ mod tests {
 
     #[test]
     fn a_full_resource_lists_its_few_free_devices_across_summary_words() {
-        let devices: Vec<ListedDevice> = (0..10_000)
-            .map(|i| ListedDevice {
-                id: DeviceId::from(format!("d{i}").as_str()),
-                health: Health::Healthy,
-                numa: Vec::new(),
-            })
-            .collect();
-        let set = DeviceSet::new(devices);
-        let gpu = ResourceName::from("vendor.com/gpu");
-        let listed = |pods: &mut PodDevices| {
-            let (count, runs) = pods.free_devices(&gpu, &set);
-            let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
-            for run in runs {
-                candidates.extend_from_columns(run);
-            }
-            let ids: Vec<String> = candidates.iter().map(|(id, _)| id.to_owned()).collect();
-            assert_eq!(count, ids.len());
-            ids
-        };
+        let set = healthy(10_000);
+        let listed = |pods: &mut PodDevices| free_ids(pods, &set);
         let mut pods = PodDevices::default();
         assert_eq!(listed(&mut pods).len(), 10_000);
         let free = [0, 4095, 4096, 4160, 9999];
@@ -1448,13 +1435,7 @@ mod tests {
             .map(|h| h.iter().map(|(id, n)| (id.to_string(), *n)).collect())
             .unwrap_or_default();
         let index = held_pods(pods);
-        let gpu = ResourceName::from("vendor.com/gpu");
-        let (count, runs) = pods.free_devices(&gpu, set);
-        let mut candidates = pluglet_handler_runtime::Candidates::with_capacity(0, 0);
-        for run in runs {
-            candidates.extend_from_columns(run);
-        }
-        let free: Vec<String> = candidates.iter().map(|(id, _)| id.to_owned()).collect();
+        let (count, free) = free_listed(pods, set);
         (entries, held, index, count, free)
     }
 
