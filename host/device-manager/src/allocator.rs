@@ -693,8 +693,8 @@ impl Allocator {
         pod: Option<&PodName>,
     ) -> Result<Plan, AllocateError> {
         let named = match self.reuse(key, count, pod)? {
-            Ok(plan) => return Ok(plan),
-            Err(named) => named,
+            Holds::Already(allocation) => return Ok(Plan::Reuse(allocation)),
+            Holds::Nothing(named) => named,
         };
         let offer = self.inner.registry.offer(&key.resource)?;
         let available = {
@@ -722,19 +722,19 @@ impl Allocator {
         })
     }
 
-    /// What the container holds already, if anything; else (`Err`) what the state said of
-    /// the pod, for [`Allocator::reserve`].
+    /// What the container holds already, if anything; else what the state said of the pod,
+    /// for [`Allocator::reserve`].
     fn reuse(
         &self,
         key: &HolderKey,
         count: u32,
         pod: Option<&PodName>,
-    ) -> Result<Result<Plan, Named>, AllocateError> {
+    ) -> Result<Holds, AllocateError> {
         let pods = self.lock();
         let (recorded, entry) = pods.pod_name_and_entry(key);
         check_pod_name(recorded, key, pod)?;
         let Some(entry) = entry else {
-            return Ok(Err(Named {
+            return Ok(Holds::Nothing(Named {
                 version: pods.version(),
                 recorded: match (pod, recorded) {
                     (None, Some(recorded)) => Some(recorded.clone()),
@@ -749,12 +749,12 @@ impl Allocator {
                 resource: key.resource.clone(),
             }),
             HoldingState::Allocated { answer } if entry.devices.len() == count as usize => {
-                Ok(Ok(Plan::Reuse(Allocation {
+                Ok(Holds::Already(Allocation {
                     device_ids: entry.devices.to_vec(),
                     answer: answer.clone(),
                     reused: true,
                     cdi_names: crate::cdi::names(self.inner.cdi.as_ref(), key, answer),
-                })))
+                }))
             }
             HoldingState::Allocated { .. } => Err(AllocateError::ChangedRequest {
                 pod_uid: key.pod_uid.clone(),
@@ -1034,6 +1034,14 @@ enum Plan {
         /// What the state said of the pod.
         named: Named,
     },
+}
+
+/// What [`Allocator::reuse`] found.
+enum Holds {
+    /// The container already holds these devices.
+    Already(Allocation),
+    /// It holds none of the resource yet.
+    Nothing(Named),
 }
 
 /// What [`Allocator::reuse`] found of a pod that does not hold the resource yet: the state's

@@ -881,13 +881,10 @@ impl FreeDevices {
         };
         for (at, device) in free.devices.devices().enumerate() {
             if device.health == Health::Healthy && !held(device.id) {
-                free.bits[at / 64] |= 1 << (at % 64);
-                free.count += 1;
-            }
-        }
-        for (w, &word) in free.bits.iter().enumerate() {
-            if word != 0 {
+                let w = at / 64;
+                free.bits[w] |= 1 << (at % 64);
                 free.words[w / 64] |= 1 << (w % 64);
+                free.count += 1;
             }
         }
         free
