@@ -17,7 +17,8 @@
 //!    table (capped at 4096 bytes, the default: the server never advertises another size);
 //! 4. if no rewrite has been needed yet on the connection, forwards the original frames byte for
 //!    byte; otherwise, and from then on for every later block of the connection, re-encodes the
-//!    block as literals without indexing and without Huffman coding, with every `:authority`
+//!    block as literals without indexing (names and decoded values without Huffman coding, a
+//!    value the decoder left Huffman-coded as the client coded it), with every `:authority`
 //!    that [`http::uri::Authority`] rejects replaced by `localhost`, re-chunked into HEADERS +
 //!    CONTINUATION frames of at most 16 KiB. Re-encoding every later block keeps `h2`'s dynamic
 //!    table frozen, so it never sees references to entries it did not get (grpc-python reuses a
@@ -30,13 +31,15 @@
 //! closes the connection with an error that is logged.
 //!
 //! Cost: one HPACK decode per header block (the crate's own decoder, table-driven Huffman), about
-//! 3 µs for a gRPC client's first request; see `benches/connection.rs`.
+//! 3 µs for a gRPC client's first request; see `benches/connection.rs`. A Huffman-coded value
+//! that goes into no table and is not an `:authority` is not decoded at all: `:path`, which
+//! gRPC clients on `h2` send that way on every request.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use crate::hpack::{Decoder, HpackError};
+use crate::hpack::{Decoder, HpackError, Value};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
@@ -80,7 +83,9 @@ const PRIORITY_LEN: usize = 5;
 /// by tonic's own server still see the peer credentials ([`crate::serve`] passes none on).
 pub struct AuthorityRewrite<S> {
     inner: S,
-    rewriter: Rewriter,
+    /// Boxed: `h2` moves the whole connection, this stream included, several times as it
+    /// starts, and the state machine is a few hundred bytes.
+    rewriter: Box<Rewriter>,
     /// Rewritten bytes not yet handed to the reader.
     out: BytesMut,
     /// Scratch buffer for reads from `inner`; never zeroed (the reader only sees what was read).
@@ -98,7 +103,7 @@ impl<S> AuthorityRewrite<S> {
     pub fn new(inner: S) -> Self {
         AuthorityRewrite {
             inner,
-            rewriter: Rewriter::new(),
+            rewriter: Box::new(Rewriter::new()),
             out: BytesMut::new(),
             input: Box::new_uninit_slice(READ_CHUNK),
             eof: false,
@@ -283,20 +288,22 @@ struct Block {
     fragment: Vec<u8>,
 }
 
-/// The decoded header fields of one block, in one buffer kept from block to block (a gRPC
-/// client sends a block per request: no allocation per field or per block).
+/// The header fields of one block, in one buffer kept from block to block (a gRPC client sends a
+/// block per request: no allocation per field or per block). A value is kept as the block coded
+/// it when the decoder left it Huffman-coded.
 #[derive(Default)]
 struct Fields {
     bytes: Vec<u8>,
-    /// Where each field's name and value end in `bytes`, in order.
-    ends: Vec<(usize, usize)>,
+    /// Where each field's name and value end in `bytes`, in order, and whether the value is
+    /// Huffman-coded.
+    ends: Vec<(usize, usize, bool)>,
 }
 
 impl Fields {
     /// Empties the buffers; ones a large block grew past [`KEPT_BUFFER`] are freed.
     fn clear(&mut self) {
         if self.bytes.capacity() > KEPT_BUFFER
-            || self.ends.capacity() * std::mem::size_of::<(usize, usize)>() > KEPT_BUFFER
+            || self.ends.capacity() * std::mem::size_of::<(usize, usize, bool)>() > KEPT_BUFFER
         {
             *self = Fields::default();
         } else {
@@ -305,23 +312,28 @@ impl Fields {
         }
     }
 
-    fn push(&mut self, name: &[u8], value: &[u8]) {
+    fn push(&mut self, name: &[u8], value: Value<'_>) {
+        let (value, huffman) = value.coded();
         self.bytes.extend_from_slice(name);
         let name_end = self.bytes.len();
         self.bytes.extend_from_slice(value);
-        self.ends.push((name_end, self.bytes.len()));
+        self.ends.push((name_end, self.bytes.len(), huffman));
     }
 
-    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+    /// Each field's name, value, and whether the value is Huffman-coded.
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8], bool)> {
         let mut start = 0;
-        self.ends.iter().map(move |&(name_end, value_end)| {
-            let field = (
-                &self.bytes[start..name_end],
-                &self.bytes[name_end..value_end],
-            );
-            start = value_end;
-            field
-        })
+        self.ends
+            .iter()
+            .map(move |&(name_end, value_end, huffman)| {
+                let field = (
+                    &self.bytes[start..name_end],
+                    &self.bytes[name_end..value_end],
+                    huffman,
+                );
+                start = value_end;
+                field
+            })
     }
 }
 
@@ -596,12 +608,18 @@ impl Rewriter {
         let mut too_large = false;
         let mut replaced = false;
         let decoded = self.decoder.decode(&block.fragment, |name, value| {
-            list_size = list_size.saturating_add(name.len() + value.len() + 32);
+            // A value left Huffman-coded counts with its coded length: the layer holds only that.
+            let (bytes, _) = value.coded();
+            list_size = list_size.saturating_add(name.len() + bytes.len() + 32);
             if list_size > MAX_HEADER_LIST {
                 too_large = true;
                 return;
             }
-            if name == b":authority" && http::uri::Authority::try_from(value).is_err() {
+            // The decoder hands out every `:authority` decoded.
+            if let Value::Plain(value) = value
+                && name == b":authority"
+                && http::uri::Authority::try_from(value).is_err()
+            {
                 tracing::debug!(
                     authority = %String::from_utf8_lossy(value),
                     stream_id = block.stream_id,
@@ -660,27 +678,33 @@ fn next_frame() -> State {
 }
 
 /// Encodes header fields as "literal header field without indexing — new name" (RFC 7541
-/// §6.2.2) with plain (non-Huffman) strings: needs no encoder state and adds nothing to the
-/// server's dynamic table. Every `:authority` that is not a URI authority becomes `localhost`.
+/// §6.2.2): needs no encoder state and adds nothing to the server's dynamic table. Names and
+/// decoded values are written without Huffman coding; a value the decoder left Huffman-coded is
+/// written as the client coded it. Every `:authority` that is not a URI authority becomes
+/// `localhost`.
 fn encode_literals(fields: &Fields) -> Vec<u8> {
     let size = fields.bytes.len() + 11 * fields.ends.len();
     let mut block = Vec::with_capacity(size);
-    for (name, value) in fields.iter() {
-        let value = if name == b":authority" && http::uri::Authority::try_from(value).is_err() {
+    for (name, value, huffman) in fields.iter() {
+        let value = if !huffman
+            && name == b":authority"
+            && http::uri::Authority::try_from(value).is_err()
+        {
             LOCALHOST
         } else {
             value
         };
         block.push(0x00);
-        encode_string(name, &mut block);
-        encode_string(value, &mut block);
+        encode_string(name, false, &mut block);
+        encode_string(value, huffman, &mut block);
     }
     block
 }
 
-/// A string literal without Huffman coding: 7-bit prefix length, then the bytes.
-fn encode_string(bytes: &[u8], out: &mut Vec<u8>) {
-    encode_integer(bytes.len(), 7, 0x00, out);
+/// A string literal: the Huffman flag and a 7-bit prefix length, then the bytes as given.
+fn encode_string(bytes: &[u8], huffman: bool, out: &mut Vec<u8>) {
+    let flag = if huffman { 0x80 } else { 0x00 };
+    encode_integer(bytes.len(), 7, flag, out);
     out.extend_from_slice(bytes);
 }
 
@@ -764,8 +788,8 @@ mod tests {
 
     fn literal(name: &str, value: &str, first: u8) -> Vec<u8> {
         let mut out = vec![first];
-        encode_string(name.as_bytes(), &mut out);
-        encode_string(value.as_bytes(), &mut out);
+        encode_string(name.as_bytes(), false, &mut out);
+        encode_string(value.as_bytes(), false, &mut out);
         out
     }
 
@@ -1009,5 +1033,38 @@ mod tests {
         let (out, result, _) = run(&input, 7);
         result.unwrap();
         assert_eq!(out, input);
+    }
+
+    #[test]
+    fn a_huffman_path_before_a_rewritten_authority_is_forwarded_as_coded() {
+        let mut input = PREFACE.to_vec();
+        let path = crate::hpack::huffman_encode(b"/pluglet.admin.v1.Admin/Allocate");
+        // `:path` (static name 4) without indexing, its value Huffman-coded, as h2 sends it.
+        let mut block = vec![0x04];
+        encode_string(&path, true, &mut block);
+        block.extend(literal(":authority", "/run/plugin.sock", 0x00));
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &block));
+        let (out, result, rewriting) = run(&input, 4096);
+        result.unwrap();
+        assert!(rewriting);
+        assert_eq!(
+            decode_blocks(&out),
+            [vec![
+                (
+                    b":path".to_vec(),
+                    b"/pluglet.admin.v1.Admin/Allocate".to_vec()
+                ),
+                (b":authority".to_vec(), b"localhost".to_vec()),
+            ]]
+        );
+        // The path's coded bytes went through as they came.
+        assert!(out.windows(path.len()).any(|w| w == path.as_slice()));
+    }
+
+    #[test]
+    fn the_wrapped_stream_stays_small_to_move() {
+        let size = std::mem::size_of::<AuthorityRewrite<tokio::net::UnixStream>>();
+        println!("AuthorityRewrite<UnixStream>: {size} bytes");
+        assert!(size <= 160, "{size} bytes");
     }
 }

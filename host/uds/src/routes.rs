@@ -66,13 +66,16 @@ impl<S> Routes<S> {
         F: Fn(Req) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
     {
+        // The method's future is made inside the boxed one, where it is awaited: made outside,
+        // it would be copied whole into the box and again into its slot there.
+        let method = Arc::new(method);
         let handler: Handler = Arc::new(move |message: Bytes| {
-            let request = Req::decode(message).map_err(|error| {
-                Status::internal(format!("failed to decode Protobuf message: {error}"))
-            });
-            let answer = request.map(&method);
+            let method = Arc::clone(&method);
             Box::pin(async move {
-                let answer = answer?.await?;
+                let request = Req::decode(message).map_err(|error| {
+                    Status::internal(format!("failed to decode Protobuf message: {error}"))
+                })?;
+                let answer = method(request).await?;
                 framed(|buf| answer.encode_raw(buf))
             })
         });
