@@ -300,6 +300,15 @@ struct Fields {
 }
 
 impl Fields {
+    /// Buffers with room for a gRPC request's fields, so that a connection's first block does
+    /// not grow them field by field.
+    fn with_room() -> Fields {
+        Fields {
+            bytes: Vec::with_capacity(FIELDS_ROOM),
+            ends: Vec::with_capacity(FIELDS_ROOM / 32),
+        }
+    }
+
     /// Empties the buffers; ones a large block grew past [`KEPT_BUFFER`] are freed.
     fn clear(&mut self) {
         if self.bytes.capacity() > KEPT_BUFFER
@@ -336,6 +345,10 @@ impl Fields {
             })
     }
 }
+
+/// Bytes of names and values [`Fields`] has room for from the start; a gRPC request's header
+/// list is a few hundred bytes.
+const FIELDS_ROOM: usize = 512;
 
 /// Largest buffer a connection keeps for its next header block; a larger one (a rare, large
 /// block) is freed once used.
@@ -383,7 +396,7 @@ impl Rewriter {
             block: None,
             decoder: Decoder::new(HEADER_TABLE_SIZE),
             rewriting: false,
-            fields: Fields::default(),
+            fields: Fields::with_room(),
             spare: Default::default(),
         }
     }

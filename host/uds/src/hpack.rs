@@ -11,6 +11,7 @@
 //! on malformed input. Huffman strings are decoded a nibble at a time with a state table built
 //! once from the code in RFC 7541 Appendix B.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::OnceLock;
 
@@ -83,11 +84,11 @@ struct Coded<'b> {
 }
 
 impl<'b> Coded<'b> {
-    fn decode(&self) -> Result<std::borrow::Cow<'b, [u8]>, HpackError> {
+    fn decode(&self) -> Result<Cow<'b, [u8]>, HpackError> {
         if self.huffman {
-            huffman_decode(self.bytes).map(std::borrow::Cow::Owned)
+            huffman_decode(self.bytes).map(Cow::Owned)
         } else {
-            Ok(std::borrow::Cow::Borrowed(self.bytes))
+            Ok(Cow::Borrowed(self.bytes))
         }
     }
 }
@@ -172,12 +173,12 @@ impl Decoder {
         &self,
         buf: &mut &'b [u8],
         prefix: u32,
-    ) -> Result<(std::borrow::Cow<'_, [u8]>, Coded<'b>), HpackError> {
+    ) -> Result<(Cow<'_, [u8]>, Coded<'b>), HpackError> {
         let index = decode_integer(buf, prefix)?;
         let name = if index == 0 {
-            std::borrow::Cow::Owned(read_string(buf)?.decode()?.into_owned())
+            Cow::Owned(read_string(buf)?.decode()?.into_owned())
         } else {
-            std::borrow::Cow::Borrowed(self.entry(index)?.0)
+            Cow::Borrowed(self.entry(index)?.0)
         };
         let value = read_string(buf)?;
         Ok((name, value))
