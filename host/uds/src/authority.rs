@@ -49,8 +49,9 @@ use tonic::transport::server::Connected;
 pub const MAX_HEADER_BLOCK: usize = 64 * 1024;
 
 /// Largest decoded header list accepted in one block, counted as in RFC 7541 §4.1 (name, value
-/// and 32 bytes per field); a larger one closes the connection. Bounds the memory an HPACK bomb
-/// (a small block of references to large table entries) can make the layer allocate.
+/// and 32 bytes per field; a value the layer leaves Huffman-coded counts with its coded length);
+/// a larger one closes the connection. Bounds the memory an HPACK bomb (a small block of
+/// references to large table entries) can make the layer allocate.
 pub const MAX_HEADER_LIST: usize = 256 * 1024;
 
 /// The value that replaces a rejected `:authority`; what the upstream kubelet itself sends.
