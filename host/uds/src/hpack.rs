@@ -58,37 +58,20 @@ pub enum Value<'a> {
     Huffman(&'a [u8]),
 }
 
-impl Value<'_> {
+impl<'a> Value<'a> {
     /// The bytes as the block carries them, and whether they are Huffman-coded.
-    pub fn coded(&self) -> (&[u8], bool) {
+    pub fn coded(&self) -> (&'a [u8], bool) {
         match *self {
             Value::Plain(bytes) => (bytes, false),
             Value::Huffman(bytes) => (bytes, true),
         }
     }
 
-    /// The value's bytes, decoded.
-    #[cfg(test)]
-    pub fn decoded(&self) -> Result<Vec<u8>, HpackError> {
+    /// The value's bytes, decoded (borrowed when they were not Huffman-coded).
+    pub fn decode(&self) -> Result<Cow<'a, [u8]>, HpackError> {
         match *self {
-            Value::Plain(bytes) => Ok(bytes.to_vec()),
-            Value::Huffman(bytes) => huffman_decode(bytes),
-        }
-    }
-}
-
-/// A string literal as a block carries it (§5.2).
-struct Coded<'b> {
-    huffman: bool,
-    bytes: &'b [u8],
-}
-
-impl<'b> Coded<'b> {
-    fn decode(&self) -> Result<Cow<'b, [u8]>, HpackError> {
-        if self.huffman {
-            huffman_decode(self.bytes).map(Cow::Owned)
-        } else {
-            Ok(Cow::Borrowed(self.bytes))
+            Value::Plain(bytes) => Ok(Cow::Borrowed(bytes)),
+            Value::Huffman(bytes) => huffman_decode(bytes).map(Cow::Owned),
         }
     }
 }
@@ -156,8 +139,8 @@ impl Decoder {
             } else {
                 // Literal without indexing (§6.2.2) or never indexed (§6.2.3).
                 let (name, value) = self.literal(&mut buf, 4)?;
-                if value.huffman && *name != *b":authority" {
-                    field(&name, Value::Huffman(value.bytes));
+                if matches!(value, Value::Huffman(_)) && *name != *b":authority" {
+                    field(&name, value);
                 } else {
                     field(&name, Value::Plain(&value.decode()?));
                 }
@@ -173,7 +156,7 @@ impl Decoder {
         &self,
         buf: &mut &'b [u8],
         prefix: u32,
-    ) -> Result<(Cow<'_, [u8]>, Coded<'b>), HpackError> {
+    ) -> Result<(Cow<'_, [u8]>, Value<'b>), HpackError> {
         let index = decode_integer(buf, prefix)?;
         let name = if index == 0 {
             Cow::Owned(read_string(buf)?.decode()?.into_owned())
@@ -257,7 +240,7 @@ fn decode_integer(buf: &mut &[u8], prefix: u32) -> Result<usize, HpackError> {
 }
 
 /// Reads a string literal (§5.2), Huffman-coded or not, advancing `buf`.
-fn read_string<'b>(buf: &mut &'b [u8]) -> Result<Coded<'b>, HpackError> {
+fn read_string<'b>(buf: &mut &'b [u8]) -> Result<Value<'b>, HpackError> {
     let huffman = buf.first().ok_or(HpackError::Truncated)? & 0x80 != 0;
     let len = decode_integer(buf, 7)?;
     if len > buf.len() {
@@ -265,7 +248,11 @@ fn read_string<'b>(buf: &mut &'b [u8]) -> Result<Coded<'b>, HpackError> {
     }
     let (bytes, rest) = buf.split_at(len);
     *buf = rest;
-    Ok(Coded { huffman, bytes })
+    Ok(if huffman {
+        Value::Huffman(bytes)
+    } else {
+        Value::Plain(bytes)
+    })
 }
 
 /// One step of the Huffman state machine: from a state, on one 4-bit input.
@@ -752,7 +739,7 @@ mod tests {
         decoder.decode(block, |n, v| {
             fields.push((
                 String::from_utf8(n.to_vec()).unwrap(),
-                String::from_utf8(v.decoded().unwrap()).unwrap(),
+                String::from_utf8(v.decode().unwrap().into_owned()).unwrap(),
             ))
         })?;
         Ok(fields)
@@ -951,11 +938,8 @@ mod tests {
         let mut seen = Vec::new();
         decoder
             .decode(&block, |name, value| {
-                let value = match value {
-                    Value::Plain(bytes) => Value::Plain(bytes).decoded().map(|v| (v, false)),
-                    Value::Huffman(bytes) => Ok((bytes.to_vec(), true)),
-                };
-                seen.push((name.to_vec(), value.unwrap()));
+                let (bytes, huffman) = value.coded();
+                seen.push((name.to_vec(), (bytes.to_vec(), huffman)));
             })
             .unwrap();
         assert_eq!(
