@@ -57,13 +57,18 @@ impl Ticker {
     }
 
     /// Counts one more runner of guest code until the returned guard drops; wakes the thread.
+    ///
+    /// The thread is woken after the lock is released: woken under it, the thread would wake
+    /// only to wait for the lock, two more system calls and a context switch on the call's path.
     pub(crate) fn start(self: &Arc<Ticker>) -> Ticking {
-        let mut state = self.lock();
-        state.running += 1;
-        state.started = true;
-        if state.asleep {
-            state.asleep = false;
-            self.wake.notify_all();
+        let asleep = {
+            let mut state = self.lock();
+            state.running += 1;
+            state.started = true;
+            std::mem::replace(&mut state.asleep, false)
+        };
+        if asleep {
+            self.wake.notify_one();
         }
         Ticking(self.clone())
     }
@@ -71,7 +76,7 @@ impl Ticker {
     /// Ends the thread (the runtime is gone).
     pub(crate) fn close(&self) {
         self.lock().closed = true;
-        self.wake.notify_all();
+        self.wake.notify_one();
     }
 
     /// How many runners of guest code hold a [`Ticking`] now.
