@@ -974,3 +974,110 @@ async fn serve_goes_on_accepting_after_accept_errors() {
     client.register(register_request("c.com/d")).await.unwrap();
     assert_eq!(recorder.seen()[0].request, register_request("c.com/d"));
 }
+
+/// Answers at once, except a request for `wait` (held until `open`) and one for `panic`.
+#[derive(Clone, Default)]
+struct Selective {
+    called: Arc<tokio::sync::Notify>,
+    open: Arc<tokio::sync::Notify>,
+}
+
+#[tonic::async_trait]
+impl Registration for Selective {
+    async fn register(
+        &self,
+        request: tonic::Request<RegisterRequest>,
+    ) -> Result<tonic::Response<Empty>, tonic::Status> {
+        match request.get_ref().resource_name.as_str() {
+            "a.com/panic" => panic!("the handler of a.com/panic panics (on purpose)"),
+            "a.com/wait" => {
+                self.called.notify_one();
+                self.open.notified().await;
+            }
+            _ => {}
+        }
+        Ok(tonic::Response::new(Empty {}))
+    }
+}
+
+/// Serves `service` with `pluglet_uds::serve` on a fresh socket; returns a client connected to it.
+async fn served_selective(
+    service: Selective,
+) -> (
+    tempfile::TempDir,
+    RegistrationClient<pluglet_uds::Channel>,
+    tokio::task::JoinHandle<()>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("selective.sock");
+    let listener = bind(&path, None).unwrap();
+    let server = tokio::spawn(pluglet_uds::serve(
+        incoming(listener),
+        RegistrationServer::new(service),
+        std::future::pending(),
+    ));
+    let client = RegistrationClient::new(connect(&path, DEADLINE).await.unwrap());
+    (dir, client, server)
+}
+
+#[tokio::test]
+async fn calls_on_one_connection_are_answered_while_another_waits() {
+    let service = Selective::default();
+    let (_dir, client, _server) = served_selective(service.clone()).await;
+    let mut waiting_client = client.clone();
+    let waiting = tokio::spawn(async move {
+        waiting_client
+            .register(register_request("a.com/wait"))
+            .await
+    });
+    service.called.notified().await;
+
+    // The same connection answers other calls meanwhile.
+    for _ in 0..3 {
+        client
+            .clone()
+            .register(register_request("a.com/b"))
+            .await
+            .expect("answered while another call on the connection waits");
+    }
+    assert!(!waiting.is_finished(), "the held call was answered early");
+
+    service.open.notify_one();
+    waiting
+        .await
+        .unwrap()
+        .expect("the held call is answered once let go");
+}
+
+#[tokio::test]
+async fn a_call_that_panics_ends_alone_and_its_connection_serves_on() {
+    let service = Selective::default();
+    let (_dir, client, server) = served_selective(service.clone()).await;
+    let mut waiting_client = client.clone();
+    let waiting = tokio::spawn(async move {
+        waiting_client
+            .register(register_request("a.com/wait"))
+            .await
+    });
+    service.called.notified().await;
+
+    let status = client
+        .clone()
+        .register(register_request("a.com/panic"))
+        .await
+        .expect_err("a call whose handler panicked is not answered OK");
+    assert_ne!(status.code(), tonic::Code::Ok, "{status:?}");
+
+    // The other call in flight on the connection, a new call on it, and the server live on.
+    client
+        .clone()
+        .register(register_request("a.com/b"))
+        .await
+        .expect("the connection serves on after a call panicked");
+    service.open.notify_one();
+    waiting
+        .await
+        .unwrap()
+        .expect("the call in flight is answered after another panicked");
+    assert!(!server.is_finished(), "serve ended after a call panicked");
+}
