@@ -845,9 +845,9 @@ async fn bind_rejects_a_path_too_long_for_sockaddr_un() {
 // ---------------------------------------------------------------------------------------------
 // `serve`: Pluglet's own server loop.
 
-/// A Registration service whose `register` says it was called, then answers once `open`
-/// fires.
-#[derive(Clone)]
+/// A Registration service that answers at once, except a request for `a.com/wait` (it says it
+/// was called, then answers once `open` fires) and one for `a.com/panic` (its handler panics).
+#[derive(Clone, Default)]
 struct Gated {
     called: Arc<tokio::sync::Notify>,
     open: Arc<tokio::sync::Notify>,
@@ -857,10 +857,16 @@ struct Gated {
 impl Registration for Gated {
     async fn register(
         &self,
-        _request: tonic::Request<RegisterRequest>,
+        request: tonic::Request<RegisterRequest>,
     ) -> Result<tonic::Response<Empty>, tonic::Status> {
-        self.called.notify_one();
-        self.open.notified().await;
+        match request.get_ref().resource_name.as_str() {
+            "a.com/panic" => panic!("the handler of a.com/panic panics (on purpose)"),
+            "a.com/wait" => {
+                self.called.notify_one();
+                self.open.notified().await;
+            }
+            _ => {}
+        }
         Ok(tonic::Response::new(Empty {}))
     }
 }
@@ -918,10 +924,7 @@ async fn serve_stops_accepting_at_shutdown_and_returns_once_calls_in_flight_are_
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gated.sock");
     let listener = bind(&path, None).unwrap();
-    let gated = Gated {
-        called: Arc::default(),
-        open: Arc::default(),
-    };
+    let gated = Gated::default();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(pluglet_uds::serve(
         incoming(listener),
@@ -931,7 +934,7 @@ async fn serve_stops_accepting_at_shutdown_and_returns_once_calls_in_flight_are_
         },
     ));
     let mut client = RegistrationClient::new(connect(&path, DEADLINE).await.unwrap());
-    let call = tokio::spawn(async move { client.register(register_request("a.com/b")).await });
+    let call = tokio::spawn(async move { client.register(register_request("a.com/wait")).await });
     gated.called.notified().await;
 
     stop.send(()).unwrap();
@@ -975,41 +978,16 @@ async fn serve_goes_on_accepting_after_accept_errors() {
     assert_eq!(recorder.seen()[0].request, register_request("c.com/d"));
 }
 
-/// Answers at once, except a request for `wait` (held until `open`) and one for `panic`.
-#[derive(Clone, Default)]
-struct Selective {
-    called: Arc<tokio::sync::Notify>,
-    open: Arc<tokio::sync::Notify>,
-}
-
-#[tonic::async_trait]
-impl Registration for Selective {
-    async fn register(
-        &self,
-        request: tonic::Request<RegisterRequest>,
-    ) -> Result<tonic::Response<Empty>, tonic::Status> {
-        match request.get_ref().resource_name.as_str() {
-            "a.com/panic" => panic!("the handler of a.com/panic panics (on purpose)"),
-            "a.com/wait" => {
-                self.called.notify_one();
-                self.open.notified().await;
-            }
-            _ => {}
-        }
-        Ok(tonic::Response::new(Empty {}))
-    }
-}
-
 /// Serves `service` with `pluglet_uds::serve` on a fresh socket; returns a client connected to it.
-async fn served_selective(
-    service: Selective,
+async fn served_gated(
+    service: Gated,
 ) -> (
     tempfile::TempDir,
     RegistrationClient<pluglet_uds::Channel>,
     tokio::task::JoinHandle<()>,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("selective.sock");
+    let path = dir.path().join("gated.sock");
     let listener = bind(&path, None).unwrap();
     let server = tokio::spawn(pluglet_uds::serve(
         incoming(listener),
@@ -1022,8 +1000,8 @@ async fn served_selective(
 
 #[tokio::test]
 async fn calls_on_one_connection_are_answered_while_another_waits() {
-    let service = Selective::default();
-    let (_dir, client, _server) = served_selective(service.clone()).await;
+    let service = Gated::default();
+    let (_dir, client, _server) = served_gated(service.clone()).await;
     let mut waiting_client = client.clone();
     let waiting = tokio::spawn(async move {
         waiting_client
@@ -1051,8 +1029,8 @@ async fn calls_on_one_connection_are_answered_while_another_waits() {
 
 #[tokio::test]
 async fn a_call_that_panics_ends_alone_and_its_connection_serves_on() {
-    let service = Selective::default();
-    let (_dir, client, server) = served_selective(service.clone()).await;
+    let service = Gated::default();
+    let (_dir, client, server) = served_gated(service.clone()).await;
     let mut waiting_client = client.clone();
     let waiting = tokio::spawn(async move {
         waiting_client
