@@ -978,30 +978,27 @@ async fn serve_goes_on_accepting_after_accept_errors() {
     assert_eq!(recorder.seen()[0].request, register_request("c.com/d"));
 }
 
-/// Serves `service` with `pluglet_uds::serve` on a fresh socket; returns a client connected to it.
-async fn served_gated(
+/// A [`Gated`] service served by `pluglet_uds::serve` on a fresh socket, a client connected to
+/// it, and one call on that connection held in the service (`a.com/wait`) until `service.open`.
+struct OneCallWaiting {
+    _dir: tempfile::TempDir,
     service: Gated,
-) -> (
-    tempfile::TempDir,
-    RegistrationClient<pluglet_uds::Channel>,
-    tokio::task::JoinHandle<()>,
-) {
+    client: RegistrationClient<pluglet_uds::Channel>,
+    server: tokio::task::JoinHandle<()>,
+    waiting: tokio::task::JoinHandle<Result<tonic::Response<Empty>, tonic::Status>>,
+}
+
+async fn one_call_waiting() -> OneCallWaiting {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gated.sock");
     let listener = bind(&path, None).unwrap();
+    let service = Gated::default();
     let server = tokio::spawn(pluglet_uds::serve(
         incoming(listener),
-        RegistrationServer::new(service),
+        RegistrationServer::new(service.clone()),
         std::future::pending(),
     ));
     let client = RegistrationClient::new(connect(&path, DEADLINE).await.unwrap());
-    (dir, client, server)
-}
-
-#[tokio::test]
-async fn calls_on_one_connection_are_answered_while_another_waits() {
-    let service = Gated::default();
-    let (_dir, client, _server) = served_gated(service.clone()).await;
     let mut waiting_client = client.clone();
     let waiting = tokio::spawn(async move {
         waiting_client
@@ -1009,6 +1006,24 @@ async fn calls_on_one_connection_are_answered_while_another_waits() {
             .await
     });
     service.called.notified().await;
+    OneCallWaiting {
+        _dir: dir,
+        service,
+        client,
+        server,
+        waiting,
+    }
+}
+
+#[tokio::test]
+async fn calls_on_one_connection_are_answered_while_another_waits() {
+    let OneCallWaiting {
+        _dir,
+        service,
+        client,
+        waiting,
+        ..
+    } = one_call_waiting().await;
 
     // The same connection answers other calls meanwhile.
     for _ in 0..3 {
@@ -1029,15 +1044,13 @@ async fn calls_on_one_connection_are_answered_while_another_waits() {
 
 #[tokio::test]
 async fn a_call_that_panics_ends_alone_and_its_connection_serves_on() {
-    let service = Gated::default();
-    let (_dir, client, server) = served_gated(service.clone()).await;
-    let mut waiting_client = client.clone();
-    let waiting = tokio::spawn(async move {
-        waiting_client
-            .register(register_request("a.com/wait"))
-            .await
-    });
-    service.called.notified().await;
+    let OneCallWaiting {
+        _dir,
+        service,
+        client,
+        server,
+        waiting,
+    } = one_call_waiting().await;
 
     let status = client
         .clone()
