@@ -30,6 +30,7 @@ use tonic::Status;
 
 use crate::GrpcServer;
 use crate::message::{Message, framed};
+use crate::unary::GRPC_STATUS;
 
 /// What a route runs on a request's message: the answer's message, encoded, or the status.
 type Handler =
@@ -104,13 +105,17 @@ impl<S: GrpcServer> tower::Service<http::Request<Incoming>> for Routes<S> {
     }
 }
 
+/// The header that names a request's compression. A constant: a name given as a string is
+/// parsed again on every lookup.
+const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+
 /// Runs `handler` on the request's message and writes its answer.
 async fn answer(
     handler: Handler,
     request: http::Request<Incoming>,
 ) -> Result<http::Response<tonic::body::Body>, Infallible> {
     let outcome = async {
-        if let Some(encoding) = request.headers().get("grpc-encoding")
+        if let Some(encoding) = request.headers().get(GRPC_ENCODING)
             && encoding.as_bytes() != b"identity"
         {
             return Err(Status::unimplemented(format!(
@@ -163,7 +168,7 @@ impl Body for Unary {
         }
         if std::mem::take(&mut self.trailers) {
             let mut trailers = http::HeaderMap::with_capacity(1);
-            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
             return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
         }
         Poll::Ready(None)

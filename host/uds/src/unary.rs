@@ -33,7 +33,7 @@ use crate::message::{Message, framed, missing_message};
 use crate::{Channel, ResponseBody};
 
 /// The header (or trailer) that carries a call's status code.
-const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+pub(crate) const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 
 impl Channel {
     /// Calls the unary method `path` with the message `encode` writes, and returns the answer's
