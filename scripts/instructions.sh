@@ -63,7 +63,8 @@
 # is by default), each run under callgrind from a compile cache a first run filled; each row is
 # the difference of two runs' totals (every thread) over the difference of their calls.
 set -euo pipefail
-shopt -s extglob
+# shellcheck source=scripts/bench-node.sh
+. "$(dirname "$0")/bench-node.sh"
 
 RUNS=${1:-1}
 BIN_DIR=${BIN_DIR:-target/release}
@@ -129,26 +130,10 @@ op() {
         esac
         return
     fi
-    local answer
-    echo "$*" >&"${DRIVER_IO[1]}"
-    read -r answer <&"${DRIVER_IO[0]}" || answer="admin-driver ended"
-    [ "$answer" = ok ] || {
-        echo "error: $* -> $answer; logs in $WORK" >&2
-        exit 1
-    }
+    driver_op "$@"
 }
 checkpoint() { echo "$ROOT/device-plugins/kubelet_internal_checkpoint"; }
 inode() { stat -c %i "$(checkpoint)" 2>/dev/null || echo none; }
-
-# until_true SECONDS COMMAND...: polls COMMAND until it succeeds; fails after SECONDS.
-until_true() {
-    local deadline=$((SECONDS + $1))
-    shift
-    until "$@"; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.05
-    done
-}
 
 # Waits until the checkpoint file is replaced (a rename after a device change).
 checkpoint_replaced() { [ "$(inode)" != "$1" ]; }
@@ -175,11 +160,6 @@ plugin_gone() {
         [ "$(cut -d' ' -f3 "/proc/$PLUGIN_PID/stat" 2>/dev/null)" = Z ]
 }
 
-has_allocatable() {
-    local resources
-    resources=$("$PLUGLET" ctl --root "$ROOT" resources -o json 2>/dev/null | tr -d ' \n') || return 1
-    [[ $resources == *"\"resource\":\"$1\",\"capacity\":"+([0-9])",\"allocatable\":$2,"* ]]
-}
 shows_or_plugin_gone() { has_allocatable "$@" || plugin_gone; }
 # wait_allocatable RESOURCE N: waits until RESOURCE shows N allocatable devices. Under valgrind
 # the daemon runs about 50 times slower than natively, and the built-in's first `validate` call
@@ -202,12 +182,6 @@ wait_allocatable() {
         echo "error: the plugin of $1 exited before it showed $2 allocatable devices; logs in $WORK" >&2
         exit 1
     done
-}
-
-is_ready() {
-    local status
-    status=$("$PLUGLET" ctl --root "$ROOT" status -o json 2>/dev/null) || return 1
-    [[ $status == *'"ready": true'* ]]
 }
 
 # start_daemon [callgrind]: runs the daemon on $ROOT (under callgrind, with its metrics served

@@ -16,6 +16,8 @@
 #   N (pairs, default 200), KEEP=1 (keep the work directory: logs and strace's table).
 # TOKIO_WORKER_THREADS, which tokio reads, passes through to the daemon.
 set -euo pipefail
+# shellcheck source=scripts/bench-node.sh
+. "$(dirname "$0")/bench-node.sh"
 
 BIN_DIR=${BIN_DIR:-target/release}
 N=${N:-200}
@@ -45,23 +47,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# until_true SECONDS WHAT COMMAND...: polls COMMAND until it succeeds; fails naming WHAT.
-until_true() {
-    local deadline=$((SECONDS + $1)) what=$2
-    shift 2
-    until "$@"; do
-        ((SECONDS < deadline)) || {
-            echo "error: $what; logs in $WORK (KEEP=1 keeps them)" >&2
-            KEEP=1
-            exit 1
-        }
-        sleep 0.05
-    done
-}
-is_ready() { "$PLUGLET" ctl --root "$ROOT" status -o json 2>/dev/null | grep -q '"ready": true'; }
-shows_devices() {
-    "$PLUGLET" ctl --root "$ROOT" resources -o json 2>/dev/null | tr -d ' \n' |
-        grep -q '"resource":"bench.io/r8","capacity":8,"allocatable":8,'
+# fail WHAT: stops the run naming what went wrong, keeping the logs.
+fail() {
+    echo "error: $1; logs in $WORK" >&2
+    KEEP=1
+    exit 1
 }
 attached() { grep -q "attached" "$WORK/strace.err" 2>/dev/null; }
 
@@ -69,37 +59,26 @@ mkdir -p "$ROOT"
 "$PLUGLET" run --root "$ROOT" --handler-pool-size 1 --log-level warn 2>>"$WORK/daemon.log" &
 DAEMON_PID=$!
 CHILDREN+=("$DAEMON_PID")
-until_true 120 "the daemon did not become ready" is_ready
+until_true 120 is_ready || fail "the daemon did not become ready"
 "$PLUGIN" --resource bench.io/r8 --devices 8 \
     --kubelet-socket "$ROOT/device-plugins/kubelet.sock" >>"$WORK/plugin.log" 2>&1 &
 CHILDREN+=("$!")
-until_true 120 "bench.io/r8 did not show 8 allocatable devices" shows_devices
+until_true 120 has_allocatable bench.io/r8 8 || fail "bench.io/r8 did not show 8 allocatable devices"
 coproc DRIVER_IO { "$DRIVER" --socket "$ROOT/pluglet.sock" 2>>"$WORK/driver.log"; }
 CHILDREN+=("$DRIVER_IO_PID")
 
-op() {
-    local answer
-    echo "$*" >&"${DRIVER_IO[1]}"
-    read -r answer <&"${DRIVER_IO[0]}" || answer="admin-driver ended"
-    [ "$answer" = ok ] || {
-        echo "error: $* -> $answer; logs in $WORK" >&2
-        KEEP=1
-        exit 1
-    }
-}
-
 for i in $(seq 1 10); do
-    op allocate "warm-$i" c bench.io/r8 1
-    op release "warm-$i"
+    driver_op allocate "warm-$i" c bench.io/r8 1
+    driver_op release "warm-$i"
 done
 # The warm-up's checkpoint rewrite and the idle work after it fall before the count.
 sleep "$SETTLE"
 strace -f -c -p "$DAEMON_PID" -o "$WORK/strace.txt" 2>"$WORK/strace.err" &
 STRACE_PID=$!
-until_true 30 "strace did not attach to the daemon (ptrace may be restricted here)" attached
+until_true 30 attached || fail "strace did not attach to the daemon (ptrace may be restricted here)"
 for i in $(seq 1 "$N"); do
-    op allocate "p-$i" c bench.io/r8 1
-    op release "p-$i"
+    driver_op allocate "p-$i" c bench.io/r8 1
+    driver_op release "p-$i"
 done
 sleep "$SETTLE"
 kill -INT "$STRACE_PID"

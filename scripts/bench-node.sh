@@ -1,0 +1,42 @@
+# Helpers shared by the scripts that drive a daemon from outside (`instructions.sh`,
+# `syscalls.sh`); sourced, not run. They read the caller's PLUGLET (the binary), ROOT (the
+# node's state directory), WORK (the work directory for logs) and DRIVER_IO (the coprocess of
+# `admin-driver`, for `driver_op`).
+shopt -s extglob
+
+# until_true SECONDS COMMAND...: polls COMMAND until it succeeds; fails after SECONDS.
+until_true() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.05
+    done
+}
+
+# Whether the daemon says it is ready.
+is_ready() {
+    local status
+    status=$("$PLUGLET" ctl --root "$ROOT" status -o json 2>/dev/null) || return 1
+    [[ $status == *'"ready": true'* ]]
+}
+
+# has_allocatable RESOURCE N: whether RESOURCE shows N allocatable devices.
+has_allocatable() {
+    local resources
+    resources=$("$PLUGLET" ctl --root "$ROOT" resources -o json 2>/dev/null | tr -d ' \n') || return 1
+    [[ $resources == *"\"resource\":\"$1\",\"capacity\":"+([0-9])",\"allocatable\":$2,"* ]]
+}
+
+# driver_op COMMAND...: one admin operation over the kept connection of `admin-driver` (see its
+# commands); exits the script naming the operation when it is not answered `ok`.
+driver_op() {
+    local answer
+    echo "$*" >&"${DRIVER_IO[1]}"
+    read -r answer <&"${DRIVER_IO[0]}" || answer="admin-driver ended"
+    [ "$answer" = ok ] || {
+        echo "error: $* -> $answer; logs in $WORK" >&2
+        KEEP=1
+        exit 1
+    }
+}
