@@ -75,8 +75,12 @@ impl Registry {
     /// A registry client with `options`.
     pub fn new(options: RegistryOptions) -> Registry {
         // reqwest is built without a crypto provider of its own: use ring, as the rest of the
-        // binary does. Installing twice is harmless (the first stays).
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // binary does. Installing twice is harmless (the first stays). rustls now steers
+        // towards aws-lc-rs for its post-quantum key exchange; ring stays, as aws-lc-rs builds
+        // C with cmake, and what is pulled is checked by digest and signature, not by TLS.
+        #[allow(deprecated)]
+        let provider = rustls::crypto::ring::default_provider();
+        let _ = provider.install_default();
         Registry {
             options,
             clients: Mutex::new(HashMap::new()),
