@@ -1,8 +1,32 @@
 # Helpers shared by the scripts that drive a daemon from outside (`instructions.sh`,
 # `syscalls.sh`); sourced, not run. They read the caller's PLUGLET (the binary), ROOT (the
-# node's state directory), WORK (the work directory for logs) and DRIVER_IO (the coprocess of
-# `admin-driver`, for `driver_op`).
+# node's state directory), KEEP and DRIVER_IO (the coprocess of `admin-driver`, for
+# `driver_op`); `start_work` sets WORK (the work directory for logs) and CHILDREN.
 shopt -s extglob
+
+# start_work: makes the work directory, and on exit stops the processes in CHILDREN and
+# removes the directory (kept, and said so, with KEEP set).
+start_work() {
+    WORK=$(mktemp -d)
+    CHILDREN=()
+    trap cleanup EXIT
+}
+stop_children() {
+    for pid in "${CHILDREN[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    CHILDREN=()
+}
+cleanup() {
+    stop_children
+    if [ -n "${KEEP:-}" ]; then echo "work directory kept: $WORK" >&2; else rm -rf "$WORK"; fi
+}
+
+# fail MESSAGE: stops the run with MESSAGE, keeping the work directory its logs are in.
+fail() {
+    echo "error: $1; logs in $WORK" >&2
+    KEEP=1
+    exit 1
+}
 
 # until_true SECONDS COMMAND...: polls COMMAND until it succeeds; fails after SECONDS.
 until_true() {
@@ -34,9 +58,5 @@ driver_op() {
     local answer
     echo "$*" >&"${DRIVER_IO[1]}"
     read -r answer <&"${DRIVER_IO[0]}" || answer="admin-driver ended"
-    [ "$answer" = ok ] || {
-        echo "error: $* -> $answer; logs in $WORK" >&2
-        KEEP=1
-        exit 1
-    }
+    [ "$answer" = ok ] || fail "$* -> $answer"
 }

@@ -104,18 +104,7 @@ if [ "$ROWS" = all ] || [ "$ROWS" = hook ]; then
     }
 fi
 
-WORK=$(mktemp -d)
-CHILDREN=()
-stop_children() {
-    for pid in "${CHILDREN[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    CHILDREN=()
-}
-cleanup() {
-    stop_children
-    if [ -n "${KEEP:-}" ]; then echo "work directory kept: $WORK" >&2; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
+start_work
 
 ctl() { "$PLUGLET" ctl --root "$ROOT" --timeout 60s "$@" >/dev/null; }
 
@@ -138,10 +127,7 @@ inode() { stat -c %i "$(checkpoint)" 2>/dev/null || echo none; }
 # Waits until the checkpoint file is replaced (a rename after a device change).
 checkpoint_replaced() { [ "$(inode)" != "$1" ]; }
 wait_checkpoint_after() {
-    until_true 120 checkpoint_replaced "$1" || {
-        echo "error: the checkpoint was not rewritten within 120 s" >&2
-        exit 1
-    }
+    until_true 120 checkpoint_replaced "$1" || fail "the checkpoint was not rewritten within 120 s"
 }
 
 # Starts an example device plugin through kubelet.sock; its pid lands in PLUGIN_PID.
@@ -168,10 +154,8 @@ shows_or_plugin_gone() { has_allocatable "$@" || plugin_gone; }
 wait_allocatable() {
     local restarted=
     until has_allocatable "$@"; do
-        until_true 300 shows_or_plugin_gone "$@" || {
-            echo "error: $1 did not show $2 allocatable devices within 300 s; logs in $WORK" >&2
-            exit 1
-        }
+        until_true 300 shows_or_plugin_gone "$@" ||
+            fail "$1 did not show $2 allocatable devices within 300 s"
         has_allocatable "$@" && break
         if [ -z "$restarted" ] && tail -n 3 "$WORK/plugins.log" | grep -q "deadline of"; then
             restarted=1
@@ -179,8 +163,7 @@ wait_allocatable() {
             start_plugin "${PLUGIN_ARGS[@]}"
             continue
         fi
-        echo "error: the plugin of $1 exited before it showed $2 allocatable devices; logs in $WORK" >&2
-        exit 1
+        fail "the plugin of $1 exited before it showed $2 allocatable devices"
     done
 }
 
@@ -200,10 +183,7 @@ start_daemon() {
     fi
     DAEMON_PID=$!
     CHILDREN+=("$DAEMON_PID")
-    until_true 600 is_ready || {
-        echo "error: the daemon did not become ready; its log: $WORK/daemon.log" >&2
-        exit 1
-    }
+    until_true 600 is_ready || fail "the daemon did not become ready"
     if [ "$CLIENT" = kept ]; then
         coproc DRIVER_IO { "$DRIVER" --socket "$ROOT/pluglet.sock" 2>>"$WORK/driver.log"; }
         DRIVER_PID=$DRIVER_IO_PID

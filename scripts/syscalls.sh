@@ -37,22 +37,8 @@ PLUGLET=$(realpath "$BIN_DIR/pluglet")
 PLUGIN=$(realpath "$BIN_DIR/example-device-plugin")
 DRIVER=$(realpath "$BIN_DIR/admin-driver")
 
-WORK=$(mktemp -d)
+start_work
 ROOT=$WORK/node
-CHILDREN=()
-cleanup() {
-    for pid in "${CHILDREN[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    if [ -n "${KEEP:-}" ]; then echo "work directory kept: $WORK" >&2; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
-
-# fail WHAT: stops the run naming what went wrong, keeping the logs.
-fail() {
-    echo "error: $1; logs in $WORK" >&2
-    KEEP=1
-    exit 1
-}
 attached() { grep -q "attached" "$WORK/strace.err" 2>/dev/null; }
 
 mkdir -p "$ROOT"
